@@ -1,0 +1,41 @@
+"""Wall time per phase, as ``wrapper=True`` hookimpls around the four step hooks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import Any
+
+import torch
+
+from ..plugins import hookimpl
+from ..types import DecodeState
+
+
+def _timed(state: DecodeState, phase: str) -> Generator[None, Any, Any]:
+    sync = state.runner.device.type == "cuda"
+    t0 = time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        if sync:
+            torch.cuda.synchronize()
+        state.stats.phase_s[phase] = state.stats.phase_s.get(phase, 0.0) + time.perf_counter() - t0
+
+
+class PhaseTimer:
+    @hookimpl(wrapper=True, tryfirst=True)
+    def selfspec_propose(self, state: DecodeState):
+        return (yield from _timed(state, "propose"))
+
+    @hookimpl(wrapper=True, tryfirst=True)
+    def selfspec_verify(self, state: DecodeState):
+        return (yield from _timed(state, "verify"))
+
+    @hookimpl(wrapper=True, tryfirst=True)
+    def selfspec_cache(self, state: DecodeState):
+        return (yield from _timed(state, "cache"))
+
+    @hookimpl(wrapper=True, tryfirst=True)
+    def selfspec_update_policy(self, state: DecodeState):
+        return (yield from _timed(state, "update"))

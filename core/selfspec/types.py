@@ -1,0 +1,205 @@
+"""Small typed values that cross the host/plugin boundary.
+
+Plugins return :class:`Draft` from ``selfspec_propose`` and :class:`Verdict` from
+``selfspec_verify``; the loop hands every hook the same :class:`DecodeState`, and a decode ends
+with one :class:`Result` holding tokens and :class:`Stats`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .runner import KVCache, Runner
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Tokens a plugin proposes for the positions after the pending token.
+
+    ``tokens``: ``[k]`` int64 on the model's device. ``parents``: ``None`` for a chain (node i
+    follows node i-1, node 0 follows the pending token) or ``[k]`` int64 for a tree, where
+    ``parents[i]`` is the index of node i's parent (``-1`` = the pending token) and always
+    ``parents[i] < i``. An empty draft asks for a plain greedy step.
+
+    ``meta`` is free for the proposing plugin (e.g. HiSpec's hidden states to reuse); the host
+    never reads it.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor | None = None
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int] | torch.Tensor, device: torch.device | str = "cpu", **meta: Any) -> Draft:
+        """A chain draft from a list of token ids."""
+        t = torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(-1)
+        return cls(t, None, dict(meta))
+
+    @classmethod
+    def empty(cls, device: torch.device | str = "cpu") -> Draft:
+        return cls(torch.empty(0, dtype=torch.long, device=device))
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    def depths(self) -> list[int]:
+        """Depth of every node (1 = child of the pending token)."""
+        if self.parents is None:
+            return list(range(1, len(self) + 1))
+        depth: list[int] = []
+        for p in self.parents.tolist():
+            depth.append(1 if p < 0 else depth[p] + 1)
+        return depth
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What verification decided.
+
+    ``accepted``: the accepted draft token ids, in order (a path from the pending token).
+    ``accepted_nodes``: their node indices in the draft. ``bonus``: the model's own next token
+    after the last accepted one; it becomes the new pending token. ``kv_slots``: the cache
+    slots, relative to the pending token's slot (0), that hold the keys/values of
+    ``[pending, accepted...]`` after the verifying forward; the host keeps exactly these
+    (``None`` = ``0..len(accepted)``, the chain layout). ``forwards``: full-model forward
+    passes this verification cost (used for tau). ``hidden``: states captured at the committed
+    positions when ``state.capture_layers`` asked for them, ``{layer: [len(accepted)+1, H]}``
+    (layer 0 = embeddings, layer i = output of decoder layer i-1).
+    """
+
+    accepted: tuple[int, ...]
+    bonus: int
+    accepted_nodes: tuple[int, ...] = ()
+    kv_slots: tuple[int, ...] | None = None
+    forwards: float = 1.0
+    hidden: dict[int, torch.Tensor] | None = field(default=None, compare=False)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def committed(self) -> tuple[int, ...]:
+        """All tokens this step commits: the accepted drafts and the bonus token."""
+        return (*self.accepted, self.bonus)
+
+    def slots(self) -> tuple[int, ...]:
+        return self.kv_slots if self.kv_slots is not None else tuple(range(len(self.accepted) + 1))
+
+
+@dataclass
+class Stats:
+    """Counters of one decode. ``tau`` = committed tokens per full-model forward."""
+
+    new_tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    forwards: float = 0.0
+    truncated_drafts: int = 0
+    wall_time_s: float = 0.0
+    prefill_s: float = 0.0
+    phase_s: dict[str, float] = field(default_factory=dict)
+    accept_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        # Prefill caches the prompt but the pending token; every output token comes from a step.
+        return self.new_tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "new_tokens": self.new_tokens,
+            "wall_time_s": self.wall_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "steps": self.steps,
+            "tau": self.tau,
+            "acceptance": self.acceptance,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "forwards": self.forwards,
+            "truncated_drafts": self.truncated_drafts,
+            "prefill_s": self.prefill_s,
+            "phase_s": dict(self.phase_s),
+            "accept_lengths": list(self.accept_lengths),
+        }
+
+
+@dataclass
+class DecodeState:
+    """Everything a hook may look at during one decode.
+
+    ``tokens``: ``[capacity]`` int64 buffer; ``tokens[:length]`` are committed, the prompt
+    first. The KV cache always holds exactly ``length - 1`` positions at the start of a step:
+    every committed token except the *pending* one (``tokens[length-1]``), whose logits have
+    not been computed yet. Plugins may read everything, keep their own per-decode state on
+    their instance or in ``scratch``, and set ``capture_layers`` to ask the verifier for
+    hidden states of the committed positions. They must not write ``tokens`` or ``length``.
+    """
+
+    runner: Runner
+    cache: KVCache
+    tokens: torch.Tensor
+    length: int
+    prompt_length: int
+    max_new_tokens: int
+    eos_token_ids: frozenset[int]
+    stats: Stats
+    plugin_name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    capture_layers: tuple[int, ...] | None = None
+    scratch: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+
+    @property
+    def committed(self) -> torch.Tensor:
+        """``[length]`` committed ids (prompt + output)."""
+        return self.tokens[: self.length]
+
+    @property
+    def pending(self) -> int:
+        """The last committed token: in the output, not yet in the KV cache."""
+        return int(self.tokens[self.length - 1])
+
+    @property
+    def generated(self) -> int:
+        return self.length - self.prompt_length
+
+    @property
+    def budget(self) -> int:
+        """How many more tokens may be committed."""
+        return self.max_new_tokens - self.generated
+
+    @property
+    def max_draft_depth(self) -> int:
+        """Deepest draft the host keeps: the bonus token also needs room in the budget."""
+        return max(0, min(self.budget - 1, self.cache.capacity - self.cache.length - 1))
+
+
+@dataclass
+class Result:
+    """One decode: prompt and new token ids, decoded text (when a tokenizer is known), stats."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    stats: Stats
+    text: str | None = None
+    near_ties: int = 0
+
+
+StreamCallback = Callable[[list[int]], None]
