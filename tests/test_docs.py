@@ -17,3 +17,13 @@ def test_every_hook_has_a_heading_with_its_exact_signature():
     for name, func in hooksdoc.hooks():
         assert f"## `{name}`" in text
         assert hooksdoc.signature(func) in text
+
+
+def test_code_included_in_docs_matches_the_real_files():
+    # see scripts/docsync.py: regenerate with `python scripts/docsync.py`
+    import runpy
+
+    docsync = runpy.run_path(str(ROOT / "scripts" / "docsync.py"))
+    for md in sorted((ROOT / "docs").rglob("*.md")):
+        text = md.read_text(encoding="utf-8")
+        assert docsync["render"](text) == text, f"{md} is stale: run python scripts/docsync.py"

@@ -17,6 +17,7 @@ import selfspec
 from selfspec import Draft, Option
 
 
+# [start:class]
 class Lookup:
     """One instance per decoder; the n-gram index is rebuilt at every decode's start."""
 
@@ -31,7 +32,8 @@ class Lookup:
         self.history: list[int] = []  # committed tokens, as Python ints
         self.drafted = 0  # length of the last draft
 
-    # ------------------------------------------------------------------------------ hooks
+    # [end:class]
+    # [start:options]
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
         register(Option("max_ngram", int, 3, "longest n-gram to look up", min=1, max=16))
@@ -48,6 +50,9 @@ class Lookup:
         self.num_draft = options["num_draft"]
         self.adaptive = options["adaptive"]
 
+    # [end:options]
+    # [start:propose]
+
     @selfspec.hookimpl
     def selfspec_start(self, state: selfspec.DecodeState) -> None:
         self.history = state.committed.tolist()
@@ -63,6 +68,9 @@ class Lookup:
         self.drafted = len(tokens)
         return Draft.chain(tokens, device=state.runner.device)
 
+    # [end:propose]
+    # [start:policy]
+
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: selfspec.Verdict) -> None:
         self.history.extend(verdict.committed)
@@ -74,7 +82,8 @@ class Lookup:
         else:
             self.k = max(1, len(verdict.accepted) + 1)
 
-    # ------------------------------------------------------------------------------ helpers
+    # [end:policy]
+    # [start:helpers]
     def _index_up_to(self, end: int) -> None:
         """Index every n-gram ending before position ``end`` by the position after it.
 
@@ -97,4 +106,5 @@ class Lookup:
         return []
 
 
+# [end:helpers]
 __all__ = ["Lookup"]

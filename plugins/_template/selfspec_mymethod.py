@@ -1,0 +1,33 @@
+"""mymethod: a selfspec drafting method (template).
+
+Replace the proposal below with your idea. Whatever you propose, the host verifies it with the
+full model, so the output stays exactly greedy decoding; a good proposal only makes it faster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import selfspec
+from selfspec import Draft, Option
+
+
+class MyMethod:
+    """One instance per decoder: keep per-decode state on ``self``."""
+
+    def __init__(self) -> None:
+        self.k = 2
+
+    @selfspec.hookimpl
+    def selfspec_options(self, register) -> None:
+        register(Option("k", int, 2, "how many tokens to draft", min=0, max=32))
+
+    @selfspec.hookimpl
+    def selfspec_setup(self, options: dict[str, Any]) -> None:
+        self.k = options["k"]
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state: selfspec.DecodeState) -> Draft:
+        # Example proposal: repeat the pending token k times (right on runs like "....").
+        k = min(self.k, state.max_draft_depth)
+        return Draft.chain([state.pending] * k, device=state.runner.device)

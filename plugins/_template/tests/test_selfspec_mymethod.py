@@ -1,0 +1,17 @@
+"""Every plugin's suite starts here: it is installed, and the kit proves it lossless."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+from selfspec.plugins import available
+from selfspec.testing import ARCHS, assert_lossless, lengths, prompts, tiny_model
+
+
+def test_plugin_is_installed():
+    assert "mymethod" in available()
+
+
+@given(arch=st.sampled_from(ARCHS), k=st.integers(0, 6), data=st.data())
+def test_lossless(arch, k, data):
+    model = tiny_model(arch)
+    prompt = data.draw(prompts(model.config.vocab_size))
+    assert_lossless(model, "mymethod", prompt, data.draw(lengths()), {"k": k})
