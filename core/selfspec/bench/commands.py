@@ -24,7 +24,7 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--threads", type=click.IntRange(1), default=2, show_default=True,
                      help="torch.set_num_threads for the run."),
         click.option("--tasks", default=DEFAULT_TASKS, show_default=True, help="Comma-separated task names."),
-        click.option("--samples", "-n", type=click.IntRange(1), default=3, show_default=True, help="Prompts per task."),
+        click.option("--samples", "-n", type=click.IntRange(1), default=2, show_default=True, help="Prompts per task."),
         click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True),
         click.option("--seed", type=int, default=0, show_default=True, help="Which prompts are drawn from the split."),
         click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Warm-up calls per method."),

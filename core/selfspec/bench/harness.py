@@ -54,6 +54,11 @@ def _load(model: str | None, device: str = "cpu", dtype: str = "float32") -> Any
         return load(model, device=device, dtype=dtype)
     if model is None:
         raise ValueError("no model given and selfspec.models is not available: pass --model PATH")
+    return _load_pretrained(model, device, dtype)
+
+
+def _load_pretrained(model: str, device: str = "cpu", dtype: str = "float32") -> Loaded:
+    """``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained(model)``; chat if it has a template."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
