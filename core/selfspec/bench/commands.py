@@ -162,6 +162,7 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
                      max_new_tokens=max_new_tokens, seed=seed, split=split, warmup=warmup,
                      methods=[{"name": m.name, "kind": m.kind, "plugin": m.plugin, "options": m.options, **m.extra}
                               for m in methods], argv=list(sys.argv))
+    machine = res.machine_info()  # before the run: the load average says how busy the machine was
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
                f"max {max_new_tokens} new tokens, {threads} threads", err=True)
     try:
@@ -173,7 +174,8 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
         if isinstance(exc, PluginError):
             raise click.ClickException(str(exc)) from exc
         raise
-    summary = res.build_summary(records, baseline="hf", config=config)
+    machine["load_avg_end"] = res.load_avg()
+    summary = res.build_summary(records, baseline="hf", config=config, machine=machine)
     res.render(outdir, summary, plot=not no_plot)
     click.echo(res.markdown(summary))
     click.echo(f"wrote {outdir}/{{{res.RECORDS},{res.SUMMARY},{res.TABLE}" + ("" if no_plot else f",{res.PLOT}") + "}",

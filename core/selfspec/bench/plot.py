@@ -27,7 +27,7 @@ def speedup_bars(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
     methods = list(dict.fromkeys(r["method"] for r in rows))
     by = {(r["task"], r["method"]): r for r in rows}
     width = 0.8 / max(1, len(methods))
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(tasks) * max(1, len(methods)) * 0.45 + 2), 4.8))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 0.35 * len(tasks) * max(1, len(methods)) + 2)), 5.0))
     cmap = plt.get_cmap("tab10")
     for j, m in enumerate(methods):
         xs, ys = [], []

@@ -65,6 +65,7 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_avg": load_avg(),
     }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
@@ -75,6 +76,14 @@ def machine_info() -> dict[str, Any]:
     except ImportError:  # pragma: no cover
         pass
     return info
+
+
+def load_avg() -> list[float] | None:
+    """1/5/15-minute load averages: other processes on the machine skew every timing."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 # --------------------------------------------------------------------------- summary
@@ -151,6 +160,13 @@ def _phases(p: dict[str, float]) -> str:
     return " / ".join(f"{k} {pct(p[k])}" for k in keys)
 
 
+def _load(mach: dict[str, Any]) -> str:
+    a, b = mach.get("load_avg"), mach.get("load_avg_end")
+    if not a:
+        return ""
+    return f", 1-min load average {a[0]:.1f}" + (f" at the start, {b[0]:.1f} at the end" if b else "")
+
+
 def markdown(summary: dict[str, Any]) -> str:
     """The results table: speedup per task and method, then every figure per row."""
     rows = summary["rows"]
@@ -163,7 +179,7 @@ def markdown(summary: dict[str, Any]) -> str:
         f"{cfg.get('samples', '?')} samples per task, max {cfg.get('max_new_tokens', '?')} new tokens, "
         f"seed {cfg.get('seed', '?')}, {mach.get('torch_threads', '?')} threads; "
         f"{mach.get('cpu', '?')} ({mach.get('cores', '?')} cores), torch {mach.get('torch', '?')}, "
-        f"transformers {mach.get('transformers', '?')}, {mach.get('date', '?')}. "
+        f"transformers {mach.get('transformers', '?')}, {mach.get('date', '?')}{_load(mach)}. "
         f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same prompts.",
         "",
         "**Speedup**",
