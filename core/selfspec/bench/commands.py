@@ -1,0 +1,284 @@
+"""The ``bench``, ``sweep`` and ``report`` commands (plain click commands the CLI attaches).
+
+Nothing heavy is imported until a command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+DEFAULT_TASKS = "humaneval,gsm8k,mtbench,sharegpt,summarization"
+
+
+def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--model", "-m", default=None, help="Model path or name (default: the embedded default model)."),
+        click.option("--device", default="cpu", show_default=True, help="torch device."),
+        click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16, float16 or float64."),
+        click.option("--threads", type=click.IntRange(1), default=2, show_default=True,
+                     help="torch.set_num_threads for the run."),
+        click.option("--tasks", default=DEFAULT_TASKS, show_default=True, help="Comma-separated task names."),
+        click.option("--samples", "-n", type=click.IntRange(1), default=2, show_default=True, help="Prompts per task."),
+        click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True, help="Which prompts are drawn from the split."),
+        click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Warm-up calls per method."),
+        click.option("--allow-divergence", is_flag=True, help="Exit 0 even when an output diverges from the baseline."),
+        click.option("--no-plot", is_flag=True, help="Skip the PNG plot."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _tasks(spec: str) -> list[str]:
+    from .data import task_names
+
+    names = [t.strip() for t in spec.split(",") if t.strip()]
+    unknown = [t for t in names if t not in task_names()]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown task(s) {unknown} (known: {', '.join(task_names())})", param_hint="--tasks")
+    return names
+
+
+def _samples(tasks: Sequence[str], split: str, n: int, seed: int) -> list[Any]:
+    from .data import DataError, load_task
+
+    out = []
+    for t in tasks:
+        try:
+            got = load_task(t, split, n=n, seed=seed)
+        except DataError as exc:
+            raise click.ClickException(str(exc)) from exc
+        if not got:
+            raise click.ClickException(f"task {t!r} has no {split} samples")
+        out.extend(got)
+    return out
+
+
+def _setup(threads: int, model: str | None, device: str, dtype: str) -> Any:
+    import torch
+
+    from .harness import _load
+
+    torch.set_num_threads(threads)
+    try:
+        return _load(model, device=device, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot load the model: {exc}") from exc
+
+
+def _config(loaded: Any, model: str | None, **kw: Any) -> dict[str, Any]:
+    return {"model": getattr(loaded, "name", None) or model, "chat": bool(getattr(loaded, "chat", False)), **kw}
+
+
+def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Route ``-o [PLUGIN.]KEY=VALUE`` to plugins: scoped to one, or to every one declaring KEY."""
+    from ..options import OptionError, parse_pairs
+    from ..plugins import PluginError, declared_options, make_manager
+
+    try:
+        given = parse_pairs(pairs)
+        declared = {p: set(declared_options(make_manager(p)[0])) for p in plugins}
+    except (OptionError, PluginError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    routed: dict[str, dict[str, str]] = {p: {} for p in plugins}
+    for key, value in given.items():
+        scope, dot, name = key.rpartition(".")
+        if dot:
+            if scope not in routed:
+                raise click.ClickException(f"-o {key}=...: plugin {scope!r} is not among --plugin {list(plugins)}")
+            routed[scope][name] = value
+            continue
+        takers = [p for p in plugins if key in declared[p]]
+        if not takers:
+            raise click.ClickException(f"-o {key}=...: no selected plugin declares option {key!r}")
+        for p in takers:
+            routed[p][key] = value
+    return routed
+
+
+def _finish(records: list[dict[str, Any]], allow: bool) -> None:
+    bad = [r for r in records if not (r["lossless"] or r["near_tie"])]
+    ties = sum(1 for r in records if r["near_tie"])
+    if ties:
+        click.secho(f"{ties} output(s) differ from the baseline at a near-tie (within the dtype tolerance).", fg="yellow")
+    if bad:
+        click.secho(f"{len(bad)} output(s) DIVERGED from the baseline: "
+                    + ", ".join(sorted({f"{r['method']} on {r['task']}/{r['question_id']}" for r in bad})),
+                    fg="red", bold=True, err=True)
+        if not allow:
+            sys.exit(1)
+
+
+# --------------------------------------------------------------------------- bench
+@click.command("bench")
+@_model_options
+@click.option("--plugin", "-p", "plugins", multiple=True,
+              help="Plugin to measure (repeatable; default: every installed plugin; 'none' for none).")
+@click.option("--option", "-o", "options", multiple=True, metavar="[PLUGIN.]KEY=VALUE",
+              help="Plugin option (repeatable); unscoped keys go to every selected plugin that declares them.")
+@click.option("--no-peers", is_flag=True, help="Skip the HF peers (prompt lookup, early exit).")
+@click.option("--early-exit-layer", type=click.IntRange(1), default=None,
+              help="Exit layer of HF's assistant_early_exit peer [default: a quarter of the layers].")
+@click.option("--split", type=click.Choice(["test", "dev"]), default="test", show_default=True)
+@click.option("--out", "out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
+def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int, max_new_tokens: int,
+          seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool, plugins: tuple[str, ...],
+          options: tuple[str, ...], no_peers: bool, early_exit_layer: int | None, split: str, out: str) -> None:
+    """Measure HF greedy, vanilla, the HF peers and plugins side by side on real prompts.
+
+    Every method runs on the same prompts in one process, interleaved prompt by prompt, and
+    every output is checked against HF greedy's. Writes results.jsonl, summary.json,
+    results.md and speedup.png to --out.
+    """
+    from ..plugins import BUILTIN_METHOD, available
+    from . import results as res
+    from .harness import Method, n_layers, peer_methods, run_bench
+
+    task_list = _tasks(tasks)
+    prompts = _samples(task_list, split, samples, seed)
+    names = [p for p in plugins if p != "none"] if plugins else [p for p in available() if p != BUILTIN_METHOD]
+    names = [p for p in dict.fromkeys(names) if p != BUILTIN_METHOD]
+    routed = _plugin_options(names, options)
+    loaded = _setup(threads, model, device, dtype)
+    layer = early_exit_layer or max(1, n_layers(loaded.model) // 4)
+    methods = [Method("hf", "hf"), Method.of_plugin(BUILTIN_METHOD)]
+    if not no_peers:
+        methods += peer_methods(layer)
+    methods += [Method.of_plugin(p, routed[p]) for p in names]
+
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    jsonl = outdir / res.RECORDS
+    jsonl.write_text("", encoding="utf-8")
+    config = _config(loaded, model, device=device, dtype=dtype, threads=threads, tasks=task_list, samples=samples,
+                     max_new_tokens=max_new_tokens, seed=seed, split=split, warmup=warmup,
+                     methods=[{"name": m.name, "kind": m.kind, "plugin": m.plugin, "options": m.options, **m.extra}
+                              for m in methods], argv=list(sys.argv))
+    machine = res.machine_info()  # before the run: the load average says how busy the machine was
+    click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
+               f"max {max_new_tokens} new tokens, {threads} threads", err=True)
+    try:
+        records = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, baseline="hf", warmup=warmup,
+                            progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r))
+    except Exception as exc:
+        from ..plugins import PluginError
+
+        if isinstance(exc, PluginError):
+            raise click.ClickException(str(exc)) from exc
+        raise
+    machine["load_avg_end"] = res.load_avg()
+    summary = res.build_summary(records, baseline="hf", config=config, machine=machine)
+    res.render(outdir, summary, plot=not no_plot)
+    click.echo(res.markdown(summary))
+    click.echo(f"wrote {outdir}/{{{res.RECORDS},{res.SUMMARY},{res.TABLE}" + ("" if no_plot else f",{res.PLOT}") + "}",
+               err=True)
+    _finish(records, allow_divergence)
+
+
+# --------------------------------------------------------------------------- report
+@click.command("report")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
+def report(directory: str, no_plot: bool) -> None:
+    """Re-render the table and plot of a bench (or sweep) directory from its saved JSONL."""
+    from . import results as res
+    from . import sweep as sw
+
+    d = Path(directory)
+    done = False
+    if (d / res.RECORDS).is_file():
+        old = json.loads((d / res.SUMMARY).read_text(encoding="utf-8")) if (d / res.SUMMARY).is_file() else {}
+        records = res.read_jsonl(d / res.RECORDS)
+        baseline = old.get("baseline", "hf")
+        summary = res.build_summary(records, baseline=baseline, config=old.get("config", {}),
+                                    machine=old.get("machine", {}))
+        res.render(d, summary, plot=not no_plot)
+        click.echo(res.markdown(summary))
+        done = True
+    if (d / sw.SWEEP_RECORDS).is_file() and (d / sw.SWEEP_SUMMARY).is_file():
+        old = json.loads((d / sw.SWEEP_SUMMARY).read_text(encoding="utf-8"))
+        records = res.read_jsonl(d / sw.SWEEP_RECORDS)
+        axes = [(k, v) for k, v in old["axes"]]
+        points = sw.grid_methods(old["plugin"], old["fixed"], axes)
+        new = sw.summarize_sweep(records, old["plugin"], old["fixed"], axes, points, old.get("baseline", "vanilla"))
+        new.update(config=old.get("config", {}), machine=old.get("machine", {}))
+        _write_sweep(d, new, plot=not no_plot)
+        click.echo(sw.sweep_markdown(new))
+        done = True
+    if not done:
+        raise click.ClickException(f"{d} holds neither {res.RECORDS} nor {sw.SWEEP_RECORDS}")
+
+
+def _write_sweep(d: Path, sweep: dict[str, Any], plot: bool) -> None:
+    from . import sweep as sw
+
+    (d / sw.SWEEP_SUMMARY).write_text(json.dumps(sweep, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (d / sw.SWEEP_TABLE).write_text(sw.sweep_markdown(sweep), encoding="utf-8")
+    if plot:
+        from .plot import sweep_plot
+
+        sweep_plot(sweep, d / sw.SWEEP_PLOT)
+
+
+# --------------------------------------------------------------------------- sweep
+@click.command("sweep")
+@_model_options
+@click.option("--plugin", "-p", required=True, help="The plugin whose options are swept.")
+@click.option("--option", "-o", "options", multiple=True, metavar="KEY=V1,V2,...",
+              help="An option and its values (repeatable; at most two options with several values).")
+@click.option("--split", type=click.Choice(["dev", "test"]), default="dev", show_default=True,
+              help="Prompts come from the dev split: tuning never sees the test prompts.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Output directory [default: sweep-<plugin>].")
+def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int, max_new_tokens: int,
+          seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool, plugin: str,
+          options: tuple[str, ...], split: str, out: str | None) -> None:
+    """Grid over one or two plugin options against vanilla; heatmap PNG and table.
+
+    Example: specdec sweep --plugin lookup -o max_ngram=1,2,3 -o num_draft=4,8,16
+    """
+    from ..options import OptionError
+    from ..plugins import BUILTIN_METHOD, PluginError, declared_options, make_manager
+    from . import results as res
+    from . import sweep as sw
+    from .harness import Method, run_bench
+
+    try:
+        fixed, axes = sw.parse_grid(options)
+        fixed_t, axes_t = sw.typed_grid(declared_options(make_manager(plugin)[0]), fixed, axes, plugin)
+    except (OptionError, PluginError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    task_list = _tasks(tasks)
+    prompts = _samples(task_list, split, samples, seed)
+    loaded = _setup(threads, model, device, dtype)
+    points = sw.grid_methods(plugin, fixed_t, axes_t)
+    methods = [Method.of_plugin(BUILTIN_METHOD), *(m for _, m in points)]
+    outdir = Path(out or f"sweep-{plugin}")
+    outdir.mkdir(parents=True, exist_ok=True)
+    jsonl = outdir / sw.SWEEP_RECORDS
+    jsonl.write_text("", encoding="utf-8")
+    click.echo(f"{len(prompts)} {split} prompts × {len(methods)} configurations, max {max_new_tokens} new tokens",
+               err=True)
+    try:
+        records = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, baseline=BUILTIN_METHOD,
+                            warmup=warmup, progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r))
+    except PluginError as exc:
+        raise click.ClickException(str(exc)) from exc
+    result = sw.summarize_sweep(records, plugin, fixed_t, axes_t, points, BUILTIN_METHOD)
+    result.update(config=_config(loaded, model, device=device, dtype=dtype, threads=threads, tasks=task_list,
+                                 samples=samples, max_new_tokens=max_new_tokens, seed=seed, split=split),
+                  machine=res.machine_info())
+    _write_sweep(outdir, result, plot=not no_plot)
+    click.echo(sw.sweep_markdown(result))
+    _finish(records, allow_divergence)
+
+
+COMMANDS = (bench, sweep, report)

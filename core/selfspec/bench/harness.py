@@ -1,0 +1,338 @@
+"""Run decoding methods side by side on the same prompts, interleaved prompt by prompt.
+
+A :class:`Method` is one way to decode: Hugging Face ``generate`` greedy (``hf``, the baseline
+users know), HF prompt lookup decoding (``hf-pld``), HF early-exit self-speculation
+(``hf-early-exit``), or a selfspec plugin with options (``vanilla`` included). :func:`run_bench`
+runs every method on prompt 1, then every method on prompt 2, ... (the order of methods rotates
+by one each prompt), so machine drift hits all methods alike, and checks every output against
+the baseline's with :func:`selfspec.reference.compare` (exact, or the near-tie rule).
+
+Every method is timed the same way: wall-clock time around one call, prefill included, after a
+warm-up call per method.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .data import Sample
+
+HF_KINDS = ("hf", "hf-pld", "hf-early-exit")
+PLD_TOKENS = 10  # HF's default prompt_lookup_num_tokens in its docs' examples
+
+
+@dataclass
+class Loaded:
+    """What :func:`_load` returns when ``selfspec.models`` is not available."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    chat: bool
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "fp64": torch.float64,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def _load(model: str | None, device: str = "cpu", dtype: str = "float32") -> Any:
+    """Load a model: ``selfspec.models.load`` when present, else ``from_pretrained(path)``.
+
+    Returns an object with ``.model``, ``.tokenizer``, ``.name`` and ``.chat`` (apply the chat
+    template).
+    """
+    try:
+        from selfspec.models import load
+    except ImportError:
+        load = None
+    if load is not None:
+        return load(model, device=device, dtype=dtype)
+    if model is None:
+        raise ValueError("no model given and selfspec.models is not available: pass --model PATH")
+    return _load_pretrained(model, device, dtype)
+
+
+def _load_pretrained(model: str, device: str = "cpu", dtype: str = "float32") -> Loaded:
+    """``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained(model)``; chat if it has a template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=_DTYPES.get(dtype, dtype)).to(device).eval()
+    return Loaded(m, tok, model, chat=getattr(tok, "chat_template", None) is not None)
+
+
+# --------------------------------------------------------------------------- prompts
+def encode(loaded: Any, sample: Sample) -> list[int]:
+    """Token ids of a sample: the user turn through the chat template for chat models."""
+    tok = loaded.tokenizer
+    if loaded.chat and getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": sample.prompt}], add_generation_prompt=True, tokenize=False)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+    return list(tok(sample.text(chat=False))["input_ids"])
+
+
+def eos_ids(model: torch.nn.Module) -> set[int]:
+    """The model's EOS ids (generation config first, then the model config)."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+# --------------------------------------------------------------------------- methods
+@dataclass(frozen=True)
+class Method:
+    """One way to decode. ``kind`` is one of :data:`HF_KINDS` or ``plugin``."""
+
+    name: str
+    kind: str = "plugin"
+    plugin: str | None = None
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
+    plugin_object: Any = field(default=None, hash=False, compare=False)
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def of_plugin(cls, plugin: str, options: dict[str, Any] | None = None, name: str | None = None,
+                  plugin_object: Any = None) -> Method:
+        options = dict(options or {})
+        label = name or (plugin + (f"[{','.join(f'{k}={v}' for k, v in options.items())}]" if options else ""))
+        return cls(label, "plugin", plugin, options, plugin_object)
+
+
+def peer_methods(early_exit_layer: int) -> list[Method]:
+    """The HF peers a user would otherwise pick."""
+    return [
+        Method("hf-pld", "hf-pld", extra={"prompt_lookup_num_tokens": PLD_TOKENS}),
+        Method(f"hf-early-exit[{early_exit_layer}]", "hf-early-exit", extra={"assistant_early_exit": early_exit_layer}),
+    ]
+
+
+def n_layers(model: torch.nn.Module) -> int:
+    cfg = getattr(model.config, "get_text_config", lambda: model.config)()
+    return int(cfg.num_hidden_layers)
+
+
+@dataclass
+class Run:
+    """One decode of one prompt by one method."""
+
+    output_ids: list[int]
+    wall_time: float
+    forwards: float
+    drafted: int | None = None
+    accepted: int | None = None
+    accept_lengths: list[int] | None = None
+    phase_s: dict[str, float] = field(default_factory=dict)
+    prefill_s: float | None = None
+
+
+RunFn = Callable[[list[int], int, set[int]], Run]
+
+
+def _last_layer(model: torch.nn.Module) -> torch.nn.Module:
+    dec = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return dec.layers[-1]
+
+
+def _sync(model: torch.nn.Module) -> None:
+    if next(model.parameters()).device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None) -> RunFn:
+    """A callable ``(prompt_ids, max_new_tokens, eos) -> Run`` for ``method``."""
+    if method.kind in HF_KINDS:
+        return _hf_runner(method, model)
+    if method.kind != "plugin":
+        raise ValueError(f"unknown method kind {method.kind!r}")
+    from ..loop import Decoder
+
+    dec = Decoder(model, method.plugin or "vanilla", method.options, tokenizer=tokenizer, plugin_object=method.plugin_object)
+
+    def run(prompt_ids: list[int], max_new_tokens: int, eos: set[int]) -> Run:
+        _sync(model)
+        t0 = time.perf_counter()
+        res = dec.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos)
+        _sync(model)
+        wall = time.perf_counter() - t0
+        s = res.stats
+        return Run(res.output_ids, wall, s.forwards, s.drafted, s.accepted, list(s.accept_lengths), dict(s.phase_s), s.prefill_s)
+
+    return run
+
+
+def _hf_runner(method: Method, model: torch.nn.Module) -> RunFn:
+    """HF ``generate``: greedy, as :func:`selfspec.reference.reference_generate` configures it.
+
+    Full-model forwards are counted by a hook on the last decoder layer (draft passes of the
+    peers never reach it), so tau = new tokens / forwards, prefill forward included: HF's
+    prefill produces the first token, like the first step of a selfspec decode.
+    """
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    layer = _last_layer(model)
+
+    def run(prompt_ids: list[int], max_new_tokens: int, eos: set[int]) -> Run:
+        eos_list = sorted(eos)
+        cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0,
+                               eos_token_id=eos_list or None, pad_token_id=eos_list[0] if eos_list else 0,
+                               num_beams=1, **method.extra)
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+        count = [0]
+        handle = layer.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+        try:
+            with torch.inference_mode():
+                _sync(model)
+                t0 = time.perf_counter()
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
+                _sync(model)
+                wall = time.perf_counter() - t0
+        finally:
+            handle.remove()
+        new = out[0, ids.shape[1]:].tolist()
+        for i, t in enumerate(new):  # batch 1: nothing after EOS
+            if t in eos:
+                new = new[: i + 1]
+                break
+        return Run(new, wall, float(count[0]))
+
+    return run
+
+
+# --------------------------------------------------------------------------- the run
+Progress = Callable[[dict[str, Any]], None]
+
+
+def run_bench(
+    loaded: Any,
+    samples: Sequence[Sample],
+    methods: Sequence[Method],
+    *,
+    max_new_tokens: int,
+    baseline: str = "hf",
+    warmup: int = 1,
+    rotate: bool = True,
+    progress: bool = True,
+    on_record: Progress | None = None,
+    runners: dict[str, RunFn] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every method on every sample, interleaved; one record (a dict) per (sample, method).
+
+    ``baseline`` names the method whose output is the reference for the losslessness check and
+    whose time is the speedup denominator. ``warmup`` calls per method (on the first prompt,
+    16 new tokens) come first. ``runners`` may supply prebuilt run functions by method name
+    (tests use it to observe calls).
+    """
+    from ..reference import compare
+
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method names must be unique: {names}")
+    if baseline not in names:
+        raise ValueError(f"the baseline {baseline!r} is not among the methods {names}")
+    model = loaded.model
+    eos = eos_ids(model)
+    runners = dict(runners or {})
+    for m in methods:
+        if m.name not in runners:
+            runners[m.name] = make_runner(m, model, loaded.tokenizer)
+
+    encoded = [encode(loaded, s) for s in samples]
+    if warmup and encoded:
+        for m in methods:
+            for _ in range(warmup):
+                runners[m.name](encoded[0], min(16, max_new_tokens), eos)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(samples) * len(methods), unit="run", dynamic_ncols=True, leave=True)
+    records: list[dict[str, Any]] = []
+    try:
+        for i, (sample, ids) in enumerate(zip(samples, encoded)):
+            shift = i % len(methods) if rotate else 0
+            order = list(methods[shift:]) + list(methods[:shift])
+            runs: dict[str, Run] = {}
+            position: dict[str, int] = {}
+            for pos, m in enumerate(order):
+                if bar is not None:
+                    bar.set_postfix_str(f"{sample.task} · {m.name}")
+                runs[m.name] = run = runners[m.name](ids, max_new_tokens, eos)
+                if bar is not None:
+                    tps = len(run.output_ids) / run.wall_time if run.wall_time > 0 else 0.0
+                    bar.set_postfix_str(f"{sample.task} · {m.name} {tps:.1f} tok/s")
+                    bar.update(1)
+                position[m.name] = pos
+            ref = runs[baseline].output_ids
+            for m in methods:
+                run = runs[m.name]
+                cmp = compare(model, ids, run.output_ids, ref) if m.name != baseline else None
+                rec = make_record(sample, m, run, ids, cmp, loaded.tokenizer, i, position[m.name])
+                records.append(rec)
+                if on_record is not None:
+                    on_record(rec)
+                if not (rec["lossless"] or rec["near_tie"]):
+                    _warn(f"DIVERGENCE {m.name} on {sample.task}/{sample.id}: differs from {baseline} at new token "
+                          f"{rec['diverged_at']} (top-1/top-2 margin {rec['margin']}, above the near-tie tolerance)", bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return records
+
+
+def make_record(sample: Sample, method: Method, run: Run, prompt_ids: list[int], cmp: Any, tokenizer: Any,
+                index: int, order: int) -> dict[str, Any]:
+    """One JSONL line: Spec-Bench's fields plus ours (see docs/benchmarks.md)."""
+    n = len(run.output_ids)
+    text = None
+    if tokenizer is not None:
+        try:
+            text = tokenizer.decode(run.output_ids, skip_special_tokens=True)
+        except Exception:  # a tokenizer that cannot decode some id: keep the ids only
+            text = None
+    return {
+        "question_id": sample.id,
+        "task": sample.task,
+        "method": method.name,
+        "plugin": method.plugin,
+        "options": {k: v for k, v in method.options.items()},
+        "new_tokens": n,
+        "wall_time": run.wall_time,
+        "accept_lengths": run.accept_lengths,
+        "tokens_per_s": n / run.wall_time if run.wall_time > 0 else 0.0,
+        "tau": n / run.forwards if run.forwards else None,
+        "forwards": run.forwards,
+        "drafted": run.drafted,
+        "accepted": run.accepted,
+        "acceptance": (run.accepted / run.drafted) if run.drafted else None,
+        "phase_s": run.phase_s,
+        "prefill_s": run.prefill_s,
+        "prompt_tokens": len(prompt_ids),
+        "lossless": cmp is None or bool(cmp.equal),
+        "near_tie": bool(cmp is not None and cmp.near_tie),
+        "margin": None if cmp is None else cmp.margin,
+        "diverged_at": None if cmp is None else cmp.index,
+        "sample_index": index,
+        "order": order,
+        "output_ids": list(run.output_ids),
+        "output": text,
+    }
+
+
+def _warn(msg: str, bar: Any = None) -> None:
+    import click
+
+    line = click.style(msg, fg="red", bold=True)
+    if bar is not None:
+        bar.write(line)
+    else:
+        click.echo(line, err=True)

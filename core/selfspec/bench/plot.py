@@ -1,0 +1,96 @@
+"""PNG plots (matplotlib, Agg backend, imported only when a plot is drawn)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError("plots need matplotlib: pip install 'selfspec[bench]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def speedup_bars(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Grouped bars: one group per task (and ``all``), one bar per method, speedup on y."""
+    from .results import plot_title
+
+    plt = _plt()
+    rows = summary["rows"]
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = {(r["task"], r["method"]): r for r in rows}
+    width = 0.8 / max(1, len(methods))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 0.35 * len(tasks) * max(1, len(methods)) + 2)), 5.0))
+    cmap = plt.get_cmap("tab10")
+    for j, m in enumerate(methods):
+        xs, ys = [], []
+        for i, t in enumerate(tasks):
+            r = by.get((t, m))
+            if r is not None and r["speedup"] is not None:
+                xs.append(i - 0.4 + width * (j + 0.5))
+                ys.append(r["speedup"])
+        bars = ax.bar(xs, ys, width, label=m, color=cmap(j % 10))
+        for b, y in zip(bars, ys):
+            ax.annotate(f"{y:.2f}", (b.get_x() + b.get_width() / 2, y), ha="center", va="bottom", fontsize=7,
+                        xytext=(0, 1), textcoords="offset points")
+        for i, t in enumerate(tasks):  # mark divergences in red above the bar
+            r = by.get((t, m))
+            if r is not None and r["divergences"]:
+                ax.annotate("✗", (i - 0.4 + width * (j + 0.5), (r["speedup"] or 0) + 0.08), ha="center", color="red")
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xticks(range(len(tasks)), tasks)
+    ax.set_ylabel(f"speedup over {summary.get('baseline', 'hf')} (×)")
+    ax.set_title(plot_title(summary, "Speedup"), fontsize=9)
+    ax.legend(fontsize=8, ncol=min(4, len(methods)), loc="upper left", bbox_to_anchor=(0, -0.08))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sweep_plot(sweep: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """A heatmap of speedup over the 2-D grid, or bars for a 1-D grid."""
+    from .results import plot_title
+
+    plt = _plt()
+    axes = sweep["axes"]
+    cells = {tuple(c["point"]): c for c in sweep["cells"]}
+    title = plot_title(sweep, f"Sweep of {sweep['plugin']}, speedup over {sweep.get('baseline', 'vanilla')}")
+    if len(axes) == 2:
+        (n1, v1), (n2, v2) = axes
+        grid = [[(cells.get((a, b)) or {}).get("speedup") or float("nan") for b in v2] for a in v1]
+        fig, ax = plt.subplots(figsize=(1.1 * len(v2) + 3, 0.8 * len(v1) + 2.2))
+        im = ax.imshow(grid, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(v2)), [str(v) for v in v2])
+        ax.set_yticks(range(len(v1)), [str(v) for v in v1])
+        ax.set_xlabel(n2)
+        ax.set_ylabel(n1)
+        finite = [x for row in grid for x in row if x == x]
+        mid = (max(finite) + min(finite)) / 2 if finite else 0
+        for i, row in enumerate(grid):
+            for j, x in enumerate(row):
+                if x == x:
+                    bad = (cells.get((v1[i], v2[j])) or {}).get("divergences")
+                    ax.text(j, i, f"{x:.2f}" + (" ✗" if bad else ""), ha="center", va="center", fontsize=8,
+                            color="black" if x > mid else "white")
+        fig.colorbar(im, ax=ax, label="speedup (×)")
+    else:
+        name, values = axes[0] if axes else ("config", [()])
+        ys = [(cells.get((v,) if axes else ()) or {}).get("speedup") or 0.0 for v in values]
+        fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(values) + 2), 4))
+        ax.bar([str(v) for v in values], ys, color="tab:blue")
+        for i, y in enumerate(ys):
+            ax.annotate(f"{y:.2f}", (i, y), ha="center", va="bottom", fontsize=8)
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_xlabel(name)
+        ax.set_ylabel("speedup (×)")
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

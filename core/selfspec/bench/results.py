@@ -1,0 +1,233 @@
+"""Results: JSONL per sample, a summary per task and method, a markdown table, machine info.
+
+Aggregates are ratios of sums over the samples of one run, never means of ratios:
+``tokens_per_s`` = sum(new tokens) / sum(wall time); ``speedup`` = sum(baseline wall time) /
+sum(method wall time) over the samples both ran; ``tau`` = sum(new tokens) / sum(full-model
+forwards); ``acceptance`` = sum(accepted) / sum(drafted). The ``all`` task pools every sample.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+RECORDS = "results.jsonl"
+SUMMARY = "summary.json"
+TABLE = "results.md"
+PLOT = "speedup.png"
+
+REQUIRED_FIELDS = ("question_id", "task", "method", "new_tokens", "wall_time", "accept_lengths",
+                   "tokens_per_s", "tau", "lossless", "near_tie", "margin")
+
+
+# --------------------------------------------------------------------------- files
+def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, threads, library versions and the date (UTC)."""
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_avg": load_avg(),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    try:
+        from .. import __version__
+
+        info["selfspec"] = __version__
+    except ImportError:  # pragma: no cover
+        pass
+    return info
+
+
+def load_avg() -> list[float] | None:
+    """1/5/15-minute load averages: other processes on the machine skew every timing."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+# --------------------------------------------------------------------------- summary
+def summarize(records: Sequence[dict[str, Any]], baseline: str = "hf") -> list[dict[str, Any]]:
+    """One row per (task, method), then one per method over all tasks (``task == "all"``)."""
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    base_time = {(r["task"], r["question_id"]): r["wall_time"] for r in records if r["method"] == baseline}
+    rows = []
+    for task in [*tasks, "all"]:
+        for m in methods:
+            rs = [r for r in records if r["method"] == m and (task == "all" or r["task"] == task)]
+            if rs:
+                rows.append(_row(task, m, rs, base_time))
+    return rows
+
+
+def _row(task: str, method: str, rs: list[dict[str, Any]], base_time: dict[tuple[str, str], float]) -> dict[str, Any]:
+    tokens = sum(r["new_tokens"] for r in rs)
+    wall = sum(r["wall_time"] for r in rs)
+    paired = [r for r in rs if (r["task"], r["question_id"]) in base_time]
+    t_base = sum(base_time[(r["task"], r["question_id"])] for r in paired)
+    t_meth = sum(r["wall_time"] for r in paired)
+    forwards = sum(r.get("forwards") or 0 for r in rs)
+    drafted = [r.get("drafted") for r in rs]
+    accepted = [r.get("accepted") for r in rs]
+    phases: dict[str, float] = {}
+    for r in rs:
+        for k, v in (r.get("phase_s") or {}).items():
+            phases[k] = phases.get(k, 0.0) + v
+    has_draft = all(d is not None for d in drafted) and sum(drafted) > 0  # type: ignore[arg-type]
+    return {
+        "task": task,
+        "method": method,
+        "samples": len(rs),
+        "new_tokens": tokens,
+        "wall_time": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "speedup": t_base / t_meth if paired and t_meth > 0 else None,
+        "tau": tokens / forwards if forwards else None,
+        "acceptance": sum(accepted) / sum(drafted) if has_draft else None,  # type: ignore[arg-type]
+        "phase_s": phases,
+        "lossless": sum(1 for r in rs if r["lossless"]),
+        "near_ties": sum(1 for r in rs if r["near_tie"]),
+        "divergences": sum(1 for r in rs if not (r["lossless"] or r["near_tie"])),
+    }
+
+
+def build_summary(records: Sequence[dict[str, Any]], *, baseline: str, config: dict[str, Any],
+                  machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "baseline": baseline,
+        "config": config,
+        "machine": machine if machine is not None else machine_info(),
+        "rows": summarize(records, baseline),
+    }
+
+
+# --------------------------------------------------------------------------- markdown
+def _f(x: Any, fmt: str = ".2f", none: str = "–") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _phases(p: dict[str, float]) -> str:
+    total = sum(p.values())
+    if not total:
+        return "–"
+    order = ["propose", "verify", "cache", "update"]
+    keys = [k for k in order if k in p] + [k for k in p if k not in order]
+    def pct(v: float) -> str:
+        x = 100 * v / total
+        return "<1%" if 0 < x < 0.5 else f"{x:.0f}%"
+
+    return " / ".join(f"{k} {pct(p[k])}" for k in keys)
+
+
+def _load(mach: dict[str, Any]) -> str:
+    a, b = mach.get("load_avg"), mach.get("load_avg_end")
+    if not a:
+        return ""
+    return f", 1-min load average {a[0]:.1f}" + (f" at the start, {b[0]:.1f} at the end" if b else "")
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The results table: speedup per task and method, then every figure per row."""
+    rows = summary["rows"]
+    cfg, mach = summary.get("config", {}), summary.get("machine", {})
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = {(r["task"], r["method"]): r for r in rows}
+    lines = [
+        f"Model `{cfg.get('model', '?')}` ({cfg.get('dtype', '?')}, {cfg.get('device', '?')}), "
+        f"{cfg.get('samples', '?')} samples per task, max {cfg.get('max_new_tokens', '?')} new tokens, "
+        f"seed {cfg.get('seed', '?')}, {mach.get('torch_threads', '?')} threads; "
+        f"{mach.get('cpu', '?')} ({mach.get('cores', '?')} cores), torch {mach.get('torch', '?')}, "
+        f"transformers {mach.get('transformers', '?')}, {mach.get('date', '?')}{_load(mach)}. "
+        f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same prompts.",
+        "",
+        "**Speedup**",
+        "",
+        "| method | " + " | ".join(tasks) + " |",
+        "| --- | " + " | ".join("---:" for _ in tasks) + " |",
+    ]
+    for m in methods:
+        cells = [_f(by[(t, m)]["speedup"], ".2f") + "×" if (t, m) in by and by[(t, m)]["speedup"] is not None else "–"
+                 for t in tasks]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "**Details**",
+        "",
+        "| task | method | n | tokens | tok/s | speedup | τ | acceptance | lossless | phases |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in rows:
+        ok = f"{r['lossless']}/{r['samples']}"
+        if r["near_ties"]:
+            ok += f" (+{r['near_ties']} near-tie)"
+        if r["divergences"]:
+            ok += f" **{r['divergences']} DIVERGED**"
+        lines.append(
+            f"| {r['task']} | {r['method']} | {r['samples']} | {r['new_tokens']} | {_f(r['tokens_per_s'], '.1f')} | "
+            f"{_f(r['speedup'])} | {_f(r['tau'])} | {_f(r['acceptance'])} | {ok} | {_phases(r['phase_s'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_title(summary: dict[str, Any], what: str) -> str:
+    cfg, mach = summary.get("config", {}), summary.get("machine", {})
+    model = Path(str(cfg.get("model", "?"))).name or str(cfg.get("model"))
+    return (f"{what}: {model}, {cfg.get('dtype', '?')}, max {cfg.get('max_new_tokens', '?')} new tokens\n"
+            f"{mach.get('cpu', '?')}, {mach.get('torch_threads', '?')} threads, {mach.get('date', '?')}")
+
+
+def render(out: str | os.PathLike[str], summary: dict[str, Any], plot: bool = True) -> list[Path]:
+    """Write ``summary.json``, ``results.md`` and (optionally) ``speedup.png`` into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / SUMMARY, out / TABLE]
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / TABLE).write_text(markdown(summary), encoding="utf-8")
+    if plot:
+        from .plot import speedup_bars
+
+        speedup_bars(summary, out / PLOT)
+        written.append(out / PLOT)
+    return written
