@@ -368,7 +368,6 @@ def _check_architecture(directory: Path | str, spec: str) -> None:
 
 def _from_pretrained(directory: Path | str, spec: str, dtype: torch.dtype, device_map: Any) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from transformers.utils import logging as hf_logging
 
     kwargs: dict[str, Any] = {"dtype": dtype}
