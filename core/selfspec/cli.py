@@ -40,6 +40,12 @@ class CliError(click.ClickException):
     """A failure the user can fix: printed as one line, exit status 1."""
 
 
+class BadInput(CliError):
+    """Malformed input (an option value, an empty prompt): one line, exit status 2."""
+
+    exit_code = 2
+
+
 # ---------------------------------------------------------------------------------------------
 # Settings shared by the group, the built-in commands and plugin commands
 # ---------------------------------------------------------------------------------------------
@@ -181,7 +187,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except OptionError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise BadInput(str(exc)) from None
     except (PluginError, ModelLoadError) as exc:
         raise CliError(str(exc)) from None
 
@@ -338,7 +344,7 @@ def run_command(ctx: click.Context, prompt: tuple[str, ...], **params: Any) -> N
     settings: Settings = ctx.obj.merged(params)
     text = " ".join(prompt)
     if not text.strip():
-        raise click.UsageError("the prompt is empty")
+        raise BadInput("the prompt is empty")
     with user_errors():
         from . import models
 
@@ -350,7 +356,7 @@ def run_command(ctx: click.Context, prompt: tuple[str, ...], **params: Any) -> N
         try:
             prompt_ids = models.format_prompt(loaded, text)
         except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
+            raise BadInput(str(exc)) from None
         decoder = settings.decoder(loaded)
         max_new = settings.max_new_tokens if settings.max_new_tokens is not None else RUN_MAX_NEW_TOKENS
         streamer = None if settings.json or settings.no_stream else Streamer(loaded.tokenizer)
@@ -488,7 +494,7 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, *
     settings: Settings = ctx.obj.merged(params)
     texts = list(prompts) or list(DEFAULT_CHECK_PROMPTS)
     if any(not t.strip() for t in texts):
-        raise click.UsageError("the prompt is empty")
+        raise BadInput("the prompt is empty")
     max_new = settings.max_new_tokens if settings.max_new_tokens is not None else CHECK_MAX_NEW_TOKENS
     rows: list[dict[str, Any]] = []
     with user_errors():

