@@ -195,3 +195,15 @@ def test_default_model(monkeypatch):
     ids = models.format_prompt(loaded, "Hi")
     tail = loaded.tokenizer.encode("<|im_start|>assistant\n")
     assert ids[-len(tail):] == tail
+
+
+def test_hub_cache_layout(tmp_path, llama_dir):
+    import shutil
+
+    repo = tmp_path / "models--org--tiny"
+    shutil.copytree(llama_dir, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    loaded = models.load(repo)
+    assert loaded.model.config.model_type == "llama"
+    assert loaded.source == str(repo)

@@ -339,12 +339,25 @@ def _converted(gguf: Path) -> Path:
 def _model_dir(path: Path) -> Path | str:
     if (path / "config.json").is_file():
         return path
+    if (path / "snapshots").is_dir():  # a hub cache entry: models--org--name/
+        return _model_dir(_snapshot(path))
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
         return _converted(ggufs[0].resolve())
     if ggufs:
         raise ModelLoadError(f"{str(path)!r} holds several .gguf files; give the one to load")
     raise ModelLoadError(f"{str(path)!r} is not a model directory (no config.json or .gguf file in it)")
+
+
+def _snapshot(repo: Path) -> Path:
+    """The snapshot a hub cache entry's ``refs/main`` names (else the newest one)."""
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
+        return repo / "snapshots" / ref.read_text().strip()
+    snaps = sorted((p for p in (repo / "snapshots").iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    if not snaps:
+        raise ModelLoadError(f"{str(repo)!r} is a hub cache entry with no snapshot in it")
+    return snaps[-1]
 
 
 def _looks_like_hub_id(spec: str) -> bool:
