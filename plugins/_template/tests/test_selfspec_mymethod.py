@@ -3,7 +3,8 @@
 from hypothesis import given
 from hypothesis import strategies as st
 from selfspec.plugins import available
-from selfspec.testing import ARCHS, assert_lossless, lengths, prompts, tiny_model
+from selfspec.testing import ARCHS, assert_lossless, tiny_model
+from selfspec.testing import strategies as sst
 
 
 def test_plugin_is_installed():
@@ -13,5 +14,5 @@ def test_plugin_is_installed():
 @given(arch=st.sampled_from(ARCHS), k=st.integers(0, 6), data=st.data())
 def test_lossless(arch, k, data):
     model = tiny_model(arch)
-    prompt = data.draw(prompts(model.config.vocab_size))
-    assert_lossless(model, "mymethod", prompt, data.draw(lengths()), {"k": k})
+    prompt = data.draw(sst.prompts(model.config.vocab_size))
+    assert_lossless(model, "mymethod", prompt, data.draw(sst.lengths()), {"k": k})

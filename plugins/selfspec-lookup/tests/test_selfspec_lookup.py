@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from selfspec.plugins import available
-from selfspec.testing import ARCHS, assert_lossless, lengths, prompts, tiny_model
+from selfspec.testing import ARCHS, assert_lossless, tiny_model
+from selfspec.testing import strategies as sst
 from selfspec_lookup import Lookup
 
 
@@ -22,9 +23,9 @@ def test_plugin_is_installed():
 def test_lossless(arch, max_ngram, num_draft, adaptive, data):
     model = tiny_model(arch)
     # a) few distinct tokens make n-gram matches, and so real drafts, likely
-    prompt = data.draw(prompts(min(model.config.vocab_size, 12), min_len=4))
+    prompt = data.draw(sst.prompts(min(model.config.vocab_size, 12), min_len=4))
     options = {"max_ngram": max_ngram, "num_draft": num_draft, "adaptive": adaptive}
-    assert_lossless(model, "lookup", prompt, data.draw(lengths()), options)
+    assert_lossless(model, "lookup", prompt, data.draw(sst.lengths()), options)
 
 
 def test_drafts_on_a_repeating_model_are_accepted():
