@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from selfspec.runner import CacheError, KVCache, Runner
 
 HEADS, DIM = 2, 3
