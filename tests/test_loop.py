@@ -17,7 +17,7 @@ import random
 import pytest
 import selfspec
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from selfspec import Decoder, Draft, Verdict
 from selfspec.builtin.verify import verify_greedy
@@ -490,22 +490,30 @@ def test_capture_layers_returns_committed_hidden_states(model):
 
 
 # ----------------------------------------------------------------------------- properties (see c)
+# tiny decodes are fast: at least 50 examples per property whatever the profile asks
+MORE = settings(max_examples=max(50, settings.default.max_examples))
+
+
+@MORE
 @given(arch=sst.archs(), prompt=sst.prompts(), n=sst.lengths())
 def test_property_vanilla_is_lossless(tiny_model_factory, arch, prompt, n):
     assert_lossless(tiny_model_factory(arch), "vanilla", prompt, n)
 
 
+@MORE
 @given(arch=sst.archs(), prompt=sst.prompts(), n=sst.lengths(), k=st.integers(1, 6))
 def test_property_oracle_is_lossless(tiny_model_factory, arch, prompt, n, k):
     res = assert_lossless(tiny_model_factory(arch), "oracle", prompt, n, plugin_object=Oracle(None, k))
     assert res.stats.accepted == res.stats.drafted
 
 
+@MORE
 @given(arch=sst.archs(), prompt=sst.prompts(), n=sst.lengths(), seed=st.integers(0, 2**16), p=st.floats(0, 1))
 def test_property_random_drafts_are_lossless(tiny_model_factory, arch, prompt, n, seed, p):
     assert_lossless(tiny_model_factory(arch), "noisy", prompt, n, plugin_object=Noisy(seed, p))
 
 
+@MORE
 @given(arch=sst.archs(), prompt=sst.prompts(), n=sst.lengths(), depth=st.integers(1, 4),
        wrong=st.integers(0, 2), seed=st.integers(0, 2**16))
 def test_property_tree_drafts_are_lossless(tiny_model_factory, arch, prompt, n, depth, wrong, seed):
@@ -513,6 +521,7 @@ def test_property_tree_drafts_are_lossless(tiny_model_factory, arch, prompt, n, 
     assert res.stats.accepted == sum(res.stats.accept_lengths) - res.stats.steps
 
 
+@MORE
 @given(arch=sst.archs(), prompt=sst.prompts(), n=sst.lengths(1, 12), drafts=st.lists(sst.drafts(), min_size=1, max_size=6))
 def test_property_arbitrary_drafts_are_lossless(tiny_model_factory, arch, prompt, n, drafts):
     """Drafts from the kit's strategy (chains, trees, empty), cycled: always lossless."""
