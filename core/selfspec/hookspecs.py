@@ -83,10 +83,10 @@ def selfspec_start(state: DecodeState) -> None:
 
 @hookspec
 def selfspec_end(state: DecodeState, result: Result) -> None:
-    """A decode ended (EOS, a stop token, the budget, or an error was raised).
+    """A decode ended (EOS, a stop token, or the budget).
 
-    Called once per decode, for every plugin, with the final state and the result. Observe
-    only: the result is already decided.
+    Called once per decode that completes, for every plugin, with the final state and the
+    result; not called when the decode raised. Observe only: the result is already decided.
     """
 
 
@@ -150,5 +150,7 @@ def selfspec_update_policy(state: DecodeState, verdict: Verdict) -> None:
     """Adapt after a step: thresholds, layer sets, statistics.
 
     Called once per step after cache, for every plugin, with ``state.tokens`` already holding
-    the newly committed tokens (``state.length`` updated). Nothing returned.
+    the newly committed tokens (``state.length`` updated). ``verdict`` is this step's
+    :class:`~selfspec.types.Verdict` (``verdict.committed`` may be longer than what was
+    committed when EOS or the budget cut it). Nothing returned.
     """

@@ -57,6 +57,7 @@ class KVCache:
         for i in range(self.n_layers) if layers is None else layers:
             self.lengths[i] = min(self.lengths[i], length)
 
+    @torch.inference_mode()  # the buffers are inference tensors (allocated in Runner.forward)
     def keep(self, base: int, slots: Sequence[int], layers: Iterable[int] | None = None) -> None:
         """Keep slots ``base + s`` for ``s`` in ``slots`` as ``base, base+1, ...`` and drop the rest.
 

@@ -1,0 +1,79 @@
+"""``assert_lossless``: a plugin's output against plain greedy decoding of the same model."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..loop import Decoder
+from ..reference import NEAR_TIE_TOLERANCE, compare, reference_generate
+from ..types import Result
+
+
+class NearTieWarning(UserWarning):
+    """A float32/bf16 output left the reference at a near-tied logit (allowed, reported)."""
+
+
+class LosslessError(AssertionError):
+    """The plugin's output differs from greedy decoding of the same model."""
+
+
+def assert_lossless(
+    model: torch.nn.Module,
+    plugin: str | Decoder,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    options: Mapping[str, Any] | None = None,
+    *,
+    plugin_object: Any = None,
+    eos_token_ids: Iterable[int] = (),
+    tolerance: float | None = None,
+) -> Result:
+    """Decode ``prompt_ids`` with ``plugin`` and check it equals ``model.generate(do_sample=False)``.
+
+    ``plugin`` is an installed plugin's name (with ``options`` and, for an unpackaged plugin,
+    ``plugin_object``), or a ready :class:`~selfspec.Decoder` over ``model``.
+
+    float64: any difference raises :class:`LosslessError` naming the first differing index,
+    both continuations from there, and the reference's top-1/top-2 logit margin at it.
+    float32/bf16/float16: a first difference is allowed only where that margin is at most
+    ``tolerance`` (default :data:`selfspec.reference.NEAR_TIE_TOLERANCE` of the model's dtype);
+    it is then a *near-tie*: the returned result has ``near_ties == 1`` and a
+    :class:`NearTieWarning` gives the margin. Nothing is ever retried.
+    """
+    if isinstance(plugin, Decoder):
+        if plugin.model is not model:
+            raise ValueError("the Decoder passed to assert_lossless drives another model")
+        decoder = plugin
+    else:
+        decoder = Decoder(model, plugin, options, plugin_object=plugin_object)
+    eos = tuple(eos_token_ids)
+    prompt = [int(t) for t in prompt_ids]
+    result = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos)
+    reference = reference_generate(model, prompt, max_new_tokens, eos)
+    dtype = next(model.parameters()).dtype
+    if tolerance is None:
+        tolerance = NEAR_TIE_TOLERANCE.get(dtype, 0.0)
+    if dtype == torch.float64:
+        tolerance = 0.0  # exact in float64, whatever was asked
+    cmp = compare(model, prompt, result.output_ids, reference, tolerance=tolerance)
+    if cmp.equal:
+        return result
+    name = decoder.plugin_name
+    i = cmp.index
+    assert i is not None
+    where = (
+        f"plugin {name!r} diverges from greedy decoding at new token {i} "
+        f"(prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, {dtype}):\n"
+        f"  plugin:    {result.output_ids[:i]} | {result.output_ids[i:i + 12]}\n"
+        f"  reference: {reference[:i]} | {reference[i:i + 12]}\n"
+        f"  reference top-1/top-2 logit margin there: {cmp.margin:.3g} (tolerance {tolerance:g})"
+    )
+    if not cmp.near_tie:
+        raise LosslessError(where)
+    warnings.warn(f"near-tie: {where}", NearTieWarning, stacklevel=2)
+    result.near_ties += 1
+    return result

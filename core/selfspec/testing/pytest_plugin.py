@@ -1,0 +1,90 @@
+"""The kit as a pytest plugin (entry point ``pytest11: selfspec``).
+
+Imports nothing heavy: torch, transformers and hypothesis load inside hooks and fixtures.
+
+Fixtures:
+
+* ``tiny_model_factory(arch, dtype=torch.float64, seed=0, **overrides)``: a tiny random model,
+  built once per session and argument set (treat it as read-only; deep-copy to modify);
+* ``selfspec_arch``: parametrizes a test over every architecture in ``ARCHS``;
+* ``selfspec_device``: parametrizes a test over ``"cpu"`` and, when a GPU is present, ``"cuda"``.
+
+Hypothesis profiles: ``selfspec-ci`` (derandomized, no deadline, few examples) and
+``selfspec-dev`` (no deadline, more examples, random). The profile named by the environment
+variable ``HYPOTHESIS_PROFILE`` is loaded; otherwise ``selfspec-ci`` when ``CI`` is set and
+``selfspec-dev`` when not. ``--hypothesis-profile`` on the command line wins over both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from .archs import ARCHS
+
+CI_PROFILE = "selfspec-ci"
+DEV_PROFILE = "selfspec-dev"
+
+
+def devices() -> list[str]:
+    """``["cpu"]``, plus ``"cuda"`` when ``torch.cuda.is_available()``."""
+    import torch
+
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def profile_name() -> str:
+    """The Hypothesis profile the environment asks for."""
+    return os.environ.get("HYPOTHESIS_PROFILE") or (CI_PROFILE if os.environ.get("CI") else DEV_PROFILE)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "selfspec: tests of the selfspec losslessness kit")
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # the kit's strategies need hypothesis; the fixtures do not
+        return
+    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large]
+    settings.register_profile(CI_PROFILE, derandomize=True, deadline=None, max_examples=15,
+                              suppress_health_check=quiet, print_blob=True)
+    settings.register_profile(DEV_PROFILE, deadline=None, max_examples=60,
+                              suppress_health_check=quiet, print_blob=True)
+    if config.getoption("hypothesis_profile", default=None):
+        return  # hypothesis's own plugin loads the profile given on the command line
+    name = profile_name()
+    try:
+        settings.load_profile(name)
+    except Exception:  # a profile of the project's own, registered in its conftest later
+        pass
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"selfspec: hypothesis profile from environment {profile_name()!r}"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "selfspec_arch" in metafunc.fixturenames:
+        metafunc.parametrize("selfspec_arch", ARCHS)
+    if "selfspec_device" in metafunc.fixturenames:
+        metafunc.parametrize("selfspec_device", devices())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory() -> Callable[..., Any]:
+    """``factory(arch, *, dtype=torch.float64, seed=0, device="cpu", **overrides)`` -> model,
+    cached per argument set for the session."""
+    built: dict[Any, Any] = {}
+
+    def factory(arch: str, **kwargs: Any) -> Any:
+        from .models import tiny_model
+
+        key = (arch, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+        if key not in built:
+            built[key] = tiny_model(arch, **kwargs)
+        return built[key]
+
+    return factory

@@ -1,0 +1,131 @@
+"""Hypothesis strategies for losslessness tests: architectures, prompts, lengths, options, drafts.
+
+    from hypothesis import given
+    from selfspec.testing import strategies as sst
+
+    @given(arch=sst.archs(), prompt=sst.prompts(128), n=sst.lengths())
+    def test_lossless(arch, prompt, n, tiny_model_factory):
+        assert_lossless(tiny_model_factory(arch), "mine", prompt, n)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from hypothesis import strategies as st
+
+from ..options import Option, OptionError
+from .archs import ARCHS
+
+#: Largest vocabulary id drawn by default: the tiny models' vocabulary size.
+TINY_VOCAB = 128
+
+
+def archs() -> st.SearchStrategy[str]:
+    """One of :data:`~selfspec.testing.ARCHS`."""
+    return st.sampled_from(ARCHS)
+
+
+def prompts(vocab_size: int = TINY_VOCAB, min_len: int = 1, max_len: int = 24) -> st.SearchStrategy[list[int]]:
+    """Prompt token ids in ``[0, vocab_size)``; some with repeats (what n-gram drafters feed on)."""
+    ids = st.integers(0, vocab_size - 1)
+    plain = st.lists(ids, min_size=min_len, max_size=max_len)
+    # a few ids repeated: repetitive prompts make lookup-style drafters propose
+    small = st.lists(st.integers(0, min(vocab_size, 6) - 1), min_size=min_len, max_size=max_len)
+    return st.one_of(plain, small)
+
+
+def lengths(min_value: int = 1, max_value: int = 40) -> st.SearchStrategy[int]:
+    """``max_new_tokens`` values."""
+    return st.integers(min_value, max_value)
+
+
+def option_values(opt: Option) -> st.SearchStrategy[Any]:
+    """Valid values of one declared option (choices, bounded numbers, booleans)."""
+    if opt.choices is not None:
+        base: st.SearchStrategy[Any] = st.sampled_from(list(opt.choices))
+    elif opt.type is bool:
+        base = st.booleans()
+    elif opt.type is int:
+        lo = int(math.ceil(opt.min)) if opt.min is not None else None
+        hi = int(math.floor(opt.max)) if opt.max is not None else None
+        # unbounded sides get a small range around the default: huge values only cost time
+        anchor = opt.default if isinstance(opt.default, int) else (lo if lo is not None else 0)
+        if lo is None:
+            lo = min(0, anchor, hi if hi is not None else 0)
+        if hi is None:
+            hi = max(anchor, lo) + 8
+        base = st.integers(lo, hi)
+    elif opt.type is float:
+        anchor = float(opt.default) if opt.default is not None else 0.0
+        lo = float(opt.min) if opt.min is not None else anchor - 1.0
+        hi = float(opt.max) if opt.max is not None else max(anchor, lo) + 1.0
+        base = st.floats(lo, hi, allow_nan=False, allow_infinity=False)
+    elif opt.default is not None:
+        base = st.just(opt.default)
+    else:
+        base = st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=8)
+    if opt.default is not None:
+        base = st.one_of(st.just(opt.default), base)
+
+    def valid(v: Any) -> bool:
+        try:
+            opt.convert(v)
+        except OptionError:
+            return False
+        return True
+
+    return base.filter(valid)
+
+
+def options(declared: Mapping[str, Option], *, fixed: Mapping[str, Any] | None = None) -> st.SearchStrategy[dict[str, Any]]:
+    """A dict of valid values for some of a plugin's declared options (the rest keep defaults).
+
+    ``declared`` is what :func:`selfspec.plugins.declared_options` returns; ``fixed`` pins
+    some options to given values.
+    """
+    fixed = dict(fixed or {})
+    free = {name: opt for name, opt in declared.items() if name not in fixed}
+    if not free:
+        return st.just(fixed)
+    return st.fixed_dictionaries({}, optional={name: option_values(opt) for name, opt in free.items()}).map(
+        lambda d: {**d, **fixed}
+    )
+
+
+@st.composite
+def trees(draw: st.DrawFn, vocab_size: int = TINY_VOCAB, min_nodes: int = 1, max_nodes: int = 8) -> tuple[list[int], list[int]]:
+    """``(tokens, parents)`` of a random tree draft: ``parents[i] < i``, ``-1`` = the pending token."""
+    n = draw(st.integers(min_nodes, max_nodes))
+    tokens = draw(st.lists(st.integers(0, vocab_size - 1), min_size=n, max_size=n))
+    parents = [draw(st.integers(-1, i - 1)) for i in range(n)]
+    return tokens, parents
+
+
+def chains(vocab_size: int = TINY_VOCAB, min_len: int = 0, max_len: int = 8) -> st.SearchStrategy[list[int]]:
+    """Token ids of a chain draft."""
+    return st.lists(st.integers(0, vocab_size - 1), min_size=min_len, max_size=max_len)
+
+
+def drafts(vocab_size: int = TINY_VOCAB, max_nodes: int = 8, kind: str = "any", device: Any = "cpu") -> st.SearchStrategy[Any]:
+    """:class:`~selfspec.Draft` values: ``kind`` is ``"chain"``, ``"tree"`` or ``"any"``."""
+    import torch
+
+    from ..types import Draft
+
+    def as_tree(tp: tuple[list[int], list[int]]) -> Draft:
+        tokens, parents = tp
+        return Draft(torch.tensor(tokens, dtype=torch.long, device=device),
+                     torch.tensor(parents, dtype=torch.long, device=device))
+
+    chain = chains(vocab_size, 0, max_nodes).map(lambda t: Draft.chain(t, device=device))
+    tree = trees(vocab_size, 1, max_nodes).map(as_tree)
+    if kind == "chain":
+        return chain
+    if kind == "tree":
+        return tree
+    if kind != "any":
+        raise ValueError(f"kind must be 'chain', 'tree' or 'any', not {kind!r}")
+    return st.one_of(chain, tree)
