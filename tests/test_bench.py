@@ -17,6 +17,7 @@ import click
 import pytest
 import torch
 from click.testing import CliRunner
+
 from selfspec import Draft, Verdict
 from selfspec.bench import data, harness, results, sweep
 from selfspec.bench.commands import bench, report

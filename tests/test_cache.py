@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from selfspec.runner import CacheError, KVCache, Runner
 
 HEADS, DIM = 2, 3

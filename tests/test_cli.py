@@ -12,6 +12,7 @@ import pytest
 import torch
 from _tiny_models import save_tiny_gpt2, save_tiny_llama
 from click.testing import CliRunner
+
 from selfspec import models
 from selfspec.cli import cli
 from selfspec.reference import reference_generate

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from selfspec import hookspecs
 
 TESTS = Path(__file__).parent

@@ -7,10 +7,11 @@ import sys
 import warnings
 
 import pytest
-import selfspec
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import selfspec
 from selfspec import Draft, Option, Verdict
 from selfspec.builtin.verify import verify_greedy
 from selfspec.testing import ARCHS, LosslessError, NearTieWarning, assert_lossless, tiny_model

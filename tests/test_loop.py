@@ -15,10 +15,11 @@ from __future__ import annotations
 import random
 
 import pytest
-import selfspec
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import selfspec
 from selfspec import Decoder, Draft, Verdict
 from selfspec.builtin.verify import verify_greedy
 from selfspec.plugins import PluginError

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from _tiny_models import EOS_ID, save_tiny_gpt2, save_tiny_llama, write_tiny_gguf
+
 from selfspec import models
 from selfspec.models import ModelLoadError
 

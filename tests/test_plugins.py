@@ -8,6 +8,7 @@ from importlib import metadata
 
 import click
 import pytest
+
 import selfspec
 from selfspec import Decoder, Option, plugins
 from selfspec.options import OptionError, parse_pairs, resolve

@@ -20,6 +20,7 @@ import copy
 
 import pytest
 import torch
+
 from selfspec.runner import KVCache, Runner, UnsupportedModelError, masks, supported_model_types
 from selfspec.testing import ARCHS
 from selfspec.testing.models import WINDOW

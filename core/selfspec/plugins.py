@@ -115,10 +115,25 @@ def instantiate(obj: Any) -> Any:
     if inspect.isclass(obj):
         return obj()
     if isinstance(obj, ModuleType):
-        # A module may name its plugin class `Plugin` or expose module-level hooks.
-        cls = getattr(obj, "Plugin", None)
-        return cls() if inspect.isclass(cls) else obj
+        # A module is the plugin when it has module-level hooks; otherwise the one class it
+        # defines with hook methods is (so `--plugin-file` works on a packaged plugin's module).
+        if any(_is_hook(name, value) for name, value in vars(obj).items()):
+            return obj
+        if inspect.isclass(getattr(obj, "Plugin", None)):
+            return obj.Plugin()
+        classes = [c for c in vars(obj).values() if inspect.isclass(c) and c.__module__ == obj.__name__
+                   and any(_is_hook(n, v) for n, v in vars(c).items())]
+        if len(classes) == 1:
+            return classes[0]()
+        if len(classes) > 1:
+            names = ", ".join(c.__name__ for c in classes)
+            raise ValueError(f"defines several plugin classes ({names}); name the one to use `Plugin`")
+        return obj
     return obj
+
+
+def _is_hook(name: str, value: Any) -> bool:
+    return name.startswith(f"{PROJECT}_") and callable(value)
 
 
 def builtin_plugins() -> list[tuple[str, Any]]:

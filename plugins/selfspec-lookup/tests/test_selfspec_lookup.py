@@ -3,10 +3,11 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from selfspec_lookup import Lookup
+
 from selfspec.plugins import available
 from selfspec.testing import ARCHS, assert_lossless, tiny_model
 from selfspec.testing import strategies as sst
-from selfspec_lookup import Lookup
 
 
 def test_plugin_is_installed():
