@@ -7,4 +7,7 @@ if [ ! -x .venv-tox/bin/tox ]; then
   .venv-tox/bin/python -m pip install -q --upgrade pip
   .venv-tox/bin/python -m pip install -q "tox>=4.20"
 fi
-exec .venv-tox/bin/tox run -e lint,py -- "$@"
+if [ "$#" -gt 0 ]; then
+  exec .venv-tox/bin/tox run -e lint,py -- "$@"
+fi
+exec .venv-tox/bin/tox run -e lint,py
