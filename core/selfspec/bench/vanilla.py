@@ -5,11 +5,13 @@
 
 Method: load the model once, warm both paths up, then for every repeat and every prompt time
 ``model.generate(do_sample=False)`` (through :func:`selfspec.reference.reference_generate`)
-and ``Decoder(model, "vanilla").generate`` back to back, alternating which one goes first, so
-that both see the same machine load. Both decode exactly ``--max-new-tokens`` tokens (EOS is
+and ``Decoder(model, "vanilla", weight_layout=L).generate`` for every runner weight layout L
+(``--layouts``; default both ``model`` and ``transposed``) back to back, rotating which one
+goes first, so that all see the same machine load. Both decode exactly ``--max-new-tokens`` tokens (EOS is
 ignored unless ``--eos``). Reported: tokens/s of each (from the median time per prompt), the
 speed ratio host/HF per prompt and its median, and whether every host output equals the HF
-output token for token. The exit status is 1 when any output differs.
+output token for token (a difference is reported with the reference's top-1/top-2 margin
+there). The exit status is 1 when any output differs.
 
 The prompts are SMOKE PROMPTS: a handful of short, realistic instructions hard-coded here to
 exercise the loop. They are not the benchmark data set (that is ``specdec bench``).
@@ -24,7 +26,8 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -89,64 +92,78 @@ def run(
     max_new_tokens: int,
     repeats: int,
     eos_token_ids: Sequence[int] = (),
+    layouts: Sequence[str] = ("model",),
 ) -> dict[str, Any]:
-    """Time HF ``generate`` and the host with ``vanilla``, interleaved; see the module doc."""
-    decoder = Decoder(model, "vanilla")
+    """Time HF ``generate`` and the host with ``vanilla`` (one decoder per weight layout),
+    interleaved; see the module doc. Returns per-prompt rows and per-method summaries."""
+    methods: dict[str, Callable[[Sequence[int]], list[int]]] = {
+        "hf": lambda ids: reference_generate(
+            model, ids, max_new_tokens, eos_token_ids=eos_token_ids
+        )
+    }
+    for layout in layouts:
+        decoder = Decoder(model, "vanilla", weight_layout=layout)
+        methods[f"host[{layout}]"] = partial(_host, decoder, max_new_tokens, eos_token_ids)
+    names = list(methods)
 
-    def hf(ids: Sequence[int]) -> list[int]:
-        return reference_generate(model, ids, max_new_tokens, eos_token_ids=eos_token_ids)
-
-    def host(ids: Sequence[int]) -> list[int]:
-        return decoder.generate(ids, max_new_tokens, eos_token_ids=eos_token_ids).output_ids
-
-    # warm-up: first calls allocate and pick kernels
-    for fn in (hf, host):
+    for fn in methods.values():  # warm-up: first calls allocate and pick kernels
         fn(prompts[0])
 
-    times: dict[str, list[list[float]]] = {"hf": [[] for _ in prompts], "host": [[] for _ in prompts]}
-    outputs: dict[str, list[list[int]]] = {"hf": [[] for _ in prompts], "host": [[] for _ in prompts]}
-    equal = [True] * len(prompts)
-    order = (("hf", hf), ("host", host))
+    times = {name: [[] for _ in prompts] for name in names}
+    outputs: dict[str, list[list[int]]] = {name: [[] for _ in prompts] for name in names}
+    equal = {name: [True] * len(prompts) for name in names}
     for r in range(repeats):
         for p, ids in enumerate(prompts):
-            got = {}
-            for name, fn in order if (r + p) % 2 == 0 else order[::-1]:
+            shift = (r + p) % len(names)  # rotate who goes first
+            for name in names[shift:] + names[:shift]:
                 t0 = time.perf_counter()
-                got[name] = fn(ids)
+                outputs[name][p] = methods[name](ids)
                 times[name][p].append(time.perf_counter() - t0)
-            outputs["hf"][p], outputs["host"][p] = got["hf"], got["host"]
-            equal[p] = equal[p] and got["hf"] == got["host"]
+            for name in names:
+                equal[name][p] = equal[name][p] and outputs[name][p] == outputs["hf"][p]
 
     rows = []
     for p, ids in enumerate(prompts):
-        n_hf, n_host = len(outputs["hf"][p]), len(outputs["host"][p])
-        t_hf, t_host = statistics.median(times["hf"][p]), statistics.median(times["host"][p])
-        row = {
+        row: dict[str, Any] = {
             "prompt": p,
             "prompt_tokens": len(ids),
-            "new_tokens": n_host,
-            "hf_tokens_per_s": n_hf / t_hf,
-            "host_tokens_per_s": n_host / t_host,
-            "ratio": (n_host / t_host) / (n_hf / t_hf),
-            "hf_times_s": times["hf"][p],
-            "host_times_s": times["host"][p],
-            "equal": equal[p],
+            "new_tokens": len(outputs["hf"][p]),
         }
-        if not equal[p]:
-            c = compare(model, ids, outputs["host"][p], outputs["hf"][p])
-            row.update(first_difference=c.index, margin=c.margin, near_tie=c.near_tie)
+        hf_tps = len(outputs["hf"][p]) / statistics.median(times["hf"][p])
+        for name in names:
+            tps = len(outputs[name][p]) / statistics.median(times[name][p])
+            m = {
+                "tokens_per_s": tps,
+                "ratio": tps / hf_tps,
+                "times_s": times[name][p],
+                "equal": equal[name][p],
+            }
+            if not equal[name][p]:
+                c = compare(model, ids, outputs[name][p], outputs["hf"][p])
+                m.update(first_difference=c.index, margin=c.margin, near_tie=c.near_tie)
+            row[name] = m
         rows.append(row)
-    total_hf = sum(len(outputs["hf"][p]) for p in range(len(prompts)))
-    total_host = sum(len(outputs["host"][p]) for p in range(len(prompts)))
-    sum_hf = sum(statistics.median(times["hf"][p]) for p in range(len(prompts)))
-    sum_host = sum(statistics.median(times["host"][p]) for p in range(len(prompts)))
+    summary = {}
+    for name in names:
+        n = sum(len(outputs[name][p]) for p in range(len(prompts)))
+        t = sum(statistics.median(times[name][p]) for p in range(len(prompts)))
+        summary[name] = {
+            "tokens_per_s": n / t,
+            "median_ratio": statistics.median(row[name]["ratio"] for row in rows),
+            "all_equal": all(equal[name]),
+        }
     return {
+        "methods": names,
         "prompts": rows,
-        "hf_tokens_per_s": total_hf / sum_hf,
-        "host_tokens_per_s": total_host / sum_host,
-        "median_ratio": statistics.median(r["ratio"] for r in rows),
-        "all_equal": all(equal),
+        "summary": summary,
+        "all_equal": all(s["all_equal"] for s in summary.values()),
     }
+
+
+def _host(
+    decoder: Decoder, max_new_tokens: int, eos: Sequence[int], ids: Sequence[int]
+) -> list[int]:
+    return decoder.generate(ids, max_new_tokens, eos_token_ids=eos).output_ids
 
 
 def _machine(threads: int) -> dict[str, Any]:
@@ -155,7 +172,9 @@ def _machine(threads: int) -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
     except OSError:
         pass
     return {
@@ -176,32 +195,69 @@ def _load_average() -> list[float] | None:
 
 
 def format_table(res: dict[str, Any]) -> str:
-    lines = [
-        f"{'prompt':>6} {'in':>4} {'new':>4} {'HF tok/s':>9} {'host tok/s':>10} {'ratio':>6}  equal",
-    ]
+    hosts = [n for n in res["methods"] if n != "hf"]
+    head = f"{'prompt':>6} {'in':>4} {'new':>4} {'HF tok/s':>9}"
+    for n in hosts:
+        head += f" {n + ' tok/s':>24} {'ratio':>6} {'equal':>5}"
+    lines = [head]
+
+    def cells(m: dict[str, Any]) -> str:
+        eq = "yes" if m["equal"] else ("tie" if m.get("near_tie") else "NO")
+        return f" {m['tokens_per_s']:>24.2f} {m['ratio']:>6.3f} {eq:>5}"
+
     for r in res["prompts"]:
-        eq = "yes" if r["equal"] else f"NO (at {r['first_difference']}, margin {r['margin']:.2e})"
-        lines.append(
-            f"{r['prompt']:>6} {r['prompt_tokens']:>4} {r['new_tokens']:>4} {r['hf_tokens_per_s']:>9.2f} "
-            f"{r['host_tokens_per_s']:>10.2f} {r['ratio']:>6.3f}  {eq}"
-        )
+        line = f"{r['prompt']:>6} {r['prompt_tokens']:>4} {r['new_tokens']:>4} {r['hf']['tokens_per_s']:>9.2f}"
+        lines.append(line + "".join(cells(r[n]) for n in hosts))
+    s = res["summary"]
+    line = f"{'all':>6} {'':>4} {'':>4} {s['hf']['tokens_per_s']:>9.2f}"
+    for n in hosts:
+        eq = "yes" if s[n]["all_equal"] else "NO"
+        line += f" {s[n]['tokens_per_s']:>24.2f} {s[n]['median_ratio']:>6.3f} {eq:>5}"
+    lines.append(line)
     lines.append(
-        f"{'all':>6} {'':>4} {'':>4} {res['hf_tokens_per_s']:>9.2f} {res['host_tokens_per_s']:>10.2f} "
-        f"{res['median_ratio']:>6.3f}  {'all equal' if res['all_equal'] else 'DIFFERENCES'}"
+        "ratio: host tok/s / HF tok/s, per prompt; row 'all': total tok/s and the median ratio."
     )
-    lines.append("(ratio = host tok/s / HF tok/s per prompt; the 'all' row shows the median ratio)")
+    lines.append(
+        "equal: host output == HF generate output token for token ('tie': differs at a near-tie)."
+    )
+    for r in res["prompts"]:
+        for n in hosts:
+            if not r[n]["equal"]:
+                lines.append(
+                    f"prompt {r['prompt']} {n}: first difference at new token {r[n]['first_difference']}, "
+                    f"reference top-2 margin {r[n]['margin']:.3e}"
+                )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m selfspec.bench.vanilla", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=DEFAULT_MODEL, help="a Hugging Face model folder (default: %(default)s)")
-    ap.add_argument("--prompts", type=int, default=4, help=f"how many smoke prompts (max {len(SMOKE_PROMPTS)})")
+    ap = argparse.ArgumentParser(
+        prog="python -m selfspec.bench.vanilla", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument(
+        "--model", default=DEFAULT_MODEL, help="a Hugging Face model folder (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--prompts", type=int, default=4, help=f"how many smoke prompts (max {len(SMOKE_PROMPTS)})"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)")
+    ap.add_argument(
+        "--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)"
+    )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
-    ap.add_argument("--eos", action="store_true", help="stop at the model's EOS tokens (default: always decode N)")
+    ap.add_argument(
+        "--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"]
+    )
+    ap.add_argument(
+        "--layouts",
+        default="model,transposed",
+        help="comma-separated runner weight layouts to time (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--eos",
+        action="store_true",
+        help="stop at the model's EOS tokens (default: always decode N)",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = ap.parse_args(argv)
 
@@ -215,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.eos:
         eos = sorted(Decoder(model, "vanilla")._default_eos())
     load_before = _load_average()
-    res = run(model, prompts, args.max_new_tokens, args.repeats, eos)
+    res = run(model, prompts, args.max_new_tokens, args.repeats, eos, args.layouts.split(","))
     res.update(
         model=args.model,
         dtype=args.dtype,
@@ -226,12 +282,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_average_before=load_before,
         load_average_after=_load_average(),
         machine=_machine(args.threads),
-        command=" ".join(["python -m selfspec.bench.vanilla", *(argv if argv is not None else sys.argv[1:])]),
+        command=" ".join(
+            ["python -m selfspec.bench.vanilla", *(argv if argv is not None else sys.argv[1:])]
+        ),
     )
     m = res["machine"]
-    print(f"model {args.model} ({args.dtype}), {len(prompts)} smoke prompts, {args.max_new_tokens} new tokens, "
-          f"{args.repeats} repeats, {m['threads']} threads on {m['cpu']} ({m['cpu_count']} cores), "
-          f"torch {m['torch']}, transformers {m['transformers']}")
+    print(
+        f"model {args.model} ({args.dtype}), {len(prompts)} smoke prompts, {args.max_new_tokens} new tokens, "
+        f"{args.repeats} repeats, {m['threads']} threads on {m['cpu']} ({m['cpu_count']} cores), "
+        f"torch {m['torch']}, transformers {m['transformers']}"
+    )
     print(format_table(res))
     print(f"load average before/after: {res['load_average_before']} / {res['load_average_after']}")
     if args.json:
