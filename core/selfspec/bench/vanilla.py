@@ -6,7 +6,7 @@
 Method: load the model once, warm both paths up, then for every repeat and every prompt time
 ``model.generate(do_sample=False)`` (through :func:`selfspec.reference.reference_generate`)
 and ``Decoder(model, "vanilla", weight_layout=L).generate`` for every runner weight layout L
-(``--layouts``; default both ``model`` and ``transposed``) back to back, rotating which one
+(``--layouts``; default every layout the dtype allows) back to back, rotating which one
 goes first, so that all see the same machine load. Both decode exactly ``--max-new-tokens`` tokens (EOS is
 ignored unless ``--eos``). Reported: tokens/s of each (from the median time per prompt), the
 speed ratio host/HF per prompt and its median, and whether every host output equals the HF
@@ -34,6 +34,7 @@ import torch
 
 from ..loop import Decoder
 from ..reference import compare, reference_generate
+from ..runner.layout import LAYOUTS, check_layout
 
 DEFAULT_MODEL = "/tmp/x/smol"
 
@@ -166,6 +167,17 @@ def _host(
     return decoder.generate(ids, max_new_tokens, eos_token_ids=eos).output_ids
 
 
+def _usable_layouts(model: torch.nn.Module) -> list[str]:
+    p = next(model.parameters())
+    usable = []
+    for layout in LAYOUTS:
+        try:
+            usable.append(check_layout(layout, p.device, p.dtype))
+        except ValueError:
+            pass
+    return usable
+
+
 def _machine(threads: int) -> dict[str, Any]:
     import transformers
 
@@ -250,8 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--layouts",
-        default="model,transposed",
-        help="comma-separated runner weight layouts to time (default: %(default)s)",
+        help="comma-separated runner weight layouts to time (default: every layout the dtype allows)",
     )
     ap.add_argument(
         "--eos",
@@ -271,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.eos:
         eos = sorted(Decoder(model, "vanilla")._default_eos())
     load_before = _load_average()
-    res = run(model, prompts, args.max_new_tokens, args.repeats, eos, args.layouts.split(","))
+    layouts = args.layouts.split(",") if args.layouts else _usable_layouts(model)
+    res = run(model, prompts, args.max_new_tokens, args.repeats, eos, layouts)
     res.update(
         model=args.model,
         dtype=args.dtype,
