@@ -107,3 +107,17 @@ def test_transposed_layout_equals_the_model_up_to_rounding() -> None:
     assert fast._run_layers[0].input_layernorm.weight is model.model.layers[0].input_layernorm.weight
     with pytest.raises(ValueError, match="unknown weight layout"):
         Runner(model, weight_layout="sideways")
+
+
+def test_packed_layout_is_refused_in_float64_and_close_in_float32() -> None:
+    from selfspec.runner.layout import PackedLinear
+
+    with pytest.raises(ValueError, match="'packed' needs oneDNN"):
+        Runner(_tiny_llama(torch.float64), weight_layout="packed")
+    model = _tiny_llama(torch.float32)
+    fast = Runner(model, weight_layout="packed")
+    assert isinstance(fast._run_layers[0].self_attn.q_proj, PackedLinear)
+    ids = torch.randint(0, CONFIG["vocab_size"], (12,), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        ref = model(ids[None]).logits[0]
+    torch.testing.assert_close(fast.forward(ids).logits, ref, rtol=1e-4, atol=1e-5)
