@@ -26,6 +26,8 @@ class Decoder:
 
     ``Decoder(model, "lookup", {"ngram": 3}).generate(prompt_ids, max_new_tokens=128)``.
     Two decoders never share plugin state: each builds its own plugin manager and instance.
+    ``weight_layout="transposed"`` runs the runner on ``[in, out]`` copies of the linear
+    weights: faster on CPU, equal to the model up to rounding (see ``selfspec.runner.layout``).
     """
 
     def __init__(
@@ -38,12 +40,13 @@ class Decoder:
         plugin_object: Any = None,
         draft_slack: int = 256,
         trace: bool | None = None,
+        weight_layout: str = "model",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.plugin_name = plugin
         self.draft_slack = draft_slack
-        self.runner = Runner(model)
+        self.runner = Runner(model, weight_layout=weight_layout)
         self.pm, self.plugin = plugins.make_manager(plugin, plugin_object, trace=trace)
         self.declared = plugins.declared_options(self.pm)
         from .options import resolve
