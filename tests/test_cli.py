@@ -343,3 +343,11 @@ def test_default_model_matches_reference(monkeypatch):
     loaded = models.load()
     assert data["prompt_ids"] == models.format_prompt(loaded, "Hi")
     assert data["output_ids"] == reference_generate(loaded.model, data["prompt_ids"], 8, loaded.eos_token_ids)
+
+
+def test_weight_layout_that_cannot_run_is_a_clear_error(model_dir):
+    out = CliRunner().invoke(cli, ["--model", str(model_dir), "--dtype", "float64", "--weight-layout", "packed",
+                                   "-n", "2", "hello"])
+    assert out.exit_code == 2
+    assert "weight layout 'packed'" in out.output
+    assert "Traceback" not in out.output

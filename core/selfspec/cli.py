@@ -63,6 +63,7 @@ class Settings:
     dtype: str | None = None
     device_map: str | None = None
     threads: int | None = None
+    weight_layout: str | None = None
     options: tuple[str, ...] = ()
     max_new_tokens: int | None = None
     json: bool = False
@@ -141,7 +142,8 @@ class Settings:
         from .loop import Decoder
 
         name, obj = self.plugin_object()
-        return Decoder(loaded.model, name, self.parsed_options(), tokenizer=loaded.tokenizer, plugin_object=obj)
+        return Decoder(loaded.model, name, self.parsed_options(), tokenizer=loaded.tokenizer, plugin_object=obj,
+                       weight_layout=self.weight_layout or "auto")
 
 
 def physical_cores() -> int:
@@ -183,11 +185,15 @@ def user_errors() -> Iterator[None]:
     from .models import ModelLoadError
     from .options import OptionError
     from .plugins import PluginError
+    from .runner import UnsupportedModelError
+    from .runner.layout import WeightLayoutError
 
     try:
         yield
-    except OptionError as exc:
+    except (OptionError, WeightLayoutError) as exc:
         raise BadInput(str(exc)) from None
+    except UnsupportedModelError as exc:
+        raise CliError(str(exc)) from None
     except (PluginError, ModelLoadError) as exc:
         raise CliError(str(exc)) from None
 
@@ -214,6 +220,10 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Passed to from_pretrained, e.g. 'auto' to spread a model over GPUs."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="Torch CPU threads (default: physical cores)."),
+        click.option("--weight-layout", type=click.Choice(["auto", "model", "transposed", "packed"]), default=None,
+                     help="How the runner holds the linear weights: auto (default: oneDNN-prepacked copies "
+                          "on CPU in float32/bf16/fp16, the model's own otherwise), model (bitwise the "
+                          "model's forward), transposed, packed. See docs/performance.md."),
         click.option("--option", "-o", "options", metavar="KEY=VALUE", multiple=True,
                      help="Plugin option (repeatable); see `specdec plugins`."),
     ]

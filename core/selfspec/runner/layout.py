@@ -1,6 +1,7 @@
 """Weight layouts the runner can execute the model's own modules with.
 
-* ``"model"`` (the default): the model's weights as they are. The runner's logits are
+* ``"auto"`` (the default): ``"packed"`` on CPU in float32/bfloat16/float16, else ``"model"``.
+* ``"model"``: the model's weights as they are. The runner's logits are
   bitwise those of the model's own forward, in every dtype.
 * ``"transposed"``: the runner keeps its own copy of every ``nn.Linear`` weight of the decoder
   layers and the LM head, stored as a contiguous ``[in, out]`` matrix and handed to the
@@ -28,19 +29,28 @@ import copy
 import torch
 from torch import nn
 
-LAYOUTS: tuple[str, ...] = ("model", "transposed", "packed")
+LAYOUTS: tuple[str, ...] = ("auto", "model", "transposed", "packed")
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+class WeightLayoutError(ValueError):
+    """An unknown weight layout, or one this device/dtype cannot run."""
+
+
 def check_layout(layout: str, device: torch.device, dtype: torch.dtype) -> str:
+    """Validate ``layout`` and resolve ``"auto"``: ``"packed"`` where oneDNN can run it (CPU,
+    float32/bfloat16/float16), else ``"model"`` (float64 stays bitwise the model's forward)."""
+    if layout == "auto":
+        packable = device.type == "cpu" and dtype in PACKED_DTYPES and torch.backends.mkldnn.is_available()
+        return "packed" if packable else "model"
     if layout not in LAYOUTS:
-        raise ValueError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+        raise WeightLayoutError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     if layout == "packed" and (
         device.type != "cpu"
         or dtype not in PACKED_DTYPES
         or not torch.backends.mkldnn.is_available()
     ):
-        raise ValueError(
+        raise WeightLayoutError(
             f"weight layout 'packed' needs oneDNN on CPU and float32/bfloat16/float16 weights, "
             f"not {dtype} on {device}; use 'transposed' or 'model'"
         )

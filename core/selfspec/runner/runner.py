@@ -38,21 +38,22 @@ class ForwardOut:
 class Runner:
     """Drives ``model`` layer by layer through its :class:`Adapter`. Batch size 1.
 
-    ``weight_layout``: ``"model"`` (default, bitwise the model's own forward), or
+    ``weight_layout``: ``"auto"`` (default: ``"packed"`` on CPU in float32/bf16/fp16, else
+    ``"model"``), ``"model"`` (bitwise the model's own forward), or
     ``"transposed"`` / ``"packed"`` (runner-side copies of the linear weights laid out for
     faster CPU products: equal up to rounding, one extra copy of those weights; see
     :mod:`.layout`). ``layers`` stays the model's own modules whatever the layout.
     """
 
-    def __init__(self, model: nn.Module, adapter: Adapter | None = None, *, weight_layout: str = "model") -> None:
+    def __init__(self, model: nn.Module, adapter: Adapter | None = None, *, weight_layout: str = "auto") -> None:
         self.model = model.eval()
         self.adapter = adapter or adapter_for(model)
         self.config = model.config
         self.layers = self.adapter.layers
         self.weight_layout = check_layout(weight_layout, self.device, self.dtype)
         # the modules forward() executes: the model's own, or copies with another weight layout
-        self._run_layers: list[nn.Module] = [layout_copy(layer, weight_layout) for layer in self.layers]
-        self.adapter.lm_head = layout_copy(self.adapter.lm_head, weight_layout)  # the runner's own adapter
+        self._run_layers: list[nn.Module] = [layout_copy(layer, self.weight_layout) for layer in self.layers]
+        self.adapter.lm_head = layout_copy(self.adapter.lm_head, self.weight_layout)  # the runner's own adapter
         self.n_layers = len(self.layers)
         self.windows = self.adapter.windows
         self._rope_keys = self.adapter.rope_keys()
