@@ -30,9 +30,9 @@ def _tiny_llama(dtype: torch.dtype = torch.float64) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-llama")
-    _tiny_llama().save_pretrained(path)  # no tokenizer: the bench falls back to fixed ids
-    return path
+    from _tiny_models import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "m")
 
 
 def _args(model_dir: Path, out: Path) -> list[str]:

@@ -36,7 +36,7 @@ from ..loop import Decoder
 from ..reference import compare, reference_generate
 from ..runner.layout import LAYOUTS, check_layout
 
-DEFAULT_MODEL = "/tmp/x/smol"
+DEFAULT_MODEL = None  # the embedded default model (SmolLM2-135M-Instruct)
 
 #: SMOKE PROMPTS, not benchmark data: short instructions of the kinds a chat model gets.
 SMOKE_PROMPTS: tuple[str, ...] = (
@@ -51,20 +51,13 @@ SMOKE_PROMPTS: tuple[str, ...] = (
 )
 
 
-def load_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, Any]:
-    """The model and its tokenizer (``None`` when the folder has none).
+def load_model(path: str | None, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, Any]:
+    """The model and its tokenizer, through :func:`selfspec.models.load` (``None`` = the
+    embedded default model)."""
+    from ..models import load
 
-    Kept in one place: it will switch to ``selfspec.models.load()`` (which also knows the
-    embedded default model) once that exists.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):
-        tokenizer = None
-    return model, tokenizer
+    loaded = load(path, dtype=str(dtype).removeprefix("torch."))
+    return loaded.model, loaded.tokenizer
 
 
 def prompt_ids(tokenizer: Any, n: int, vocab_size: int) -> list[list[int]]:
@@ -247,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m selfspec.bench.vanilla", description=__doc__.split("\n")[0]
     )
     ap.add_argument(
-        "--model", default=DEFAULT_MODEL, help="a Hugging Face model folder (default: %(default)s)"
+        "--model", default=DEFAULT_MODEL, help="a model directory, .gguf file or alias (default: the embedded SmolLM2-135M-Instruct)"
     )
     ap.add_argument(
         "--prompts", type=int, default=4, help=f"how many smoke prompts (max {len(SMOKE_PROMPTS)})"
