@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import selfspec
 import torch
+
+import selfspec
 from selfspec.bench import vanilla as bench
 from selfspec.runner import Runner
 from selfspec.runner.layout import is_transposed
