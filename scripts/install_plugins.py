@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Install every plugin under plugins/ (not the _template) into the running Python, editable
-and without dependencies (the host is installed already). Used by tox and scripts/demo.sh."""
+"""Install every plugin under plugins/ (not the _template) into the running Python, editable,
+with its own dependencies (the host is installed already, so it satisfies each plugin's
+``selfspec`` requirement; PIP_CONSTRAINT keeps torch pinned). Used by tox and scripts/demo.sh."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def main() -> int:
     args = [arg for f in folders for arg in ("-e", str(f))]
     if not args:
         return 0
-    return subprocess.call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *args])
+    return subprocess.call([sys.executable, "-m", "pip", "install", "-q", *args])
 
 
 if __name__ == "__main__":

@@ -301,6 +301,41 @@ def test_bench_command_with_a_plugin_and_options(cli, model_dir, tiny_task, tmp_
     assert bad.exit_code != 0 and "no selected plugin declares" in bad.output
 
 
+@pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
+def test_bench_command_measures_variants_and_chosen_peers(cli, model_dir, tiny_task, tmp_path):
+    out = tmp_path / "run"
+    res = cli.invoke(bench, _bench_args(model_dir, out, "--peers", "hf-pld", "-p", "lookup",
+                                        "-p", "lookup[num_draft=2, adaptive=false]", "-o", "max_ngram=2", "--no-plot"))
+    assert res.exit_code == 0, res.output + str(res.exception)
+    recs = results.read_jsonl(out / results.RECORDS)
+    by_method = {r["method"]: r for r in recs}
+    assert set(by_method) == {"hf", "vanilla", "hf-pld", "lookup[max_ngram=2]", "lookup[num_draft=2, adaptive=false]"}
+    assert by_method["lookup[max_ngram=2]"]["options"] == {"max_ngram": "2"}
+    assert by_method["lookup[num_draft=2, adaptive=false]"]["options"] == {
+        "max_ngram": "2", "num_draft": "2", "adaptive": "false"}
+    assert all(r["lossless"] for r in recs)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--peers", "hf-nope"), "unknown peer"),
+    (("-p", "lookup[bogus=1]"), "has no option"),
+    (("-p", "lookup[num_draft=2"), "closing"),
+    (("-p", "lookup[num_draft]"), "not key=value"),
+])
+@pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
+def test_bench_command_rejects_bad_variants_and_peers(cli, model_dir, tiny_task, tmp_path, args, message):
+    res = cli.invoke(bench, _bench_args(model_dir, tmp_path / "run", *args))
+    assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_parse_variant():
+    from selfspec.bench.commands import parse_variant
+
+    assert parse_variant("selfsd") == ("selfsd", {})
+    assert parse_variant(" clasp[m=8, loi=4] ") == ("clasp", {"m": "8", "loi": "4"})
+    assert parse_variant("x[]") == ("x", {})
+
+
 def test_bench_command_exits_nonzero_on_divergence(cli, model_dir, tiny_task, tmp_path, monkeypatch):
     from selfspec import plugins
 

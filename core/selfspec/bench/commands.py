@@ -104,6 +104,58 @@ def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, d
     return routed
 
 
+def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
+    """``"lookup[num_draft=10,adaptive=false]"`` -> ``("lookup", {"num_draft": "10", "adaptive": "false"})``.
+
+    A ``--plugin`` value may carry inline options in brackets, so one run can measure several
+    configurations of the same plugin side by side (an ablation); a bare name has none.
+    """
+    spec = spec.strip()
+    name, bracket, rest = spec.partition("[")
+    name = name.strip()
+    if not name or any(c in name for c in "]=,"):
+        raise click.BadParameter(f"{spec!r} is not NAME or NAME[key=value,...]", param_hint="--plugin")
+    if not bracket:
+        return name, {}
+    if not rest.endswith("]"):
+        raise click.BadParameter(f"{spec!r}: missing the closing ']'", param_hint="--plugin")
+    inline: dict[str, str] = {}
+    for pair in filter(None, (x.strip() for x in rest[:-1].split(","))):
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise click.BadParameter(f"{spec!r}: {pair!r} is not key=value", param_hint="--plugin")
+        inline[key.strip()] = value.strip()
+    return name, inline
+
+
+def _check_inline(variants: Sequence[tuple[str, str, dict[str, str]]]) -> None:
+    from ..plugins import declared_options, make_manager
+
+    for spec, name, inline in variants:
+        if inline:
+            declared = declared_options(make_manager(name)[0])
+            unknown = sorted(set(inline) - set(declared))
+            if unknown:
+                raise click.BadParameter(f"{spec!r}: {name} has no option(s) {unknown} "
+                                         f"(it declares: {', '.join(sorted(declared)) or 'none'})", param_hint="--plugin")
+
+
+def _peers(spec: str | None, no_peers: bool, layer: int) -> list[Any]:
+    from .harness import peer_methods
+
+    if no_peers:
+        return []
+    peers = peer_methods(layer)
+    if spec is None:
+        return peers
+    wanted = [s.strip() for s in spec.split(",") if s.strip()]
+    kinds = {m.kind: m for m in peers}
+    unknown = [w for w in wanted if w not in kinds]
+    if unknown:
+        raise click.BadParameter(f"unknown peer(s) {unknown} (known: {', '.join(kinds)})", param_hint="--peers")
+    return [kinds[w] for w in dict.fromkeys(wanted)]
+
+
 def _finish(records: list[dict[str, Any]], allow: bool) -> None:
     bad = [r for r in records if not (r["lossless"] or r["near_tie"])]
     ties = sum(1 for r in records if r["near_tie"])
@@ -120,18 +172,22 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
 # --------------------------------------------------------------------------- bench
 @click.command("bench")
 @_model_options
-@click.option("--plugin", "-p", "plugins", multiple=True,
-              help="Plugin to measure (repeatable; default: every installed plugin; 'none' for none).")
+@click.option("--plugin", "-p", "plugins", multiple=True, metavar="NAME[[key=value,...]]",
+              help="Plugin to measure (repeatable; default: every installed plugin; 'none' for none). "
+                   "Inline options in brackets measure variants side by side: -p lookup -p 'lookup[adaptive=false]'.")
 @click.option("--option", "-o", "options", multiple=True, metavar="[PLUGIN.]KEY=VALUE",
               help="Plugin option (repeatable); unscoped keys go to every selected plugin that declares them.")
 @click.option("--no-peers", is_flag=True, help="Skip the HF peers (prompt lookup, early exit).")
+@click.option("--peers", "peer_spec", default=None, metavar="hf-pld,hf-early-exit",
+              help="Which HF peers to run (comma-separated) [default: all].")
 @click.option("--early-exit-layer", type=click.IntRange(1), default=None,
               help="Exit layer of HF's assistant_early_exit peer [default: a quarter of the layers].")
 @click.option("--split", type=click.Choice(["test", "dev"]), default="test", show_default=True)
 @click.option("--out", "out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
 def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int, max_new_tokens: int,
           seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool, plugins: tuple[str, ...],
-          options: tuple[str, ...], no_peers: bool, early_exit_layer: int | None, split: str, out: str) -> None:
+          options: tuple[str, ...], no_peers: bool, peer_spec: str | None, early_exit_layer: int | None, split: str,
+          out: str) -> None:
     """Measure HF greedy, vanilla, the HF peers and plugins side by side on real prompts.
 
     Every method runs on the same prompts in one process, interleaved prompt by prompt, and
@@ -140,19 +196,22 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     """
     from ..plugins import BUILTIN_METHOD, available
     from . import results as res
-    from .harness import Method, n_layers, peer_methods, run_bench
+    from .harness import Method, n_layers, run_bench
 
     task_list = _tasks(tasks)
     prompts = _samples(task_list, split, samples, seed)
-    names = [p for p in plugins if p != "none"] if plugins else [p for p in available() if p != BUILTIN_METHOD]
-    names = [p for p in dict.fromkeys(names) if p != BUILTIN_METHOD]
+    specs = [p for p in plugins if p != "none"] if plugins else [p for p in available() if p != BUILTIN_METHOD]
+    variants = [(spec.strip(), *parse_variant(spec)) for spec in dict.fromkeys(specs)]
+    variants = [v for v in variants if not (v[1] == BUILTIN_METHOD and not v[2])]
+    names = list(dict.fromkeys(name for _, name, _ in variants))
     routed = _plugin_options(names, options)
+    _check_inline(variants)
+    _peers(peer_spec, no_peers, 1)  # validate before the (slow) model load
     loaded = _setup(threads, model, device, dtype)
     layer = early_exit_layer or max(1, n_layers(loaded.model) // 4)
-    methods = [Method("hf", "hf"), Method.of_plugin(BUILTIN_METHOD)]
-    if not no_peers:
-        methods += peer_methods(layer)
-    methods += [Method.of_plugin(p, routed[p]) for p in names]
+    methods = [Method("hf", "hf"), Method.of_plugin(BUILTIN_METHOD), *_peers(peer_spec, no_peers, layer)]
+    methods += [Method.of_plugin(name, {**routed[name], **inline}, name=spec if inline else None)
+                for spec, name, inline in variants]
 
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
