@@ -390,11 +390,14 @@ def test_hook_setup(model):
             register(selfspec.Option("depth", int, 3, "draft depth", min=1))
 
         @selfspec.hookimpl
-        def selfspec_setup(self, runner, options):
-            seen["layers"], seen["options"] = runner.n_layers, dict(options)
+        def selfspec_setup(self, runner, options, tokenizer):
+            seen["layers"], seen["options"], seen["tokenizer"] = runner.n_layers, dict(options), tokenizer
 
     Decoder(model, "setup", {"depth": "5"}, plugin_object=Setup)
-    assert seen == {"layers": 3, "options": {"depth": 5}}
+    assert seen == {"layers": 3, "options": {"depth": 5}, "tokenizer": None}
+    sentinel = object()  # the decoder's tokenizer is handed over as it is
+    Decoder(model, "setup", plugin_object=Setup, tokenizer=sentinel)
+    assert seen["tokenizer"] is sentinel
 
     class Refuses:
         @selfspec.hookimpl

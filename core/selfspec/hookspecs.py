@@ -58,16 +58,18 @@ def selfspec_commands(register: Callable[[Any], None]) -> None:
 
 
 @hookspec
-def selfspec_setup(runner: Runner, options: dict[str, Any]) -> None:
+def selfspec_setup(runner: Runner, options: dict[str, Any], tokenizer: Any) -> None:
     """Prepare for decoding with one model.
 
     Called once per decoder, after the model is loaded and before the first decode, for every
     plugin. ``runner`` is the :class:`~selfspec.runner.Runner` over the model (its
     ``n_layers``, ``hidden_size``, ``vocab_size``, ``device``, ``dtype``); ``options`` holds the
-    validated value of every declared option (defaults filled in). Load profiles, build
-    compressed layers, allocate buffers here; keep them on the plugin instance (one instance
-    per decoder), never in module globals. Raise an exception to refuse the model: the host
-    reports it naming the plugin.
+    validated value of every declared option (defaults filled in); ``tokenizer`` is the
+    model's Hugging Face tokenizer when the decoder was given one (the CLI and ``specdec bench``
+    always do), else None: a plugin that needs text (an n-gram corpus) must work without it or
+    refuse clearly. Load profiles, build compressed layers, allocate buffers here; keep them
+    on the plugin instance (one instance per decoder), never in module globals. Raise an
+    exception to refuse the model: the host reports it naming the plugin.
     """
 
 

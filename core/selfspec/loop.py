@@ -54,7 +54,7 @@ class Decoder:
         from .options import resolve
 
         self.options = resolve(self.declared, options or {}, plugin)
-        self._call("selfspec_setup", runner=self.runner, options=self.options)
+        self._call("selfspec_setup", runner=self.runner, options=self.options, tokenizer=tokenizer)
 
     @property
     def hook(self) -> pluggy.HookRelay:
