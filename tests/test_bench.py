@@ -418,3 +418,23 @@ def test_commands_are_plain_click_commands():
 
     assert [c.name for c in COMMANDS] == ["bench", "sweep", "report"]
     assert all(isinstance(c, click.Command) for c in COMMANDS)
+
+
+def test_sweep_needs_a_plugin(cli):
+    res = cli.invoke(sweep_cmd, ["-o", "num_draft=2,4"])
+    assert res.exit_code == 2 and "name the plugin to sweep" in res.output
+
+
+@pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
+def test_sweep_takes_the_plugin_given_to_specdec(monkeypatch, model_dir, tiny_task, tmp_path):
+    # `specdec --plugin lookup sweep -o ...`, the form the plugin READMEs use
+    from selfspec.cli import cli as specdec
+
+    monkeypatch.setattr(harness, "_load", harness._load_pretrained)
+    out = tmp_path / "sw"
+    args = ["--plugin", "lookup", "sweep", "--model", model_dir, "--dtype", "float64", "--tasks", "tiny",
+            "--samples", "1", "--max-new-tokens", "4", "--threads", "1", "-q", "--no-plot", "-o", "num_draft=1,2",
+            "--out", str(out)]
+    res = CliRunner().invoke(specdec, args)
+    assert res.exit_code == 0, res.output + str(res.exception)
+    assert json.loads((out / sweep.SWEEP_SUMMARY).read_text())["plugin"] == "lookup"

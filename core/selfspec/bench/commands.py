@@ -290,7 +290,8 @@ def _write_sweep(d: Path, sweep: dict[str, Any], plot: bool) -> None:
 # --------------------------------------------------------------------------- sweep
 @click.command("sweep")
 @_model_options
-@click.option("--plugin", "-p", required=True, help="The plugin whose options are swept.")
+@click.option("--plugin", "-p", default=None,
+              help="The plugin whose options are swept [default: the one given as specdec --plugin NAME].")
 @click.option("--option", "-o", "options", multiple=True, metavar="KEY=V1,V2,...",
               help="An option and its values (repeatable; at most two options with several values).")
 @click.option("--split", type=click.Choice(["dev", "test"]), default="dev", show_default=True,
@@ -303,6 +304,7 @@ def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     """Grid over one or two plugin options against vanilla; heatmap PNG and table.
 
     Example: specdec sweep --plugin lookup -o max_ngram=1,2,3 -o num_draft=4,8,16
+    (or specdec --plugin lookup sweep -o ...).
     """
     from ..options import OptionError
     from ..plugins import BUILTIN_METHOD, PluginError, declared_options, make_manager
@@ -310,6 +312,9 @@ def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     from . import sweep as sw
     from .harness import Method, run_bench
 
+    plugin = plugin or _group_plugin()
+    if not plugin:
+        raise click.UsageError("name the plugin to sweep: specdec sweep --plugin NAME -o key=v1,v2 ...")
     try:
         fixed, axes = sw.parse_grid(options)
         fixed_t, axes_t = sw.typed_grid(declared_options(make_manager(plugin)[0]), fixed, axes, plugin)
@@ -338,6 +343,13 @@ def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     _write_sweep(outdir, result, plot=not no_plot)
     click.echo(sw.sweep_markdown(result))
     _finish(records, allow_divergence)
+
+
+def _group_plugin() -> str | None:
+    """The plugin named on the ``specdec`` group (``specdec --plugin NAME sweep``), if any."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return root.params.get("plugin") if root is not None and root is not ctx else None
 
 
 COMMANDS = (bench, sweep, report)
