@@ -122,3 +122,20 @@ def test_packed_layout_is_refused_in_float64_and_close_in_float32() -> None:
     with torch.inference_mode():
         ref = model(ids[None]).logits[0]
     torch.testing.assert_close(fast.forward(ids).logits, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_runners_over_one_model_share_their_layout_copies_until_a_weight_changes() -> None:
+    # a) a benchmark or sweep builds one decoder per method over one model: one set of copies
+    model = _tiny_llama(torch.float32)
+    a, b = Runner(model, weight_layout="transposed"), Runner(model, weight_layout="transposed")
+    assert a._run_layers[0] is b._run_layers[0] and a.adapter.lm_head is b.adapter.lm_head
+    assert Runner(model, weight_layout="model")._run_layers[0] is model.model.layers[0]
+    # b) an in-place change of a weight makes the next runner copy afresh (never stale, see a)
+    ids = torch.arange(6)
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.mul_(2.0)
+    c = Runner(model, weight_layout="transposed")
+    assert c._run_layers[0] is not a._run_layers[0]
+    with torch.inference_mode():
+        ref = model(ids[None]).logits[0]
+    torch.testing.assert_close(c.forward(ids).logits, ref, rtol=1e-5, atol=1e-5)

@@ -25,6 +25,7 @@ buffer with the model; the model itself is never modified, and each copy runs it
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 from torch import nn
@@ -64,6 +65,32 @@ def layout_copy(module: nn.Module, layout: str) -> nn.Module:
     if layout == "transposed":
         return transposed_copy(module)
     return packed_copy(module)
+
+
+#: Layout copies already made, per model: every Runner over one model shares them, so ten
+#: decoders over one model (a benchmark, a sweep) hold one set of copies, not ten.
+_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[list[nn.Module], nn.Module]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_layout_copies(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module,
+                         layout: str) -> tuple[list[nn.Module], nn.Module]:
+    """``(layer copies, LM head copy)`` with ``layout`` for ``model``, made once and shared.
+
+    The copies are stateless (weights only), so runners can share them. They are made again
+    when any weight of ``layers``/``lm_head`` was replaced or changed in place since (the key
+    holds each weight's storage pointer and version counter), so a shared copy is never stale.
+    """
+    if layout == "model":
+        return list(layers), lm_head
+    weights = [p for m in [*layers, lm_head] for p in m.parameters()]
+    key = (layout, len(layers), tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in weights))
+    per_model = _COPIES.setdefault(model, {})
+    if key not in per_model:
+        per_model.clear()  # older copies of this model's weights are stale
+        per_model[key] = ([layout_copy(layer, layout) for layer in layers], layout_copy(lm_head, layout))
+    return per_model[key]
 
 
 def _shared_memo(module: nn.Module) -> dict[int, object]:

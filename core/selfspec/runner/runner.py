@@ -21,7 +21,7 @@ from torch import nn
 from . import masks
 from .adapters import Adapter, adapter_for
 from .cache import KVCache
-from .layout import check_layout, layout_copy
+from .layout import check_layout, shared_layout_copies
 
 
 @dataclass
@@ -52,8 +52,9 @@ class Runner:
         self.layers = self.adapter.layers
         self.weight_layout = check_layout(weight_layout, self.device, self.dtype)
         # the modules forward() executes: the model's own, or copies with another weight layout
-        self._run_layers: list[nn.Module] = [layout_copy(layer, self.weight_layout) for layer in self.layers]
-        self.adapter.lm_head = layout_copy(self.adapter.lm_head, self.weight_layout)  # the runner's own adapter
+        # (shared by every runner over this model: copies are stateless and made once)
+        self._run_layers, self.adapter.lm_head = shared_layout_copies(  # the runner's own adapter
+            model, list(self.layers), self.adapter.lm_head, self.weight_layout)
         self.n_layers = len(self.layers)
         self.windows = self.adapter.windows
         self._rope_keys = self.adapter.rope_keys()
