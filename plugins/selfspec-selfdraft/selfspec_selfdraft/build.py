@@ -17,7 +17,7 @@ def default_path(tokenizer: Any, max_tokens: int) -> Path:
     """Where the default corpus cache of this tokenizer lives (under the selfspec cache dir)."""
     from selfspec.models import cache_dir
 
-    return Path(cache_dir()) / "selfdraft" / f"corpus-{tokenizer_key(tokenizer)}-{max_tokens}.npz"
+    return Path(cache_dir()) / "selfdraft" / f"corpus-dev-{tokenizer_key(tokenizer)}-{max_tokens}.npz"
 
 
 def default_corpus(tokenizer: Any, max_tokens: int = DEFAULT_TOKENS, progress: bool = True) -> CorpusCache:
@@ -28,7 +28,9 @@ def default_corpus(tokenizer: Any, max_tokens: int = DEFAULT_TOKENS, progress: b
         return CorpusCache.load(path)
     from selfspec.bench.data import build_corpus_texts
 
-    cache = build_from_texts(build_corpus_texts(), tokenizer, max_tokens=max_tokens, progress=progress,
+    # the small code and math dev sets first, so that the token cap only ever trims ShareGPT
+    texts = build_corpus_texts(("humaneval", "gsm8k", "sharegpt"))
+    cache = build_from_texts(texts, tokenizer, max_tokens=max_tokens, progress=progress,
                              meta={"source": "selfspec.bench.data.build_corpus_texts (dev split)"})
     cache.save(path)
     return cache
