@@ -287,3 +287,21 @@ def test_bad_options_are_refused(tmp_path):
 def test_without_a_tokenizer_the_default_corpus_is_skipped():
     dec = Decoder(tiny_model("llama"), "selfdraft", {})
     assert dec.plugin.corpus is None
+
+
+@pytest.mark.slow
+def test_build_corpus_command(tmp_path):
+    # the real default model's tokenizer; the written cache is usable as -o corpus=PATH
+    from click.testing import CliRunner
+
+    from selfspec.cli import cli
+
+    text = tmp_path / "t.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 20, encoding="utf-8")
+    out = tmp_path / "c.npz"
+    res = CliRunner().invoke(cli, ["--threads", "1", "--plugin", "selfdraft", "build-corpus", str(text), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    cache = CorpusCache.load(out)
+    assert len(cache) > 0 and cache.meta["tokens"] > 0
+    bad = CliRunner().invoke(cli, ["--plugin", "selfdraft", "build-corpus", str(tmp_path / "missing.txt")])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
