@@ -76,14 +76,16 @@ class CorpusCache:
         return cls(tables, cont, bits, info)
 
     # ------------------------------------------------------------------ lookup
-    def lookup(self, context: Sequence[int], limit: int, max_prefix: int | None = None) -> list[tuple[int, ...]]:
-        """Continuations of the suffix of ``context``: longest matched prefix first, then by
-        decreasing count; at most ``limit``, no duplicates."""
+    def lookup(self, context: Sequence[int], limit: int, max_prefix: int | None = None,
+               min_prefix: int = 1) -> list[tuple[int, ...]]:
+        """Continuations of the suffix of ``context``: longest matched prefix first (from
+        ``max_prefix`` down to ``min_prefix`` tokens), then by decreasing count; at most
+        ``limit``, no duplicates."""
         out: list[tuple[int, ...]] = []
         seen: set[tuple[int, ...]] = set()
         top_m = min(self.max_prefix, max_prefix or self.max_prefix, len(context))
         mask = (1 << self.bits) - 1
-        for m in range(top_m, 0, -1):
+        for m in range(top_m, max(min_prefix, 1) - 1, -1):
             keys, offsets, conts, _ = self.tables[m]
             key = 0
             for t in context[-m:]:

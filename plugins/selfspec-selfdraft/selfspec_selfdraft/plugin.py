@@ -57,6 +57,8 @@ class SelfDraft:
         register(Option("corpus_tokens", int, 3_000_000, "tokens of dev text the default corpus cache "
                         "is built from", min=1000))
         register(Option("corpus_prefix", int, 3, "longest suffix matched in the corpus cache", min=1, max=8))
+        register(Option("corpus_min_prefix", int, 1, "shortest suffix matched in the corpus cache "
+                        "(2 drops the many weak one-token matches)", min=1, max=8))
         register(Option("init", str, "prompt", "random initial branch tokens drawn from the prompt or "
                         "the whole vocabulary", choices=("prompt", "vocab")))
         register(Option("seed", int, 0, "seed of the random branch initialisation"))
@@ -71,6 +73,8 @@ class SelfDraft:
     def selfspec_setup(self, runner: selfspec.Runner, options: dict[str, Any], tokenizer: Any) -> None:
         self.opts = dict(options)
         self.corpus = load_corpus(options, tokenizer, runner.vocab_size)
+        if options["corpus_min_prefix"] > options["corpus_prefix"]:
+            raise ValueError("corpus_min_prefix must not exceed corpus_prefix")
         if not options["context"] and self.corpus is None:
             raise ValueError("context=false needs a corpus cache (corpus='default' with a tokenizer, or a "
                              "path): with neither cache there is nothing to draft")
@@ -164,7 +168,7 @@ class SelfDraft:
         o = self.opts
         limit = o["max_candidates"]
         ctx = self.context.get(self.history[-1], limit) if o["context"] else []
-        corp = self.corpus.lookup(self.history, limit, o["corpus_prefix"]) if self.corpus is not None else []
+        corp = self.corpus.lookup(self.history, limit, o["corpus_prefix"], o["corpus_min_prefix"]) if self.corpus is not None else []
         out: list[tuple[int, ...]] = []
         seen: set[tuple[int, ...]] = set()
         for pair in zip_longest(ctx, corp):

@@ -51,7 +51,7 @@ def test_lossless(arch, branches, branch_len, gram, max_candidates, context_size
     options = {"branches": branches, "branch_len": branch_len, "gram": gram, "max_candidates": max_candidates,
                "context_size": context_size, "context": sources != "corpus",
                "corpus": "off" if sources == "context" else corpus_file,
-               "seed": data.draw(st.integers(0, 3)), "init": data.draw(st.sampled_from(["prompt", "vocab"]))}
+               "seed": data.draw(st.integers(0, 3)), "corpus_min_prefix": data.draw(st.integers(1, 3)), "init": data.draw(st.sampled_from(["prompt", "vocab"]))}
     assert_lossless(model, "selfdraft", prompt, data.draw(sst.lengths(1, 32)), options)
 
 
@@ -225,6 +225,8 @@ def test_corpus_cache_prefers_longer_prefixes_then_frequency(tmp_path):
     assert c.lookup([0, 1, 2, 3], limit=2) == [(4, 5), (7, 7)]
     assert c.lookup([4, 2, 3], limit=10)[0] == (7, 7)  # no 3-token match: the 2-token one leads
     assert c.lookup([15], limit=10) == []
+    assert c.lookup([0, 1, 2, 3], limit=10, min_prefix=2) == [(4, 5), (7, 7)]  # no 1-token matches
+    assert c.lookup([0, 1, 2, 3], limit=10, max_prefix=1) == [(7, 7), (1, 1), (4, 5)]
     # min_count drops rare grams (ties: lower ids first)
     c2 = CorpusCache.from_sequences(seqs, 16, max_prefix=1, cont=2, top=4, min_count=2)
     assert c2.lookup([3], limit=10) == [(7, 7), (1, 1), (4, 5)]
@@ -261,7 +263,7 @@ def test_branch_update_appends_the_last_prediction_and_slides_at_length_l():
 
 def test_candidates_interleave_both_caches_without_duplicates():
     p = SelfDraft()
-    p.opts = {"max_candidates": 4, "context": True, "corpus_prefix": 3}
+    p.opts = {"max_candidates": 4, "context": True, "corpus_prefix": 3, "corpus_min_prefix": 1}
     p.vocab_size = 100
     p.context = ContextCache(8)
     for g in [(5, 1, 1), (5, 2, 2), (5, 3, 3)]:
@@ -282,6 +284,8 @@ def test_bad_options_are_refused(tmp_path):
         Decoder(tiny_model("llama"), "selfdraft", {"context": False, "corpus": "off"})
     with pytest.raises(PluginError, match="no such file"):
         Decoder(tiny_model("llama"), "selfdraft", {"corpus": str(tmp_path / "missing.npz")})
+    with pytest.raises(PluginError, match="corpus_min_prefix"):
+        Decoder(tiny_model("llama"), "selfdraft", {"corpus_min_prefix": 3, "corpus_prefix": 2})
 
 
 def test_without_a_tokenizer_the_default_corpus_is_skipped():
