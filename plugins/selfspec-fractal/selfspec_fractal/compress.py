@@ -83,6 +83,9 @@ class Int8WeightOnlyLinear(nn.Module):
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(dtype)
 
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scale.numel() * 4 + (0 if self.bias is None else self.bias.numel() * 4)
+
 
 class DynamicInt8Linear(nn.Module):
     """PyTorch dynamic quantization: int8 weights, activations quantized per call."""
@@ -96,12 +99,20 @@ class DynamicInt8Linear(nn.Module):
                 lin.bias.copy_(bias.detach().float())
         with warnings.catch_warnings():  # torch.ao.quantization is deprecated, still works
             warnings.simplefilter("ignore")
-            self.q = torch.ao.quantization.quantize_dynamic(nn.Sequential(lin), {nn.Linear}, dtype=torch.qint8)[0]
+            qconfig = torch.ao.quantization.per_channel_dynamic_qconfig  # a scale per output channel
+            self.q = torch.ao.quantization.quantize_dynamic(nn.Sequential(lin), {nn.Linear: qconfig}, dtype=torch.qint8)[0]
         self.in_features, self.out_features = lin.in_features, lin.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        return self.q(x.float()).to(dtype)
+        if x.dtype == torch.float32:
+            return self.q(x)
+        return self.q(x.float()).to(x.dtype)
+
+    def nbytes(self) -> int:
+        w = self.q.weight()
+        b = self.q.bias()
+        scales = w.q_per_channel_scales().numel() * 8 if w.qscheme() == torch.per_channel_affine else 8
+        return w.numel() + scales + (0 if b is None else b.numel() * 4)
 
 
 class BnbInt8Linear(nn.Module):
@@ -122,6 +133,11 @@ class BnbInt8Linear(nn.Module):
         dtype = x.dtype
         return self.q(x.to(torch.float16)).to(dtype)
 
+    def nbytes(self) -> int:
+        w = self.q.weight
+        extra = getattr(w, "SCB", None)
+        return w.numel() * w.element_size() + (0 if extra is None else extra.numel() * extra.element_size())
+
 
 LINEARS: dict[str, type[nn.Module]] = {
     "int8-weight-only": Int8WeightOnlyLinear,
@@ -134,8 +150,59 @@ def compress_linear(linear: nn.Module, backend: str) -> nn.Module:
     return LINEARS[backend](linear.weight, getattr(linear, "bias", None))
 
 
+# Linears of one module that Hugging Face models call on the same input tensor, one after the
+# other: computed as one fused product (one activation quantization, one kernel call).
+FUSE_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class FusedProduct:
+    """One compressed product over the concatenated weights of a group of linears.
+
+    The first member called with ``x`` computes ``x @ [W_1; W_2; ...].T`` and keeps it; the
+    other members called with the *same* tensor object take their slice. A member called with
+    any other input recomputes (correct, just slower), so nothing relies on the call order.
+    """
+
+    def __init__(self, linears: list[nn.Module], backend: str) -> None:
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        biases = [getattr(lin, "bias", None) for lin in linears]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat([b.detach() if b is not None else lin.weight.new_zeros(lin.out_features)
+                              for b, lin in zip(biases, linears)])
+        self.linear = LINEARS[backend](weight, bias)
+        bounds = [0]
+        for lin in linears:
+            bounds.append(bounds[-1] + lin.out_features)
+        self.bounds = bounds
+        self._x: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
+
+    def slice(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        if self._x is not x:
+            self._x, self._y = x, self.linear(x)
+        y = self._y[..., self.bounds[k] : self.bounds[k + 1]]
+        if k == len(self.bounds) - 2:  # the last member: drop the references
+            self._x = self._y = None
+        return y
+
+
+class FusedMember(nn.Module):
+    """Member ``k`` of a :class:`FusedProduct`, in place of one ``nn.Linear``."""
+
+    def __init__(self, product: FusedProduct, k: int) -> None:
+        super().__init__()
+        self.product, self.k = product, k
+        self.in_features = product.linear.in_features
+        self.out_features = product.bounds[k + 1] - product.bounds[k]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product.slice(self.k, x)
+
+
 def compressed_layer(layer: nn.Module, backend: str) -> nn.Module:
-    """A copy of ``layer`` sharing every parameter and buffer, its linears compressed."""
+    """A copy of ``layer`` sharing every parameter and buffer, its linears compressed (the
+    groups in :data:`FUSE_GROUPS` fused into one product each)."""
     memo: dict[int, object] = {}
     for t in [*layer.parameters(), *layer.buffers()]:
         memo[id(t)] = t  # shared, not copied (the linears are replaced below)
@@ -145,6 +212,13 @@ def compressed_layer(layer: nn.Module, backend: str) -> nn.Module:
             memo[id(config)] = config
     twin = copy.deepcopy(layer, memo)
     for sub in list(twin.modules()):
+        children = dict(sub.named_children())
+        for group in FUSE_GROUPS:
+            members = [children.get(name) for name in group]
+            if all(isinstance(m, nn.Linear) for m in members) and len({m.in_features for m in members}) == 1:
+                product = FusedProduct(members, backend)
+                for k, name in enumerate(group):
+                    setattr(sub, name, FusedMember(product, k))
         for name, child in list(sub.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(sub, name, compress_linear(child, backend))
@@ -210,21 +284,15 @@ def head(cm: CompressedModel, runner, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def _nbytes(cm: CompressedModel) -> int:
-    seen: set[int] = set()
-    total = 0
-    mods = [*cm.layers.values(), cm.head_linear]
-    for m in mods:
+    linears = []
+    for m in [*cm.layers.values(), cm.head_linear]:
         for sub in m.modules():
-            tensors = list(sub.buffers(recurse=False))
-            if isinstance(sub, DynamicInt8Linear):
-                w = sub.q.weight()
-                tensors.append(w.int_repr())
-            if isinstance(sub, BnbInt8Linear):
-                tensors.append(sub.q.weight.data)
-            for t in tensors:
-                if t.data_ptr() not in seen:
-                    seen.add(t.data_ptr())
-                    total += t.numel() * t.element_size()
+            if isinstance(sub, FusedMember):
+                if sub.k == 0:
+                    linears.append(sub.product.linear)
+            elif isinstance(sub, tuple(LINEARS.values())):
+                linears.append(sub)
+    total = sum(lin.nbytes() for lin in linears)
     if cm.emb_q is not None:
         total += cm.emb_q.numel() + cm.emb_scale.numel() * cm.emb_scale.element_size()
     return total
