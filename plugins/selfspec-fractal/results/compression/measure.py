@@ -8,10 +8,10 @@ Run: python results/compression/measure.py > results/compression/compression.md
 import time
 
 import torch
+from selfspec_fractal import compress
 
 from selfspec import Decoder, models
 from selfspec.bench.data import load_task
-from selfspec_fractal import compress
 
 torch.set_num_threads(1)
 loaded = models.load()
@@ -35,12 +35,12 @@ rows = {}
 with torch.inference_mode():
     for q in (1, 8):
         h = torch.randn(1, q, runner.hidden_size)
-        for rnd in range(3):
+        for _round in range(3):
             for b in BACKENDS:
                 subs = cms[b].layers or None
                 reps = 2 if b == "int8-weight-only" else 10
-                layer_ms = timed(lambda: runner.forward(hidden=h, layers=(10, 20), logits=None, substitutes=subs), reps) / 10
-                head_ms = timed(lambda: compress.head(cms[b], runner, h[0]), reps)
+                layer_ms = timed(lambda h=h, subs=subs: runner.forward(hidden=h, layers=(10, 20), logits=None, substitutes=subs), reps) / 10
+                head_ms = timed(lambda h=h, cm=cms[b]: compress.head(cm, runner, h[0]), reps)
                 rows.setdefault((b, q), []).append((layer_ms, head_ms))
 
 # 2) accuracy: teacher-forced argmax agreement with the original model on real dev text
