@@ -1,0 +1,88 @@
+"""FractalLLM as a selfspec plugin: compressed (8-bit) copies of the model's own layers,
+injected before ``n`` of its layers, draft ``w + n + 1`` tokens in one pass; the host's
+plain full forward verifies them, so the output is exactly greedy decoding.
+
+Modules: :mod:`.compress` (the 8-bit copy and its backends), :mod:`.draft` (the draft pass).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import selfspec
+from selfspec import Draft, Option
+
+from .compress import BACKENDS
+
+KV_MODES = ("shared", "none")
+
+
+class Fractal:
+    """One instance per decoder: the compressed model is built once in ``selfspec_setup``."""
+
+    def __init__(self) -> None:
+        self.cm = None  # compress.CompressedModel
+        self.positions: list[int] = []
+        self.w = 0
+        self.kv = "shared"
+        self.backend = "auto"
+
+    @selfspec.hookimpl
+    def selfspec_options(self, register) -> None:
+        register(Option("n", int, None, "number of fractal layers (default: a quarter of the layers)", min=0, max=4096))
+        register(Option("w", int, None, "draft window: placeholder tokens appended per pass (default: n)", min=0, max=64))
+        register(Option("positions", str, "",
+                        "0-based indices of the layers the fractal layers run before, comma-separated "
+                        "(default: evenly spaced, every L//n-th layer)"))
+        register(Option("backend", str, "auto",
+                        "compression of the injected copy: auto (dynamic-int8 on CPU, bitsandbytes on CUDA), "
+                        "int8-weight-only, dynamic-int8, bitsandbytes (LLM.int8, CUDA), none (no copy: a control)",
+                        choices=BACKENDS))
+        register(Option("kv", str, "shared",
+                        "KV cache of the draft pass: shared (the committed prefix's cache, work ~ new tokens) "
+                        "or none (recompute the sequence every pass, as in the paper)", choices=KV_MODES))
+
+    @selfspec.hookimpl
+    def selfspec_setup(self, runner, options: dict[str, Any]) -> None:
+        from . import compress, draft
+
+        L = runner.n_layers
+        n, w, pos = options["n"], options["w"], options["positions"].strip()
+        if pos:
+            try:
+                positions = [int(p) for p in pos.split(",")]
+            except ValueError:
+                raise ValueError(f"positions must be comma-separated layer indices, got {pos!r}") from None
+            if any(not 0 <= p < L for p in positions):
+                raise ValueError(f"positions must lie in [0, {L}) for this {L}-layer model, got {positions}")
+            if len(set(positions)) != len(positions):
+                raise ValueError(f"positions must be distinct, got {positions}")
+            if n is not None and n != len(positions):
+                raise ValueError(f"n={n} but {len(positions)} positions were given")
+            positions = sorted(positions)
+        else:
+            n = max(1, L // 4) if n is None else n
+            if n > L:
+                raise ValueError(f"n={n} fractal layers but the model has only {L} layers")
+            positions = draft.evenly_spaced(L, n)
+        self.positions = positions
+        self.w = len(positions) if w is None else w
+        self.kv = options["kv"]
+        self.backend = compress.resolve_backend(options["backend"], runner.device)
+        self.cm = compress.build(runner, self.backend)
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state: selfspec.DecodeState) -> Draft:
+        from .draft import draft_pass
+
+        depth = state.max_draft_depth
+        n = len(self.positions)
+        # draft no more than the host keeps: shrink the window first (it is the least accurate part)
+        w = max(0, min(self.w, depth - n - 1))
+        if depth <= 0 or state.length - 1 + w + n + 2 > state.cache.capacity:
+            return Draft.empty(state.runner.device)
+        tokens = draft_pass(state.runner, self.cm, state.cache, state.committed, self.positions, w, self.kv)
+        return Draft(tokens)
+
+
+__all__ = ["Fractal"]
