@@ -34,6 +34,10 @@ class CLaSp:
         self.search_s = 0.0  # wall time spent in the program, this decode
         self.search_cos: list[float] = []  # D(L, M) of every search
         self._due = False
+        self.backoff = 0  # option: longest pause in drafting after failed drafts (0 = never pause)
+        self._pause = 0  # steps left without drafting
+        self._next_pause = 1  # length of the next pause (doubles while drafts keep failing)
+        self._attempted = False  # this step ran the draft model
 
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
@@ -42,6 +46,9 @@ class CLaSp:
         register(Option("DET", float, 0.7, "draft-exit threshold: stop drafting before a token the draft "
                         "model gives less than this probability", min=0.0, max=1.0))
         register(Option("max_draft", int, 8, "most tokens drafted in one step", min=1, max=64))
+        register(Option("backoff", int, 0, "not in the paper: after a step whose draft got nothing "
+                        "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
+                        min=0, max=64))
 
     @selfspec.hookimpl
     def selfspec_setup(self, runner: Any, options: dict[str, Any]) -> None:
@@ -51,12 +58,14 @@ class CLaSp:
             raise ValueError(f"M={M}: the model has only {L} layers to skip")
         self.runner = runner
         self.n_skip, self.loi, self.det, self.max_draft = M, options["LOI"], options["DET"], options["max_draft"]
+        self.backoff = options["backoff"]
 
     @selfspec.hookimpl
     def selfspec_start(self, state: DecodeState) -> None:
         self.skip = initial_skip(self.runner.n_layers, self.n_skip)
         self.search_steps, self.search_s, self.search_cos = [], 0.0, []
         self._due = False
+        self._pause, self._next_pause, self._attempted = 0, 1, False
 
     @selfspec.hookimpl
     def selfspec_propose(self, state: DecodeState) -> Draft:
@@ -66,7 +75,9 @@ class CLaSp:
         k = min(self.max_draft, state.max_draft_depth)
         slot = state.length - 1  # the pending token's slot and position
         pending = state.tokens[slot : slot + 1]  # pending: [1]
-        if k <= 0:
+        self._attempted = k > 0 and self._pause == 0
+        if not self._attempted:
+            self._pause = max(0, self._pause - 1)
             return Draft.empty(self.runner.device)
         tokens = draft_chain(self.runner, state.cache, pending, slot, self.skip, k, self.det)  # [n]
         # the skipped layers wrote no draft slots, the others did: forget the draft slots in
@@ -76,6 +87,12 @@ class CLaSp:
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: DecodeState, verdict: Verdict) -> None:
+        if self.backoff and self._attempted:
+            if verdict.accepted:
+                self._next_pause = 1
+            else:  # the draft model's time bought nothing: pause drafting, longer each time
+                self._pause = self._next_pause
+                self._next_pause = min(2 * self._next_pause, self.backoff)
         L = self.runner.n_layers
         if not self._due or state.finished or verdict.hidden is None or any(i not in verdict.hidden for i in range(L + 1)):
             return

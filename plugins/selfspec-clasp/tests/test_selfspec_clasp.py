@@ -25,14 +25,15 @@ def test_plugin_is_installed():
     loi=st.integers(1, 4),
     det=st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.95]) | st.floats(0.0, 1.0),
     max_draft=st.integers(1, 6),
+    backoff=st.sampled_from([0, 1, 4]),
     data=st.data(),
 )
-def test_lossless(arch, loi, det, max_draft, data):
+def test_lossless(arch, loi, det, max_draft, backoff, data):
     model = tiny_model(arch)
     # a) M ranges over every size the model allows, from no layer skipped to all of them
     m = data.draw(st.integers(0, model.config.num_hidden_layers))
     prompt = data.draw(sst.prompts(model.config.vocab_size))
-    options = {"M": m, "LOI": loi, "DET": det, "max_draft": max_draft}
+    options = {"M": m, "LOI": loi, "DET": det, "max_draft": max_draft, "backoff": backoff}
     assert_lossless(model, "clasp", prompt, data.draw(sst.lengths()), options)
 
 
@@ -107,3 +108,30 @@ def test_bad_options_are_refused():
 def test_default_m_is_half_the_layers():
     dec = Decoder(tiny_model("llama", num_hidden_layers=6), "clasp")
     assert isinstance(dec.plugin, CLaSp) and dec.plugin.n_skip == 3
+
+
+class _AttemptSpy:
+    """Records the steps at which the plugin ran its draft model."""
+
+    def __init__(self, plugin) -> None:
+        self.plugin = plugin
+        self.steps: list[int] = []
+
+    @selfspec.hookimpl(wrapper=True)
+    def selfspec_propose(self, state):
+        draft = yield
+        if self.plugin._attempted:
+            self.steps.append(state.step)
+        return draft
+
+
+def test_backoff_pauses_drafting_after_failures():
+    # e) DET=1 makes every attempt exit before its first token (nothing accepted), so with
+    # backoff=4 the attempts come at steps 0, 2, 5, 10, 15 (pauses of 1, 2, 4, 4, ...)
+    model = tiny_model("llama", num_hidden_layers=4)
+    dec = Decoder(model, "clasp", {"M": 2, "DET": 1.0, "backoff": 4})
+    spy = _AttemptSpy(dec.plugin)
+    dec.pm.register(spy)
+    result = dec.generate([1, 2, 3], max_new_tokens=20)
+    assert result.stats.steps == 20
+    assert spy.steps == [0, 2, 5, 10, 15]
