@@ -1,0 +1,39 @@
+"""Drafting with the layer set ``S`` skipped, one token at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import torch
+
+from selfspec.runner import KVCache, Runner
+
+
+def draft_chain(
+    runner: Runner, cache: KVCache, pending: torch.Tensor, slot: int, skip: Collection[int], k: int, det: float
+) -> torch.Tensor:
+    """Up to ``k`` greedy draft tokens after ``pending`` from the model with ``skip`` left out.
+
+    pending: ``[1]`` the pending token, fed at cache ``slot`` (its position); draft token ``n``
+    goes to ``slot + 1 + n``. Both sub-blocks of every layer in ``skip`` are skipped: those
+    layers write no keys/values, the others write theirs at the draft slots (past the committed
+    prefix, so verification overwrites them). Drafting stops before a token whose probability
+    under the draft model is below ``det`` (the draft-exit threshold). Returns ``[n]`` int64,
+    ``n <= k``.
+    """
+    out_tokens: list[torch.Tensor] = []
+    tok = pending  # tok: [1]
+    for n in range(k):
+        out = runner.forward(tok, cache=cache, start=slot + n, skip_attn=skip, skip_mlp=skip, logits="last")
+        logits = out.logits[-1].float()  # logits: [V]
+        top = torch.argmax(logits)
+        if det > 0:
+            # probability of the top token: 1 / sum(exp(logits - max))
+            p = 1.0 / float(torch.exp(logits - logits[top]).sum())
+            if p < det:
+                break
+        tok = top.reshape(1)
+        out_tokens.append(tok)
+    if not out_tokens:
+        return torch.empty(0, dtype=torch.long, device=pending.device)
+    return torch.cat(out_tokens)

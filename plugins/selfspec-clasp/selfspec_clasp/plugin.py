@@ -1,0 +1,115 @@
+"""The CLaSp plugin: its hooks (drafting, the search schedule) and options."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+import selfspec
+from selfspec import DecodeState, Draft, Option, Verdict
+
+from .draft import draft_chain
+from .search import initial_skip, layer_search
+
+
+class CLaSp:
+    """One instance per decoder. Per decode: the current skip set and the search log.
+
+    Schedule: the step whose index is a multiple of ``LOI`` (0, LOI, 2·LOI, ...) asks the
+    verifier for every layer's hidden states; after it commits, the dynamic program runs on the
+    last accepted token and its set is used for the next ``LOI`` drafts. Before the first search
+    (step 0 only) the set is :func:`~selfspec_clasp.search.initial_skip`.
+    """
+
+    def __init__(self) -> None:
+        self.runner: Any = None
+        self.n_skip = 0
+        self.loi = 1
+        self.det = 0.7
+        self.max_draft = 1
+        self.skip: tuple[int, ...] = ()
+        self.search_steps: list[int] = []  # decode steps after which the program ran
+        self.search_s = 0.0  # wall time spent in the program, this decode
+        self.search_cos: list[float] = []  # D(L, M) of every search
+        self._due = False
+        self.backoff = 0  # option: longest pause in drafting after failed drafts (0 = never pause)
+        self._pause = 0  # steps left without drafting
+        self._next_pause = 1  # length of the next pause (doubles while drafts keep failing)
+        self._attempted = False  # this step ran the draft model
+
+    @selfspec.hookimpl
+    def selfspec_options(self, register) -> None:
+        register(Option("M", int, None, "layers skipped while drafting (default: half of them, rounded down)", min=0))
+        register(Option("LOI", int, 8, "layer optimisation interval: re-run the search every LOI steps", min=1))
+        register(Option("DET", float, 0.7, "draft-exit threshold: stop drafting before a token the draft "
+                        "model gives less than this probability", min=0.0, max=1.0))
+        register(Option("max_draft", int, 8, "most tokens drafted in one step", min=1, max=64))
+        register(Option("backoff", int, 0, "not in the paper: after a step whose draft got nothing "
+                        "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
+                        min=0, max=64))
+
+    @selfspec.hookimpl
+    def selfspec_setup(self, runner: Any, options: dict[str, Any]) -> None:
+        L = runner.n_layers
+        M = L // 2 if options["M"] is None else options["M"]
+        if M > L:
+            raise ValueError(f"M={M}: the model has only {L} layers to skip")
+        self.runner = runner
+        self.n_skip, self.loi, self.det, self.max_draft = M, options["LOI"], options["DET"], options["max_draft"]
+        self.backoff = options["backoff"]
+
+    @selfspec.hookimpl
+    def selfspec_start(self, state: DecodeState) -> None:
+        self.skip = initial_skip(self.runner.n_layers, self.n_skip)
+        self.search_steps, self.search_s, self.search_cos = [], 0.0, []
+        self._due = False
+        self._pause, self._next_pause, self._attempted = 0, 1, False
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state: DecodeState) -> Draft:
+        # the verifier captures every layer's states only on steps followed by a search
+        self._due = state.step % self.loi == 0
+        state.capture_layers = tuple(range(self.runner.n_layers + 1)) if self._due else None
+        k = min(self.max_draft, state.max_draft_depth)
+        slot = state.length - 1  # the pending token's slot and position
+        pending = state.tokens[slot : slot + 1]  # pending: [1]
+        self._attempted = k > 0 and self._pause == 0
+        if not self._attempted:
+            self._pause = max(0, self._pause - 1)
+            return Draft.empty(self.runner.device)
+        tokens = draft_chain(self.runner, state.cache, pending, slot, self.skip, k, self.det)  # [n]
+        # the skipped layers wrote no draft slots, the others did: forget the draft slots in
+        # every layer so all hold the committed prefix again (verification rewrites them)
+        state.cache.crop(slot)
+        return Draft(tokens)
+
+    @selfspec.hookimpl
+    def selfspec_update_policy(self, state: DecodeState, verdict: Verdict) -> None:
+        if self.backoff and self._attempted:
+            if verdict.accepted:
+                self._next_pause = 1
+            else:  # the draft model's time bought nothing: pause drafting, longer each time
+                self._pause = self._next_pause
+                self._next_pause = min(2 * self._next_pause, self.backoff)
+        L = self.runner.n_layers
+        if not self._due or state.finished or verdict.hidden is None or any(i not in verdict.hidden for i in range(L + 1)):
+            return
+        t0 = time.perf_counter()
+        # the last accepted token (the pending one if nothing was accepted): its states are the
+        # last captured row, and after the commit it sits at slot length-2 (the bonus is pending)
+        states = torch.stack([verdict.hidden[i][-1] for i in range(L + 1)])  # states: [L+1, H]
+        found = layer_search(self.runner, state.cache, states, self.n_skip, state.length - 2)
+        self.skip = found.skip
+        self.search_steps.append(state.step - 1)
+        self.search_cos.append(found.cosine)
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        self.search_s += dt
+        # phase_s partitions the step time: the search gets its own key and is taken out of
+        # "update" (the host's timing wrapper adds this hook's whole duration to it afterwards)
+        phases = state.stats.phase_s
+        phases["layer_search"] = phases.get("layer_search", 0.0) + dt
+        phases["update"] = phases.get("update", 0.0) - dt

@@ -1,0 +1,137 @@
+"""selfspec-clasp: installed, lossless under the kit, drafting, the search schedule."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from selfspec_clasp import CLaSp
+from selfspec_clasp.draft import draft_chain
+from selfspec_clasp.search import initial_skip
+
+import selfspec
+from selfspec import Decoder
+from selfspec.plugins import PluginError, available
+from selfspec.runner import Runner
+from selfspec.testing import ARCHS, assert_lossless, tiny_model
+from selfspec.testing import strategies as sst
+
+
+def test_plugin_is_installed():
+    assert "clasp" in available()
+
+
+@given(
+    arch=st.sampled_from(ARCHS),
+    loi=st.integers(1, 4),
+    det=st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.95]) | st.floats(0.0, 1.0),
+    max_draft=st.integers(1, 6),
+    backoff=st.sampled_from([0, 1, 4]),
+    data=st.data(),
+)
+def test_lossless(arch, loi, det, max_draft, backoff, data):
+    model = tiny_model(arch)
+    # a) M ranges over every size the model allows, from no layer skipped to all of them
+    m = data.draw(st.integers(0, model.config.num_hidden_layers))
+    prompt = data.draw(sst.prompts(model.config.vocab_size))
+    options = {"M": m, "LOI": loi, "DET": det, "max_draft": max_draft, "backoff": backoff}
+    assert_lossless(model, "clasp", prompt, data.draw(sst.lengths()), options)
+
+
+def test_drafts_on_every_architecture():
+    # b) with no exit threshold every step drafts, the layer set changes between steps
+    # (LOI=1), and the output is still exactly greedy's: a plugin that never drafts fails
+    for arch in ARCHS:
+        model = tiny_model(arch)
+        result = assert_lossless(model, "clasp", [5, 9, 17, 3, 5, 9], 24, {"M": 1, "LOI": 1, "DET": 0.0, "max_draft": 4})
+        assert result.stats.drafted > 0
+        assert result.stats.phase_s["layer_search"] > 0
+
+
+class _CaptureSpy:
+    """Records, per step, whether the verifier was asked for hidden states."""
+
+    def __init__(self) -> None:
+        self.captured: list[bool] = []
+
+    @selfspec.hookimpl(wrapper=True)
+    def selfspec_verify(self, state):
+        self.captured.append(state.capture_layers is not None)
+        return (yield)
+
+
+@pytest.mark.parametrize("loi", [1, 3, 5])
+def test_search_runs_every_loi_steps(loi):
+    model = tiny_model("llama", num_hidden_layers=4)
+    dec = Decoder(model, "clasp", {"M": 2, "LOI": loi, "DET": 0.0, "max_draft": 2})
+    spy = _CaptureSpy()
+    dec.pm.register(spy)
+    result = dec.generate([1, 2, 3, 4], max_new_tokens=30)
+    steps = result.stats.steps
+    # c) states are captured on steps 0, LOI, 2*LOI, ... and only there; the search follows
+    # each of them except after the last step (nothing is drafted after it)
+    assert spy.captured == [s % loi == 0 for s in range(steps)]
+    assert dec.plugin.search_steps == [s for s in range(steps - 1) if s % loi == 0]
+    assert len(dec.plugin.skip) == 2
+
+
+def test_draft_exit_threshold():
+    model = tiny_model("qwen3")
+    runner = Runner(model)
+    cache = runner.new_cache(32)
+    prompt = torch.tensor([3, 7, 11, 7, 3])
+    runner.forward(prompt[:-1], cache=cache, start=0, logits=None)
+    pending, slot, skip = prompt[-1:], 4, (1,)
+    # d) without a threshold, exactly k tokens; the threshold just above the first token's
+    # draft probability stops before it, just below keeps it
+    assert len(draft_chain(runner, cache, pending, slot, skip, 5, 0.0)) == 5
+    logits = runner.forward(pending, cache=cache, start=slot, skip_attn=skip, skip_mlp=skip, logits="last").logits[-1]
+    p = float(torch.softmax(logits, -1).max())
+    assert len(draft_chain(runner, cache, pending, slot, skip, 5, min(1.0, p + 1e-6))) == 0
+    assert len(draft_chain(runner, cache, pending, slot, skip, 1, p - 1e-6)) == 1
+
+
+def test_initial_skip():
+    for n_layers in range(1, 33):
+        for m in range(n_layers + 1):
+            s = initial_skip(n_layers, m)
+            assert len(s) == m == len(set(s))
+            assert all(0 <= i < n_layers for i in s)
+            if m <= n_layers - 2:  # the first and last layers are kept while there is room
+                assert 0 not in s and n_layers - 1 not in s
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(PluginError, match="M=9"):
+        Decoder(tiny_model("llama"), "clasp", {"M": 9})
+
+
+def test_default_m_is_half_the_layers():
+    dec = Decoder(tiny_model("llama", num_hidden_layers=6), "clasp")
+    assert isinstance(dec.plugin, CLaSp) and dec.plugin.n_skip == 3
+
+
+class _AttemptSpy:
+    """Records the steps at which the plugin ran its draft model."""
+
+    def __init__(self, plugin) -> None:
+        self.plugin = plugin
+        self.steps: list[int] = []
+
+    @selfspec.hookimpl(wrapper=True)
+    def selfspec_propose(self, state):
+        draft = yield
+        if self.plugin._attempted:
+            self.steps.append(state.step)
+        return draft
+
+
+def test_backoff_pauses_drafting_after_failures():
+    # e) DET=1 makes every attempt exit before its first token (nothing accepted), so with
+    # backoff=4 the attempts come at steps 0, 2, 5, 10, 15 (pauses of 1, 2, 4, 4, ...)
+    model = tiny_model("llama", num_hidden_layers=4)
+    dec = Decoder(model, "clasp", {"M": 2, "DET": 1.0, "backoff": 4})
+    spy = _AttemptSpy(dec.plugin)
+    dec.pm.register(spy)
+    result = dec.generate([1, 2, 3], max_new_tokens=20)
+    assert result.stats.steps == 20
+    assert spy.steps == [0, 2, 5, 10, 15]
