@@ -164,6 +164,33 @@ def test_over_long_drafts_are_cut_to_the_budget(model):
     assert tree.output_ids == ref and tree.stats.truncated_drafts >= 1
 
 
+class SkippingDrafter:
+    """Drafts ``k`` tokens by running the model with layer 0's attention skipped, so the
+    layers hold different cache lengths when the host checks and cuts the draft."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state):
+        base, tok, out = state.length - 1, state.tokens[state.length - 1 :][:1], []
+        for i in range(self.k):
+            logits = state.runner.forward(tok, cache=state.cache, start=base + i, skip_attn=(0,), logits="last").logits
+            tok = logits[-1].argmax().reshape(1)
+            out.append(int(tok))
+        return Draft.chain(out, device=state.runner.device)
+
+
+def test_drafts_that_leave_unequal_cache_lengths_are_cut(model):
+    # a) the draft forwards leave layer 0 at length-1 slots and the others further on;
+    # b) the draft is longer than the budget, so the host must cut it without asking the
+    #    cache for one common length (see a)
+    ref = ref_of(model, n=5)
+    res = Decoder(model, "skipper", plugin_object=SkippingDrafter(k=8)).generate(PROMPT, 5, eos_token_ids=())
+    assert res.output_ids == ref
+    assert res.stats.truncated_drafts >= 1
+
+
 def test_hook_propose(model):
     """propose: firstresult; None defers to vanilla; the draft reaches verify unchanged."""
     seen = []

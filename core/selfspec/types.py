@@ -187,8 +187,12 @@ class DecodeState:
 
     @property
     def max_draft_depth(self) -> int:
-        """Deepest draft the host keeps: the bonus token also needs room in the budget."""
-        return max(0, min(self.budget - 1, self.cache.capacity - self.cache.length - 1))
+        """Deepest draft the host keeps: the bonus token also needs room in the budget.
+
+        Uses ``length - 1`` (what the cache holds at the start of every step), not the cache's
+        current lengths: a proposer that ran the model with skipped blocks leaves its layers
+        holding different lengths until verification, and the host still cuts its draft."""
+        return max(0, min(self.budget - 1, self.cache.capacity - (self.length - 1) - 1))
 
 
 @dataclass
