@@ -50,13 +50,24 @@ class BlockCosts:
         return v[-1] + slope * (q - len(v))
 
     def relative_cost(self, steps: Sequence[tuple[int, int]], skip_attn: Sequence[int],
-                      skip_mlp: Sequence[int]) -> float:
-        """Cost per committed token relative to vanilla, for ``steps`` = ``(drafted, committed)``."""
+                      skip_mlp: Sequence[int], reuse: bool = False) -> float:
+        """Cost per committed token relative to vanilla, for ``steps`` = ``(drafted, committed)``.
+
+        With ``reuse`` (the plugin's default), a step with drafts verifies only the layers from
+        the first skipped one ``f`` on over ``k+1`` tokens and runs layers ``[0, f)`` for one
+        token: ``(1 - f/L) * verify[k+1] + f/L * verify[1]``, taking layers as equally costly."""
         committed = sum(c for _, c in steps)
         if committed == 0:
             return float("inf")
         d = self.draft_token(skip_attn, skip_mlp)
-        total = sum(k * d + self.verify_cost(k + 1) for k, _ in steps)
+        skipped = set(skip_attn) | set(skip_mlp)
+        share = (min(skipped) if skipped else self.n_layers) / self.n_layers if reuse else 0.0
+        total = 0.0
+        for k, _ in steps:
+            verify = self.verify_cost(k + 1)
+            if k and share:
+                verify = (1 - share) * verify + share * self.verify[0]
+            total += k * d + verify
         return total / committed / self.verify[0]
 
     def save(self, path: Path) -> None:

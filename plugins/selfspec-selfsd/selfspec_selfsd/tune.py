@@ -49,8 +49,8 @@ def dev_prompts(loaded: Any, tasks: tuple[str, ...], n: int) -> list[list[int]]:
 
 
 @click.command("tune")
-@click.option("--trials", "n_trials", type=click.IntRange(1), default=30, show_default=True,
-              help="Trials to run now (added to the study's earlier ones).")
+@click.option("--trials", "n_trials", type=click.IntRange(0), default=30, show_default=True,
+              help="Trials to run now (added to the study's earlier ones); 0 writes the study's best profile.")
 @click.option("--prompts", "n_prompts", type=click.IntRange(1), default=2, show_default=True,
               help="Development prompts per trial.")
 @click.option("--tokens", type=click.IntRange(1), default=16, show_default=True, help="New tokens per prompt.")
@@ -122,7 +122,7 @@ def tune(settings: Any, n_trials: int, n_prompts: int, tokens: int, tasks: tuple
             committed += r.stats.new_tokens
             used += 1
             if costs is not None:
-                value = costs.relative_cost(steps, attn, mlp)
+                value = costs.relative_cost(steps, attn, mlp, reuse=plugin.reuse)
             else:
                 value = (wall / max(1, committed)) / base_time
             if value > give_up:  # hopeless: the other prompts would not change the verdict
@@ -159,14 +159,21 @@ def tune(settings: Any, n_trials: int, n_prompts: int, tokens: int, tasks: tuple
         except ValueError:
             pass
 
-    st.optimize(objective_fn, n_trials=n_trials, callbacks=[progress])
+    try:
+        if n_trials:
+            st.optimize(objective_fn, n_trials=n_trials, callbacks=[progress])
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: saving the best trial so far", err=True)
     bar.close()
+    if not any(t.value is not None for t in st.trials):
+        raise click.ClickException(f"study {name!r} has no complete trial yet")
     best = st.best_trial
     attn = tuple(i for i in range(L) if best.params.get(f"a{i}"))
     mlp = tuple(i for i in range(L) if best.params.get(f"m{i}"))
     prof = profiles.Profile(identity, attn, mlp, {
         "objective": objective, "value": best.value, "trial": best.number, "study": name,
-        "trials": len(st.trials), "prompts": len(prompts), "tokens": tokens, "options": opts,
+        "trials": len(st.trials), "prompts": len(prompts), "tokens": tokens,
+        "options": {k: v for k, v in opts.items() if k != "profile"},
         **{k: best.user_attrs.get(k) for k in ("tau", "acceptance", "drafted_per_step")},
     })
     path = profiles.save(prof, out)

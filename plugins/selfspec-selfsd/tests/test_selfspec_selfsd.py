@@ -236,7 +236,7 @@ def test_without_a_profile_the_heuristic_is_used_and_said(cache_dir, capsys):
 
 
 def test_heuristic_and_layer_lists():
-    assert profiles.heuristic(30) == (tuple(range(15, 29)), tuple(range(16, 29, 2)))
+    assert profiles.heuristic(30) == ((15, 17, 19, 21, 23, 25, 27), ())
     assert profiles.heuristic(2) == ((), ())
     assert profiles.parse_layers("3,5,10-12", 30) == (3, 5, 10, 11, 12)
     assert profiles.parse_layers("none", 30) == () and profiles.parse_layers(None, 30) is None
@@ -263,6 +263,9 @@ def test_cost_model_on_a_toy_case():
     assert c.verify_cost(5) == 18.0  # linear past the measured sizes
     assert c.relative_cost([(0, 1)] * 5, (), ()) == 1.0  # vanilla costs exactly 1
     assert c.relative_cost([], (), ()) == float("inf")
+    # l) with reuse, layer 1 is the first skipped: half the layers verify 3 tokens (14), the
+    # lower half 1 token (10): 7 + 5 = 12 instead of 14
+    assert c.relative_cost(steps, (1,), (), reuse=True) == pytest.approx((2 * 8 + 12 + 10) / 4 / 10)
 
 
 def test_cost_model_save_load(tmp_path):
