@@ -1,0 +1,281 @@
+"""selfspec-selfsd: installed, lossless under the kit, and the mechanics of Draft & Verify."""
+
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from selfspec_selfsd import SelfSD, Threshold, profiles
+from selfspec_selfsd.costmodel import BlockCosts
+
+import selfspec
+from selfspec import Decoder
+from selfspec.plugins import PluginError, available
+from selfspec.testing import ARCHS, assert_lossless, tiny_model
+from selfspec.testing import strategies as sst
+
+PROMPT = [5, 17, 3, 99, 42, 7, 7, 1]
+
+
+def test_plugin_is_installed():
+    assert "selfsd" in available()
+
+
+def _layers(data, n_layers, name):
+    chosen = data.draw(st.sets(st.integers(0, n_layers - 1)), label=name)
+    return profiles.format_layers(sorted(chosen))
+
+
+@given(arch=st.sampled_from(ARCHS), data=st.data())
+def test_lossless(arch, data):
+    model = tiny_model(arch)
+    n_layers = model.config.num_hidden_layers
+    options = {
+        "k": data.draw(st.integers(1, 8), label="k"),
+        "gamma": data.draw(st.sampled_from([0.0, 0.3, 0.6, 0.9, 1.0]), label="gamma"),
+        "adaptive": data.draw(st.booleans(), label="adaptive"),
+        "alpha": data.draw(st.sampled_from([0.5, 0.9]), label="alpha"),
+        "reuse": data.draw(st.booleans(), label="reuse"),
+        # a) random skip sets of both kinds, empty and "everything" included
+        "skip_attn": _layers(data, n_layers, "skip_attn"),
+        "skip_mlp": _layers(data, n_layers, "skip_mlp"),
+    }
+    prompt = data.draw(sst.prompts(model.config.vocab_size))
+    assert_lossless(model, "selfsd", prompt, data.draw(sst.lengths()), options)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("reuse", [True, False])
+def test_it_drafts_and_accepts(arch, reuse):
+    # b) skipping one late MLP block leaves a draft close to the full model: drafts are made
+    # every step and some are accepted, with and without the lower-layer reuse
+    model = tiny_model(arch)
+    last = model.config.num_hidden_layers - 1
+    opts = {"skip_attn": "none", "skip_mlp": str(last), "gamma": 0.0, "adaptive": False, "k": 4, "reuse": reuse}
+    result = assert_lossless(model, "selfsd", PROMPT, 24, opts)
+    assert result.stats.drafted > 0
+    assert result.stats.accepted > 0
+
+
+# ------------------------------------------------------------------------------ the threshold
+def test_gamma_update_follows_algorithm_3():
+    th = Threshold(gamma0=0.6, epsilon=0.01, beta1=0.5, beta2=0.9, alpha=0.9)
+    th.reset()
+    # c) by hand: stage 1 uses beta1 = 0, so AR = AR_1 exactly
+    stages = [(4, 4), (4, 2), (2, 2), (5, 0), (3, 3)]  # (drafted, accepted)
+    gamma, ar = 0.6, 0.0
+    for e, (d, a) in enumerate(stages):
+        ar_e = a / d
+        ar = ar_e if e == 0 else 0.5 * ar + 0.5 * ar_e
+        target = gamma + 0.01 if ar <= 0.9 else gamma - 0.01
+        gamma = 0.9 * gamma + 0.1 * target
+        assert th.update(d, a) == pytest.approx(gamma, abs=1e-15)
+        assert th.ar == pytest.approx(ar, abs=1e-15)
+    # the same numbers written out: AR 1.0, .75, .875, .4375, .71875
+    assert [round(x, 6) for x in (ar,)] == [0.71875]
+    assert gamma == pytest.approx(0.6 - 0.001 + 0.001 + 0.001 + 0.001 + 0.001)
+
+
+def test_gamma_update_edges():
+    th = Threshold(gamma0=0.5, adaptive=False)
+    th.reset()
+    assert th.update(3, 0) == 0.5  # static: never moves
+    th = Threshold(gamma0=0.5)
+    th.reset()
+    assert th.update(0, 0) == 0.5 and th.stages == 0  # a stage without drafts changes nothing
+    th.update(1, 1)
+    assert th.gamma == pytest.approx(0.499) and th.ar == 1.0  # AR 1 > alpha: gamma falls
+
+
+# ------------------------------------------------------------------------------ drafting
+def _decode(model, n=20, **opts):
+    dec = Decoder(model, "selfsd", {"profile": "heuristic", **opts})
+    result = dec.generate(PROMPT, n, eos_token_ids=())
+    return dec, result
+
+
+def test_draft_stops_at_k_when_gamma_is_zero():
+    # d) no probability is below 0: every draft runs to K (or to what the budget allows)
+    dec, res = _decode(tiny_model("llama"), 30, k=5, gamma=0.0, adaptive=False)
+    budget_left = [30 - sum(res.stats.accept_lengths[:i]) for i in range(len(dec.plugin.log))]
+    assert [d for d, _ in dec.plugin.log] == [min(5, b - 1) for b in budget_left]
+
+
+def test_draft_stops_at_gamma():
+    # e) every top probability is below 1: each draft stops after its first token, which is
+    # still verified (Algorithm 3 drafts x_{j+1} before the exit test)
+    dec, res = _decode(tiny_model("llama"), 20, k=8, gamma=1.0, adaptive=False)
+    assert {d for d, _ in dec.plugin.log[:-1]} == {1}
+    assert dec.plugin.log[-1][0] in (0, 1)  # the last step may have budget for the bonus only
+
+
+class Spy(SelfSD):
+    """SelfSD that records every draft with the committed tokens it followed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = []
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state):
+        draft = super().selfspec_propose(state)
+        self.seen.append((state.committed.clone(), draft.tokens.tolist()))
+        return draft
+
+
+def test_draft_exit_matches_the_draft_probability():
+    # f) gamma between the draft's top probabilities: a draft ends exactly at the first token
+    # whose probability is below gamma, or at K (recomputed here with the same skipped blocks)
+    model = tiny_model("qwen2")
+    opts = {"skip_attn": "1", "skip_mlp": "0", "gamma": 0.5, "adaptive": False, "k": 6}
+    dec = Decoder(model, "selfsd", opts, plugin_object=Spy())
+    dec.generate(PROMPT, 16, eos_token_ids=())
+    seen = dec.plugin.seen
+    assert seen
+    exits = 0
+    for committed, drafted in seen:
+        if not drafted:
+            continue
+        # the prefix holds the full model's keys/values, the draft tokens the draft's own
+        runner, base = dec.runner, len(committed) - 1
+        cache = runner.new_cache(base + len(drafted) + 1)
+        runner.forward(committed[:-1], cache=cache, start=0)
+        ids = torch.cat([committed[-1:], torch.tensor(drafted[:-1], dtype=torch.long)])
+        logits = torch.cat([runner.forward(ids[i : i + 1], cache=cache, start=base + i, skip_attn=(1,),
+                                           skip_mlp=(0,)).logits for i in range(len(ids))])
+        top = logits.softmax(-1).max(-1)
+        assert top.indices.tolist() == drafted
+        below = [float(p) < 0.5 for p in top.values]
+        assert not any(below[:-1])  # g) no exit before the last token ...
+        assert below[-1] or len(drafted) == 6  # ... which is below gamma, or the K-th
+        exits += below[-1]
+    assert exits > 0
+
+
+def test_skip_set_is_honoured():
+    # h) count sub-block calls per layer: a skipped block runs only in the full forwards
+    # (prefill and verification), a kept one also once per drafted token
+    model = tiny_model("mistral")
+    dec = Decoder(model, "selfsd", {"skip_attn": "0,2", "skip_mlp": "1", "gamma": 0.0, "adaptive": False, "k": 3,
+                                    "reuse": False})
+    runner = dec.runner
+    index = {id(m): i for i, m in enumerate(runner._run_layers)}
+    calls = {"attn": [0] * runner.n_layers, "mlp": [0] * runner.n_layers}
+    attn_block, mlp_block = runner.adapter.attn_block, runner.adapter.mlp_block
+
+    def attn(layer, *a, **kw):
+        calls["attn"][index[id(layer)]] += 1
+        return attn_block(layer, *a, **kw)
+
+    def mlp(layer, *a, **kw):
+        calls["mlp"][index[id(layer)]] += 1
+        return mlp_block(layer, *a, **kw)
+
+    runner.adapter.attn_block, runner.adapter.mlp_block = attn, mlp
+    res = dec.generate(PROMPT, 20, eos_token_ids=())
+    full = 1 + res.stats.steps  # prefill + one verification per step
+    drafts = sum(d for d, _ in dec.plugin.log)
+    assert drafts > 0
+    for i in range(runner.n_layers):
+        assert calls["attn"][i] == full + (0 if i in (0, 2) else drafts)
+        assert calls["mlp"][i] == full + (0 if i == 1 else drafts)
+
+
+# ------------------------------------------------------------------------------ profiles
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_profile_round_trip_and_identity(cache_dir):
+    model = tiny_model("qwen3")
+    dec = Decoder(model, "selfsd", {"profile": "heuristic"})
+    ident = profiles.model_identity(dec.runner)
+    assert ident == profiles.model_identity(Decoder(model, "vanilla").runner)  # stable
+    prof = profiles.Profile(ident, (1,), (0, 2), {"objective": "cost"})
+    path = profiles.save(prof)
+    assert path.parent == cache_dir / "selfsd" / "profiles"
+    back = profiles.load(path, ident)
+    assert back == prof and back.meta == {"objective": "cost"}
+    assert profiles.find(ident) == prof
+    # i) profile=auto picks the user's profile up; profile=PATH loads it by path
+    for spec in ("auto", str(path)):
+        d = Decoder(model, "selfsd", {"profile": spec})
+        assert (d.plugin.skip_attn, d.plugin.skip_mlp) == ((1,), (0, 2))
+    # j) a profile of another model is refused, naming what differs
+    other = profiles.model_identity(Decoder(tiny_model("qwen3", seed=1), "vanilla").runner)
+    assert other["fingerprint"] != ident["fingerprint"]
+    with pytest.raises(profiles.ProfileError, match="another model.*fingerprint"):
+        profiles.load(path, other)
+    with pytest.raises(PluginError, match="another model"):
+        Decoder(tiny_model("qwen3", seed=1), "selfsd", {"profile": str(path)})
+
+
+def test_bad_profiles_are_refused(cache_dir):
+    bad = cache_dir / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(profiles.ProfileError, match="not valid JSON"):
+        profiles.load(bad)
+    bad.write_text(json.dumps({"format": 1, "identity": {"n_layers": 2}, "skip_attn": [5], "skip_mlp": []}))
+    with pytest.raises(profiles.ProfileError, match="outside"):
+        profiles.load(bad)
+    with pytest.raises(profiles.ProfileError, match="cannot read"):
+        profiles.load(cache_dir / "missing.json")
+
+
+def test_without_a_profile_the_heuristic_is_used_and_said(cache_dir, capsys):
+    model = tiny_model("gemma3")
+    dec = Decoder(model, "selfsd")
+    L = dec.runner.n_layers
+    assert (dec.plugin.skip_attn, dec.plugin.skip_mlp) == profiles.heuristic(L)
+    assert dec.plugin.source == "heuristic"
+    err = capsys.readouterr().err
+    assert "no tuned profile" in err and err.count("\n") == 1
+
+
+def test_heuristic_and_layer_lists():
+    assert profiles.heuristic(30) == ((15, 17, 19, 21, 23, 25, 27), ())
+    assert profiles.heuristic(2) == ((), ())
+    assert profiles.parse_layers("3,5,10-12", 30) == (3, 5, 10, 11, 12)
+    assert profiles.parse_layers("none", 30) == () and profiles.parse_layers(None, 30) is None
+    assert profiles.format_layers((3, 5, 10, 11, 12)) == "3,5,10-12" and profiles.format_layers(()) == "none"
+    with pytest.raises(ValueError, match="outside"):
+        profiles.parse_layers("30", 30)
+    with pytest.raises(ValueError, match="not a layer"):
+        profiles.parse_layers("a-b", 30)
+
+
+def test_bad_skip_option_is_refused():
+    with pytest.raises(PluginError, match="skip_attn"):
+        Decoder(tiny_model("llama"), "selfsd", {"skip_attn": "99"})
+
+
+# ------------------------------------------------------------------------------ cost model
+def test_cost_model_on_a_toy_case():
+    c = BlockCosts(n_layers=2, attn=1.0, mlp=2.0, head=3.0, verify=(10.0, 12.0, 14.0))
+    # k) skipping layer 0's attention: a draft token costs head 3 + attn 1 + mlp 2*2 = 8
+    assert c.draft_token((0,), ()) == 8.0
+    # two steps: 2 drafts then 4 committed (8*2 + verify(3)=14), 0 drafts then 1 (verify(1)=10)
+    steps = [(2, 3), (0, 1)]
+    assert c.relative_cost(steps, (0,), ()) == pytest.approx((16 + 14 + 10) / 4 / 10)
+    assert c.verify_cost(5) == 18.0  # linear past the measured sizes
+    assert c.relative_cost([(0, 1)] * 5, (), ()) == 1.0  # vanilla costs exactly 1
+    assert c.relative_cost([], (), ()) == float("inf")
+    # l) with reuse, layer 1 is the first skipped: half the layers verify 3 tokens (14), the
+    # lower half 1 token (10): 7 + 5 = 12 instead of 14
+    assert c.relative_cost(steps, (1,), (), reuse=True) == pytest.approx((2 * 8 + 12 + 10) / 4 / 10)
+
+
+def test_cost_model_save_load(tmp_path):
+    c = BlockCosts(2, 1.0, 2.0, 3.0, (10.0, 12.0), {"threads": 1})
+    c.save(tmp_path / "c.json")
+    assert BlockCosts.load(tmp_path / "c.json") == c
+
+
+def test_log_records_every_step():
+    dec, res = _decode(tiny_model("qwen2"), 15, gamma=0.0, adaptive=False, k=2)
+    assert len(dec.plugin.log) == res.stats.steps
+    assert sum(d for d, _ in dec.plugin.log) == res.stats.drafted
+    assert isinstance(SelfSD().threshold, Threshold)
