@@ -73,7 +73,8 @@ class Lookup:
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: selfspec.Verdict) -> None:
-        self.history.extend(verdict.committed)
+        # what the host committed (EOS or the budget may have cut verdict.committed)
+        self.history.extend(state.tokens[len(self.history) : state.length].tolist())
         self._index_up_to(len(self.history) - 1)
         if self.drafted == 0:
             return
