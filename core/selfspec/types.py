@@ -187,8 +187,12 @@ class DecodeState:
 
     @property
     def max_draft_depth(self) -> int:
-        """Deepest draft the host keeps: the bonus token also needs room in the budget."""
-        return max(0, min(self.budget - 1, self.cache.capacity - self.cache.length - 1))
+        """Deepest draft the host keeps: the bonus token also needs room in the budget.
+
+        Counts from the committed prefix (``length - 1`` cached positions), not from the
+        cache's per-layer lengths: a proposer may have written draft slots past it in some
+        layers (an early-exit draft), which verification overwrites."""
+        return max(0, min(self.budget - 1, self.cache.capacity - (self.length - 1) - 1))
 
 
 @dataclass
