@@ -87,9 +87,12 @@ def fit_layer(runner: Any, data: Collected, layer: int, vocab: torch.Tensor | No
     """Fit one exit layer's map; returns ``(map or None for the plain head, report)``."""
     x_all, y_all, t_all = data.states[layer], data.final, data.targets
     n_seq = int(data.seq.max()) + 1
-    cut = max(1, int(round(n_seq * (1 - holdout)))) if n_seq > 1 else 1
-    train = data.seq < cut if n_seq > 1 else torch.ones_like(data.seq, dtype=torch.bool)
-    test = ~train if n_seq > 1 else train
+    cut = min(n_seq - 1, max(1, int(round(n_seq * (1 - holdout)))))
+    if holdout <= 0 or n_seq < 2:  # judged on the data it was fitted to
+        train = test = torch.ones_like(data.seq, dtype=torch.bool)
+    else:  # the last sequences are held out
+        train = data.seq < cut
+        test = ~train
     x, y, t = x_all[train], y_all[train], t_all[train]
     xt, tt = x_all[test], t_all[test]
 

@@ -151,9 +151,11 @@ class HiSpec:
     def selfspec_verify(self, state: selfspec.DecodeState, draft: Draft) -> Verdict:
         meta = draft.meta.get("hispec")
         base = state.length - 1
-        if (meta is None or meta["key"] != (id(self), state.step, base) or len(draft) == 0
+        if len(draft) == 0:  # no room to draft: a plain greedy step
+            return verify_greedy(state, draft)
+        if (meta is None or meta["key"] != (id(self), state.step, base)
                 or tuple(draft.tokens.tolist()) != meta["tokens"] or state.capture_layers):
-            self.counters["fallbacks"] += 1
+            self.counters["fallbacks"] += 1  # stale or foreign meta: verify with a full forward
             return verify_greedy(state, draft)
         runner, cache = state.runner, state.cache
         m, layer = len(draft), meta["layer"]
