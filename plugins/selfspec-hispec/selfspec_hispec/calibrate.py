@@ -1,11 +1,12 @@
 """Self-distillation of exit heads: teach an exit layer to guess the full model's greedy token.
 
-Data: the model's own greedy continuations of development prompts. One full forward over each
-prompt + continuation captures the hidden states at the chosen exit layers and the last layer;
+Data: the model's own greedy continuations of development prompts (and, cheaply, more
+development texts read without generating). One full forward over each sequence captures the hidden states at the chosen exit layers and the last layer;
 the targets are the full model's greedy tokens at every position. Per exit layer, an affine
 map ``h -> h @ W + b`` (before the shared final norm + LM head) is fitted in two stages:
 
-1. ridge regression of the last layer's state on the exit's state (closed form);
+1. ridge regression of the last layer's state on the exit's state (closed form; the penalty
+   that agrees best on held-out sequences);
 2. a few hundred Adam steps on the cross-entropy of the exit's logits (over the vocabulary
    subset the heads will score) against the full model's greedy tokens.
 
@@ -83,16 +84,17 @@ def ridge(x: torch.Tensor, y: torch.Tensor, lam: float = 1e-3) -> tuple[torch.Te
 
 def fit_layer(runner: Any, data: Collected, layer: int, vocab: torch.Tensor | None, *, steps: int = 200,
               batch: int = 256, lr: float = 1e-3, holdout: float = 0.2, seed: int = 0,
+              lams: Sequence[float] = (1e-3, 1e-2, 1e-1),
               progress: Callable[[Iterable[Any]], Iterable[Any]] = iter) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, dict[str, float]]:
     """Fit one exit layer's map; returns ``(map or None for the plain head, report)``."""
     x_all, y_all, t_all = data.states[layer], data.final, data.targets
     n_seq = int(data.seq.max()) + 1
-    cut = min(n_seq - 1, max(1, int(round(n_seq * (1 - holdout)))))
     if holdout <= 0 or n_seq < 2:  # judged on the data it was fitted to
         train = test = torch.ones_like(data.seq, dtype=torch.bool)
-    else:  # the last sequences are held out
-        train = data.seq < cut
-        test = ~train
+    else:  # every k-th sequence is held out
+        k = max(2, int(round(1 / holdout)))
+        test = data.seq % k == k - 1
+        train = ~test
     x, y, t = x_all[train], y_all[train], t_all[train]
     xt, tt = x_all[test], t_all[test]
 
@@ -101,8 +103,8 @@ def fit_layer(runner: Any, data: Collected, layer: int, vocab: torch.Tensor | No
         return agreement(runner, h, layer, xt, tt)
 
     report = {"positions": float(x.shape[0]), "plain": score(None)}
-    w0, b0 = ridge(x, y)
-    report["ridge"] = score((w0, b0))
+    fits = [(score(m), m) for m in (ridge(x, y, lam) for lam in lams)]
+    report["ridge"], (w0, b0) = max(fits, key=lambda f: f[0])
     w, b = _refine(runner, x, t, vocab, w0, b0, steps=steps, batch=batch, lr=lr, seed=seed, progress=progress)
     report["refined"] = score((w, b))
     best = max(("plain", "ridge", "refined"), key=lambda k: report[k])

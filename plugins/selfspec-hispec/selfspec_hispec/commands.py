@@ -60,6 +60,8 @@ def _layers(spec: str | None, settings: Any, n_layers: int) -> list[int]:
               help="Development prompts per task.")
 @click.option("--tokens", type=click.IntRange(1), default=64, show_default=True,
               help="Greedy continuation length per prompt.")
+@click.option("--texts", "n_texts", type=click.IntRange(0), default=48, show_default=True,
+              help="Extra development texts (first 256 tokens) read without generating: more positions, cheaply.")
 @click.option("--vocab", "vocab_size", type=click.IntRange(0), default=8192, show_default=True,
               help="Exit heads score only this many most frequent tokens of development text (0: all).")
 @click.option("--steps", type=click.IntRange(0), default=200, show_default=True, help="Adam steps per layer.")
@@ -67,7 +69,7 @@ def _layers(spec: str | None, settings: Any, n_layers: int) -> list[int]:
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="Profile path [default: <selfspec cache>/hispec/<model key>.pt, which profile=auto finds].")
 @click.pass_obj
-def calibrate(settings: Any, layers: str | None, tasks: str, n_prompts: int, tokens: int, vocab_size: int,
+def calibrate(settings: Any, layers: str | None, tasks: str, n_prompts: int, tokens: int, n_texts: int, vocab_size: int,
               steps: int, seed: int, out: str | None) -> None:
     """Fit exit heads by self-distillation on the model's greedy continuations of dev prompts."""
     import torch
@@ -91,7 +93,22 @@ def calibrate(settings: Any, layers: str | None, tasks: str, n_prompts: int, tok
         ids = encode(loaded, s)
         res = vanilla.generate(ids, max_new_tokens=tokens)
         sequences.append(ids + res.output_ids)
-    data = cal.collect(runner, sequences, chosen,
+    # more development text, read (not generated): the targets are still the model's own greedy tokens
+    extra = []
+    if n_texts:
+        from selfspec.bench.data import build_corpus_texts
+
+        kinds = ("sharegpt", "humaneval", "gsm8k")
+        for i, kind in enumerate(kinds):
+            want = (n_texts * (i + 1)) // len(kinds) - (n_texts * i) // len(kinds)
+            for text in build_corpus_texts((kind,)):
+                if want <= 0:
+                    break
+                ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"][:256]
+                if len(ids) >= 32:
+                    extra.append(ids)
+                    want -= 1
+    data = cal.collect(runner, sequences + extra, chosen,
                        progress=lambda it: tqdm(it, desc="capturing states", unit="seq", dynamic_ncols=True))
 
     vocab = None
@@ -111,7 +128,8 @@ def calibrate(settings: Any, layers: str | None, tasks: str, n_prompts: int, tok
             maps[layer] = m
         report[layer] = rep
     heads = ExitHeads(maps=maps, vocab=vocab, meta={"layers": chosen, "tasks": tasks, "prompts": n_prompts,
-                                                     "tokens": tokens, "steps": steps, "report": report})
+                                                     "tokens": tokens, "texts": n_texts, "steps": steps,
+                                                     "report": report})
     path = save_profile(heads, out or default_profile_path(model), model)
     click.echo("| layer | positions | plain head | ridge | refined | chosen |")
     click.echo("| ---: | ---: | ---: | ---: | ---: | --- |")
