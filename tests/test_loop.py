@@ -191,6 +191,27 @@ def test_drafts_that_leave_unequal_cache_lengths_are_cut(model):
     assert res.stats.truncated_drafts >= 1
 
 
+class EarlyExitDrafter(Oracle):
+    """Drafts after writing its own draft slots in the first layer only (like an early exit),
+    so the cache's layers disagree on their lengths when the host checks the draft."""
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state):
+        base = state.length - 1
+        draft = Draft.chain(self.ref[state.generated : state.generated + self.k], device=state.runner.device)
+        ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
+        state.runner.forward(ids, cache=state.cache, start=base, layers=(0, 1), logits=None)
+        return draft
+
+
+def test_drafts_written_past_the_prefix_in_some_layers(model):
+    # the depth limit counts from the committed prefix, not from layers a proposer wrote past it
+    ref = ref_of(model, n=12)
+    res = Decoder(model, "ee", plugin_object=EarlyExitDrafter(ref + [0] * 8, k=4)).generate(PROMPT, 12, eos_token_ids=())
+    assert res.output_ids == ref
+    assert res.stats.accepted == res.stats.drafted > 0
+
+
 def test_hook_propose(model):
     """propose: firstresult; None defers to vanilla; the draft reaches verify unchanged."""
     seen = []

@@ -1,0 +1,218 @@
+"""The HiSpec plugin: early-exit drafts at L_d, intermediate verification at L_i, full check.
+
+One decode step (Algorithm 2 of the paper, with the reuse of §3.1):
+
+1. ``selfspec_propose`` builds the *tentatively accepted buffer* ``c_1..c_m`` after the
+   pending token ``c_0`` in rounds: draft ``N_d`` tokens with the exit at ``L_d`` (each runs
+   layers ``[0, L_d)`` once), run ``[c_m, d_1..d_{N_d-1}]`` from their ``L_d`` states through
+   ``[L_d, L_i)`` only, accept the drafts the ``L_i`` exit agrees with, and on the first
+   mismatch append the ``L_i`` exit's own token. Rounds repeat until the buffer holds ``N_i``
+   tokens. The buffer is private: it goes to the host as a chain ``Draft`` whose ``meta``
+   holds the ``L_i`` states of ``c_0..c_{m-1}``.
+2. ``selfspec_verify`` finishes the full-model check: ``c_m`` (never run yet) goes through
+   ``[0, L_i)``, then ``[c_0..c_m]`` through ``[L_i, L)`` from the ``L_i`` states; the greedy
+   verdict is the longest matching prefix plus the model's bonus token. Without fresh meta it
+   falls back to the host's full forward (``verify_greedy``).
+
+KV cache: every write goes to slot ``base + j`` of the token ``c_j`` (``base`` = the pending
+token's slot), so a rejected draft's slot is simply overwritten by its replacement; each layer
+range is only ever read below what it has written. The host's crop after verify leaves every
+layer holding exactly the committed prefix. When everything is accepted, each committed token
+ran every layer exactly once.
+
+``single_exit=true`` is the LayerSkip-style baseline at the same ``L_d``: draft ``N_i`` tokens
+at ``L_d`` and verify them from their ``L_d`` states (no intermediate verification).
+
+tau: one HiSpec verification counts as **one** full-model forward (``Verdict.forwards = 1``),
+whatever layers the drafting and intermediate verification ran: tau = committed tokens per
+full verification, the paper's acceptance measure. The intermediate work shows up in the time,
+and in ``HiSpec.counters``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import selfspec
+from selfspec import Draft, Option, Verdict
+from selfspec.builtin.verify import verify_greedy
+from selfspec.reference import greedy
+
+from .heads import ExitHeads, default_profile_path, load_profile
+
+COUNTERS = ("steps", "drafted", "li_accepted", "li_corrections", "buffered", "full_accepted", "fallbacks")
+
+
+class HiSpec:
+    """One instance per decoder: options, exit heads, the per-step buffer's meta, counters."""
+
+    def __init__(self) -> None:
+        self.ld = self.li = 0
+        self.n_layers = 0
+        self.nd = 2
+        self.ni = 4
+        self.single = False
+        self.heads = ExitHeads()
+        self.profile_path: str | None = None
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+
+    # ------------------------------------------------------------------------ lifecycle
+    @selfspec.hookimpl
+    def selfspec_options(self, register) -> None:
+        register(Option("draft_layer", int, 0, "exit layer L_d that drafts (0: about L/8)", min=0, max=4096))
+        register(Option("verify_layer", int, 0, "exit layer L_i of the intermediate verifier (0: about L/4)",
+                        min=0, max=4096))
+        register(Option("num_draft", int, 2, "N_d: tokens drafted per round before intermediate verification",
+                        min=1, max=64))
+        register(Option("window", int, 4, "N_i: tentatively accepted tokens buffered before the full check",
+                        min=1, max=128))
+        register(Option("single_exit", bool, False,
+                        "LayerSkip-style baseline: draft N_i tokens at L_d, no intermediate verification"))
+        register(Option("profile", str, "auto",
+                        "exit heads: 'auto' (this model's calibrated profile if any), 'none', or a profile path"))
+
+    @selfspec.hookimpl
+    def selfspec_setup(self, runner: Any, options: dict[str, Any]) -> None:
+        n = runner.n_layers
+        self.single = bool(options["single_exit"])
+        ld, li = exit_layers(options, n)
+        self.ld, self.li, self.n_layers = ld, (ld if self.single else li), n  # single: verify from L_d
+        self.nd, self.ni = int(options["num_draft"]), int(options["window"])
+        self.heads, self.profile_path = _resolve_heads(options["profile"], runner)
+
+    @selfspec.hookimpl
+    def selfspec_commands(self, register) -> None:
+        from .commands import calibrate, rates_command
+
+        register(calibrate)
+        register(rates_command)
+
+    @selfspec.hookimpl
+    def selfspec_start(self, state: selfspec.DecodeState) -> None:
+        self.counters = dict.fromkeys(COUNTERS, 0)
+
+    # ------------------------------------------------------------------------ the step
+    @selfspec.hookimpl
+    def selfspec_propose(self, state: selfspec.DecodeState) -> Draft:
+        runner, cache = state.runner, state.cache
+        dev = runner.device
+        base = state.length - 1  # slot of the pending token c_0
+        limit = min(self.ni, state.max_draft_depth)
+        if limit <= 0:
+            return Draft.empty(dev)
+        buf: list[int] = [state.pending]  # c_0..c_m
+        rows: list[torch.Tensor] = []  # states at the verifier's start layer of c_0..c_{m-1}
+        eos = state.eos_token_ids
+        while len(buf) - 1 < limit and not (len(buf) > 1 and buf[-1] in eos):
+            m = len(buf) - 1
+            n = min(self.nd, limit - m)
+            # a) draft: c_m, d_1..d_{n-1} run layers [0, L_d) at slots base+m.. ; the exit guesses
+            cur = torch.tensor(buf[-1:], dtype=torch.long, device=dev)  # [1]
+            hd, drafts = [], []
+            for j in range(n):
+                h = runner.forward(cur, cache=cache, start=base + m + j, layers=(0, self.ld), logits=None).hidden[0]
+                hd.append(h)  # [1, H]
+                cur = self.heads.predict(runner, self.ld, h)  # [1]
+                drafts.append(cur)
+            hds = torch.cat(hd)  # [n, H]: L_d states of [c_m, d_1..d_{n-1}]
+            dtok = torch.cat(drafts)  # [n]: d_1..d_n
+            self.counters["drafted"] += n
+            if self.single:
+                buf += dtok.tolist()
+                rows.append(hds)
+                continue
+            # b) intermediate verification: only layers [L_d, L_i), from the L_d states
+            hi = runner.forward(hidden=hds[None], cache=cache, start=base + m, layers=(self.ld, self.li),
+                                logits=None).hidden[0]  # [n, H]
+            pred = self.heads.predict(runner, self.li, hi)  # [n]: L_i's token after c_m, d_1..
+            a = int((pred == dtok).to(torch.int64).cumprod(0).sum())
+            self.counters["li_accepted"] += a
+            if a < n:  # first mismatch: L_i's own token replaces d_{a+1}
+                new = dtok[:a].tolist() + [int(pred[a])]
+                self.counters["li_corrections"] += 1
+            else:
+                new = dtok.tolist()
+            buf += new
+            rows.append(hi[: len(new)])  # states of c_m, d_1..d_{len(new)-1}
+        m = len(buf) - 1
+        for i, t in enumerate(buf[1:], 1):  # nothing after an EOS can be committed
+            if t in eos:
+                m = i
+                break
+        states = torch.cat(rows)[:m]  # [m, H]
+        self.counters["buffered"] += m
+        key = (id(self), state.step, base)
+        return Draft.chain(buf[1 : m + 1], device=dev, hispec={"key": key, "states": states,
+                                                              "layer": self.li, "tokens": tuple(buf[1 : m + 1])})
+
+    @selfspec.hookimpl
+    def selfspec_verify(self, state: selfspec.DecodeState, draft: Draft) -> Verdict:
+        meta = draft.meta.get("hispec")
+        base = state.length - 1
+        if len(draft) == 0:  # no room to draft: a plain greedy step
+            return verify_greedy(state, draft)
+        if (meta is None or meta["key"] != (id(self), state.step, base)
+                or tuple(draft.tokens.tolist()) != meta["tokens"] or state.capture_layers):
+            self.counters["fallbacks"] += 1  # stale or foreign meta: verify with a full forward
+            return verify_greedy(state, draft)
+        runner, cache = state.runner, state.cache
+        m, layer = len(draft), meta["layer"]
+        # c) c_m has run no layer yet: [0, L_i) at its slot; then [c_0..c_m] through [L_i, L)
+        h_last = runner.forward(draft.tokens[-1:], cache=cache, start=base + m, layers=(0, layer),
+                                logits=None).hidden  # [1, 1, H]
+        h = torch.cat([meta["states"][None], h_last], 1)  # [1, m+1, H]
+        out = runner.forward(hidden=h, cache=cache, start=base, layers=(layer, self.n_layers))
+        pred = greedy(out.logits)  # [m+1]: the full model's token after c_0..c_m
+        a = int((pred[:-1] == draft.tokens).to(torch.int64).cumprod(0).sum())
+        self.counters["steps"] += 1
+        self.counters["full_accepted"] += a
+        accepted = tuple(draft.tokens[:a].tolist())
+        return Verdict(accepted=accepted, bonus=int(pred[a]), accepted_nodes=tuple(range(a)), forwards=1.0)
+
+
+# ------------------------------------------------------------------------------ helpers
+def exit_layers(options: dict[str, Any], n: int) -> tuple[int, int]:
+    """``(L_d, L_i)`` from the options for an ``n``-layer model (defaults about L/8 and L/4);
+    ``ValueError`` for a combination HiSpec cannot run (single-exit ignores ``verify_layer``)."""
+    ld = options.get("draft_layer") or max(1, round(n / 8))
+    if options.get("single_exit"):
+        if not 1 <= ld < n:
+            raise ValueError(f"draft_layer must lie in [1, {n - 1}] for a {n}-layer model, got {ld}")
+        return ld, ld
+    if n < 3:
+        raise ValueError(f"HiSpec needs at least 3 layers (L_d < L_i < L); this model has {n}")
+    li = options.get("verify_layer") or max(ld + 1, round(n / 4))
+    if not 1 <= ld < li < n:
+        raise ValueError(f"need 1 <= draft_layer < verify_layer < {n} (the model's layers), "
+                         f"got draft_layer={ld}, verify_layer={li}")
+    return ld, li
+
+
+def _resolve_heads(spec: str, runner: Any) -> tuple[ExitHeads, str | None]:
+    """The exit heads for ``profile=spec``: ``none`` -> shared head, ``auto`` -> this model's
+    profile when one exists, else a path (an error if it cannot be read)."""
+    spec = (spec or "auto").strip()
+    if spec.lower() == "none":
+        return ExitHeads(), None
+    if spec.lower() == "auto":
+        path = default_profile_path(runner.model)
+        if not path.is_file():
+            return ExitHeads(), None
+    else:
+        from pathlib import Path
+
+        path = Path(spec).expanduser()
+    return load_profile(path, runner.model).bind(runner), str(path)
+
+
+def rates(counters: dict[str, int]) -> dict[str, float | None]:
+    """Intermediate acceptance (drafts L_i agrees with / drafts), full acceptance (buffer tokens
+    the full model accepts / buffer tokens), and buffer tokens per full verification."""
+    c = counters
+    return {
+        "intermediate_acceptance": c["li_accepted"] / c["drafted"] if c["drafted"] else None,
+        "full_acceptance": c["full_accepted"] / c["buffered"] if c["buffered"] else None,
+        "buffer_per_step": c["buffered"] / c["steps"] if c["steps"] else None,
+    }
