@@ -599,3 +599,15 @@ def test_property_low_precision_is_lossless_up_to_near_ties(tiny_model_factory, 
     model = tiny_model_factory(arch, dtype=dtype, device=selfspec_device)
     res = assert_lossless(model, "noisy", prompt, n, plugin_object=Noisy(seed, 0.7))
     assert res.near_ties in (0, 1)
+
+
+def test_chain_verdict_is_the_longest_matching_prefix_plus_the_bonus():
+    from selfspec.builtin.verify import chain_verdict
+
+    logits = torch.zeros(4, 10, dtype=torch.float64)
+    for row, tok in enumerate([5, 6, 1, 9]):  # the model's token after pending, d1, d2, d3
+        logits[row, tok] = 1.0
+    v = chain_verdict(Draft.chain([5, 6, 7]), logits, forwards=0.5)
+    assert (v.accepted, v.bonus, v.accepted_nodes, v.forwards) == ((5, 6), 1, (0, 1), 0.5)
+    all_in = chain_verdict(Draft.chain([5, 6, 1]), logits)
+    assert (all_in.accepted, all_in.bonus) == ((5, 6, 1), 9)

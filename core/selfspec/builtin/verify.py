@@ -25,9 +25,7 @@ def verify_greedy(state: DecodeState, draft: Draft) -> Verdict:
     if draft.parents is None:
         out = runner.forward(ids, cache=state.cache, start=base, capture=capture)
         pred = greedy(out.logits)  # pred: [k+1], pred[i] = model's token after ids[i]
-        ok = (pred[:-1] == draft.tokens).to(torch.int64).cumprod(0)
-        a = int(ok.sum())
-        path = list(range(a))
+        path = list(range(accepted_length(pred, draft.tokens)))
     else:
         block = masks.tree(draft.parents)  # [k+1, k+1] ancestors
         positions = masks.tree_positions(draft.parents, base)  # [k+1]
@@ -42,6 +40,25 @@ def verify_greedy(state: DecodeState, draft: Draft) -> Verdict:
         hidden = {layer: h.index_select(0, idx) for layer, h in out.captured.items()}
     accepted = tuple(int(t) for t in draft.tokens[path].tolist()) if path else ()
     return Verdict(accepted=accepted, bonus=bonus, accepted_nodes=tuple(path), kv_slots=tuple(slots), hidden=hidden)
+
+
+def accepted_length(pred: torch.Tensor, tokens: torch.Tensor) -> int:
+    """How many leading chain tokens ``tokens`` ``[k]`` equal the model's predictions ``pred``
+    ``[k+1]`` (``pred[i]`` = the full model's token after the pending token and ``tokens[:i]``)."""
+    return int((pred[:-1] == tokens).to(torch.int64).cumprod(0).sum())
+
+
+def chain_verdict(draft: Draft, logits: torch.Tensor, **fields) -> Verdict:
+    """The greedy verdict of a chain draft from the full model's logits ``[k+1, V]`` of
+    ``[pending, draft...]``: the longest matching prefix plus the model's token after it.
+
+    For verifiers that compute those logits their own way (from reused hidden states, say);
+    ``fields`` go to the :class:`Verdict` as they are (``forwards=...``).
+    """
+    pred = greedy(logits)  # pred: [k+1]
+    a = accepted_length(pred, draft.tokens)
+    return Verdict(accepted=tuple(int(t) for t in draft.tokens[:a].tolist()), bonus=int(pred[a]),
+                   accepted_nodes=tuple(range(a)), **fields)
 
 
 def _tree_path(parents: list[int], tokens: list[int], pred: list[int]) -> list[int]:

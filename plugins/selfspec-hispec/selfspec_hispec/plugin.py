@@ -37,8 +37,7 @@ import torch
 
 import selfspec
 from selfspec import Draft, Option, Verdict
-from selfspec.builtin.verify import verify_greedy
-from selfspec.reference import greedy
+from selfspec.builtin.verify import chain_verdict, verify_greedy
 
 from .heads import ExitHeads, default_profile_path, load_profile
 
@@ -164,12 +163,10 @@ class HiSpec:
                                 logits=None).hidden  # [1, 1, H]
         h = torch.cat([meta["states"][None], h_last], 1)  # [1, m+1, H]
         out = runner.forward(hidden=h, cache=cache, start=base, layers=(layer, self.n_layers))
-        pred = greedy(out.logits)  # [m+1]: the full model's token after c_0..c_m
-        a = int((pred[:-1] == draft.tokens).to(torch.int64).cumprod(0).sum())
+        verdict = chain_verdict(draft, out.logits, forwards=1.0)  # logits: [m+1, V] after c_0..c_m
         self.counters["steps"] += 1
-        self.counters["full_accepted"] += a
-        accepted = tuple(draft.tokens[:a].tolist())
-        return Verdict(accepted=accepted, bonus=int(pred[a]), accepted_nodes=tuple(range(a)), forwards=1.0)
+        self.counters["full_accepted"] += len(verdict.accepted)
+        return verdict
 
 
 # ------------------------------------------------------------------------------ helpers

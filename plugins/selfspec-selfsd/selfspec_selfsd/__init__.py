@@ -179,8 +179,7 @@ def _verify_from(state: selfspec.DecodeState, draft: Draft, hidden: list, f: int
     """
     import torch
 
-    from selfspec import Verdict
-    from selfspec.reference import greedy
+    from selfspec.builtin.verify import chain_verdict
 
     runner, cache = state.runner, state.cache
     base = state.length - 1
@@ -191,8 +190,4 @@ def _verify_from(state: selfspec.DecodeState, draft: Draft, hidden: list, f: int
         rows.append(out.hidden[0, 0])
     h = torch.stack(rows)[None]  # h: [1, n+1, H]
     out = runner.forward(hidden=h, cache=cache, start=base, layers=(f, runner.n_layers))
-    pred = greedy(out.logits)  # pred: [n+1], the full model's token after each input
-    ok = (pred[:-1] == draft.tokens).to(torch.int64).cumprod(0)
-    a = int(ok.sum())
-    accepted = tuple(int(t) for t in draft.tokens[:a].tolist())
-    return Verdict(accepted=accepted, bonus=int(pred[a]), accepted_nodes=tuple(range(a)))
+    return chain_verdict(draft, out.logits)  # logits: [n+1, V], the full model's after each input
