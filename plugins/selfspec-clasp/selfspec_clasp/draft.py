@@ -10,16 +10,19 @@ from selfspec.runner import KVCache, Runner
 
 
 def draft_chain(
-    runner: Runner, cache: KVCache, pending: torch.Tensor, slot: int, skip: Collection[int], k: int, det: float
+    runner: Runner, cache: KVCache, pending: torch.Tensor, slot: int, skip: Collection[int], k: int, det: float,
+    keep_exit: bool = True,
 ) -> torch.Tensor:
     """Up to ``k`` greedy draft tokens after ``pending`` from the model with ``skip`` left out.
 
     pending: ``[1]`` the pending token, fed at cache ``slot`` (its position); draft token ``n``
     goes to ``slot + 1 + n``. Both sub-blocks of every layer in ``skip`` are skipped: those
     layers write no keys/values, the others write theirs at the draft slots (past the committed
-    prefix, so verification overwrites them). Drafting stops before a token whose probability
-    under the draft model is below ``det`` (the draft-exit threshold). Returns ``[n]`` int64,
-    ``n <= k``.
+    prefix, so verification overwrites them). Drafting stops at a token whose probability
+    under the draft model is below ``det`` (the draft-exit threshold). With ``keep_exit`` that
+    token is still drafted (its forward is already paid, and verifying one more row costs little;
+    Draft & Verify's Algorithm 3 does the same); without it the token is dropped. Returns ``[n]``
+    int64, ``n <= k``.
     """
     out_tokens: list[torch.Tensor] = []
     tok = pending  # tok: [1]
@@ -31,6 +34,8 @@ def draft_chain(
             # probability of the top token: 1 / sum(exp(logits - max))
             p = 1.0 / float(torch.exp(logits - logits[top]).sum())
             if p < det:
+                if keep_exit:
+                    out_tokens.append(top.reshape(1))
                 break
         tok = top.reshape(1)
         out_tokens.append(tok)

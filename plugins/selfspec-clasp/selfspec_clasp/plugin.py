@@ -29,6 +29,7 @@ class CLaSp:
         self.loi = 1
         self.det = 0.7
         self.max_draft = 1
+        self.keep_exit = True
         self.skip: tuple[int, ...] = ()
         self.search_steps: list[int] = []  # decode steps after which the program ran
         self.search_s = 0.0  # wall time spent in the program, this decode
@@ -45,6 +46,8 @@ class CLaSp:
         register(Option("LOI", int, 8, "layer optimisation interval: re-run the search every LOI steps", min=1))
         register(Option("DET", float, 0.7, "draft-exit threshold: stop drafting before a token the draft "
                         "model gives less than this probability", min=0.0, max=1.0))
+        register(Option("keep_exit", bool, True, "draft the token that fails DET too (its forward is paid; "
+                        "it is verified with the others) instead of dropping it"))
         register(Option("max_draft", int, 8, "most tokens drafted in one step", min=1, max=64))
         register(Option("backoff", int, 0, "not in the paper: after a step whose draft got nothing "
                         "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
@@ -59,6 +62,7 @@ class CLaSp:
         self.runner = runner
         self.n_skip, self.loi, self.det, self.max_draft = M, options["LOI"], options["DET"], options["max_draft"]
         self.backoff = options["backoff"]
+        self.keep_exit = options["keep_exit"]
 
     @selfspec.hookimpl
     def selfspec_start(self, state: DecodeState) -> None:
@@ -79,7 +83,7 @@ class CLaSp:
         if not self._attempted:
             self._pause = max(0, self._pause - 1)
             return Draft.empty(self.runner.device)
-        tokens = draft_chain(self.runner, state.cache, pending, slot, self.skip, k, self.det)  # [n]
+        tokens = draft_chain(self.runner, state.cache, pending, slot, self.skip, k, self.det, self.keep_exit)  # [n]
         # the skipped layers wrote no draft slots, the others did: forget the draft slots in
         # every layer so all hold the committed prefix again (verification rewrites them)
         state.cache.crop(slot)

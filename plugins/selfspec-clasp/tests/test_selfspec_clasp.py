@@ -26,14 +26,15 @@ def test_plugin_is_installed():
     det=st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.95]) | st.floats(0.0, 1.0),
     max_draft=st.integers(1, 6),
     backoff=st.sampled_from([0, 1, 4]),
+    keep_exit=st.booleans(),
     data=st.data(),
 )
-def test_lossless(arch, loi, det, max_draft, backoff, data):
+def test_lossless(arch, loi, det, max_draft, backoff, keep_exit, data):
     model = tiny_model(arch)
     # a) M ranges over every size the model allows, from no layer skipped to all of them
     m = data.draw(st.integers(0, model.config.num_hidden_layers))
     prompt = data.draw(sst.prompts(model.config.vocab_size))
-    options = {"M": m, "LOI": loi, "DET": det, "max_draft": max_draft, "backoff": backoff}
+    options = {"M": m, "LOI": loi, "DET": det, "max_draft": max_draft, "backoff": backoff, "keep_exit": keep_exit}
     assert_lossless(model, "clasp", prompt, data.draw(sst.lengths()), options)
 
 
@@ -82,11 +83,15 @@ def test_draft_exit_threshold():
     runner.forward(prompt[:-1], cache=cache, start=0, logits=None)
     pending, slot, skip = prompt[-1:], 4, (1,)
     # d) without a threshold, exactly k tokens; the threshold just above the first token's
-    # draft probability stops before it, just below keeps it
+    # draft probability stops at it (dropped, or kept as the last draft with keep_exit), just
+    # below keeps it and goes on
     assert len(draft_chain(runner, cache, pending, slot, skip, 5, 0.0)) == 5
     logits = runner.forward(pending, cache=cache, start=slot, skip_attn=skip, skip_mlp=skip, logits="last").logits[-1]
     p = float(torch.softmax(logits, -1).max())
-    assert len(draft_chain(runner, cache, pending, slot, skip, 5, min(1.0, p + 1e-6))) == 0
+    high = min(1.0, p + 1e-6)
+    assert len(draft_chain(runner, cache, pending, slot, skip, 5, high, keep_exit=False)) == 0
+    kept = draft_chain(runner, cache, pending, slot, skip, 5, high, keep_exit=True)
+    assert kept.tolist() == [int(logits.argmax())]
     assert len(draft_chain(runner, cache, pending, slot, skip, 1, p - 1e-6)) == 1
 
 
@@ -126,10 +131,10 @@ class _AttemptSpy:
 
 
 def test_backoff_pauses_drafting_after_failures():
-    # e) DET=1 makes every attempt exit before its first token (nothing accepted), so with
-    # backoff=4 the attempts come at steps 0, 2, 5, 10, 15 (pauses of 1, 2, 4, 4, ...)
+    # e) DET=1 makes every attempt exit at its first token, dropped without keep_exit (nothing
+    # accepted), so with backoff=4 the attempts come at steps 0, 2, 5, 10, 15 (pauses 1, 2, 4, 4)
     model = tiny_model("llama", num_hidden_layers=4)
-    dec = Decoder(model, "clasp", {"M": 2, "DET": 1.0, "backoff": 4})
+    dec = Decoder(model, "clasp", {"M": 2, "DET": 1.0, "backoff": 4, "keep_exit": False})
     spy = _AttemptSpy(dec.plugin)
     dec.pm.register(spy)
     result = dec.generate([1, 2, 3], max_new_tokens=20)
