@@ -207,3 +207,14 @@ def test_bitsandbytes_on_cuda():
     assert result.stats.drafted > 0
     cm = compress.build(Runner(model), "bitsandbytes")
     assert cm.nbytes > 0
+
+
+def test_defaults_are_the_cpu_sweeps_best():
+    # n = 2 fractal layers (at most the model's depth) evenly spaced, no placeholder window
+    dec = Decoder(tiny_model("llama", num_hidden_layers=4), "fractal")
+    assert dec.plugin.positions == evenly_spaced(4, 2) and dec.plugin.w == 0
+    dec = Decoder(tiny_model("llama", num_hidden_layers=1), "fractal")
+    assert dec.plugin.positions == [0]
+    # the paper's setting stays one option away: n = L/4 = 1 here, w = n
+    dec = Decoder(tiny_model("llama", num_hidden_layers=4), "fractal", {"n": 1, "w": 1})
+    assert dec.plugin.positions == evenly_spaced(4, 1) and dec.plugin.w == 1
