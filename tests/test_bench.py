@@ -438,3 +438,11 @@ def test_sweep_takes_the_plugin_given_to_specdec(monkeypatch, model_dir, tiny_ta
     res = CliRunner().invoke(specdec, args)
     assert res.exit_code == 0, res.output + str(res.exception)
     assert json.loads((out / sweep.SWEEP_SUMMARY).read_text())["plugin"] == "lookup"
+
+
+def test_bar_styles_are_distinct_for_many_methods():
+    from selfspec.bench.plot import bar_styles
+
+    for n in (3, 10, 17, 20, 45):
+        styles = bar_styles(n)
+        assert len(styles) == n and len(set(styles)) == n

@@ -28,7 +28,7 @@ def speedup_bars(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
     by = {(r["task"], r["method"]): r for r in rows}
     width = 0.8 / max(1, len(methods))
     fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 0.35 * len(tasks) * max(1, len(methods)) + 2)), 5.0))
-    cmap = plt.get_cmap("tab10")
+    styles = bar_styles(len(methods))
     for j, m in enumerate(methods):
         xs, ys = [], []
         for i, t in enumerate(tasks):
@@ -36,7 +36,8 @@ def speedup_bars(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
             if r is not None and r["speedup"] is not None:
                 xs.append(i - 0.4 + width * (j + 0.5))
                 ys.append(r["speedup"])
-        bars = ax.bar(xs, ys, width, label=m, color=cmap(j % 10))
+        color, hatch = styles[j]
+        bars = ax.bar(xs, ys, width, label=m, color=color, hatch=hatch)
         for b, y in zip(bars, ys):
             ax.annotate(f"{y:.2f}", (b.get_x() + b.get_width() / 2, y), ha="center", va="bottom", fontsize=7,
                         xytext=(0, 1), textcoords="offset points")
@@ -52,6 +53,15 @@ def speedup_bars(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def bar_styles(n: int) -> list[tuple[tuple[float, ...], str]]:
+    """``n`` distinct ``(colour, hatch)`` pairs: tab10 up to ten bars, tab20 up to twenty, then
+    tab20 again with hatches (up to 80), so no two methods of one plot look alike."""
+    plt = _plt()
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    hatches = ["", "//", "..", "xx"]
+    return [(tuple(cmap(j % cmap.N)), hatches[(j // cmap.N) % len(hatches)]) for j in range(n)]
 
 
 def sweep_plot(sweep: dict[str, Any], path: str | os.PathLike[str]) -> None:
