@@ -30,15 +30,13 @@ def draft_chain(
         out = runner.forward(tok, cache=cache, start=slot + n, skip_attn=skip, skip_mlp=skip, logits="last")
         logits = out.logits[-1].float()  # logits: [V]
         top = torch.argmax(logits)
-        if det > 0:
-            # probability of the top token: 1 / sum(exp(logits - max))
-            p = 1.0 / float(torch.exp(logits - logits[top]).sum())
-            if p < det:
-                if keep_exit:
-                    out_tokens.append(top.reshape(1))
-                break
         tok = top.reshape(1)
-        out_tokens.append(tok)
+        # the draft exit: the probability of the top token is 1 / sum(exp(logits - max))
+        exits = det > 0 and 1.0 / float(torch.exp(logits - logits[top]).sum()) < det
+        if not exits or keep_exit:
+            out_tokens.append(tok)
+        if exits:
+            break
     if not out_tokens:
         return torch.empty(0, dtype=torch.long, device=pending.device)
     return torch.cat(out_tokens)
