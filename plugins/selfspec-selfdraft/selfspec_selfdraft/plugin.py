@@ -2,7 +2,8 @@
 forward together with the draft branches, keep exactly the accepted path in the KV cache.
 
 One step (paper Algorithm 1): the candidates for the pending token (context cache by the
-pending token, corpus cache by the longest matching suffix) form a trie ``Draft``; the
+pending token, corpus cache by the longest matching suffix, and, beyond the paper, the
+history source: prompt lookup over the prompt and output, see :mod:`.history`) form a trie ``Draft``; the
 verifier runs ``[pending, trie..., branches...]`` in one forward (layout in :mod:`.layout`),
 accepts the longest trie path the model agrees with plus the bonus token, and hands the
 branches' predictions to the update hook, which fills the context cache and advances every
@@ -25,6 +26,7 @@ from selfspec.reference import greedy
 from . import layout
 from .context import ContextCache
 from .corpus import CorpusCache
+from .history import HistoryIndex
 
 
 class SelfDraft:
@@ -37,18 +39,19 @@ class SelfDraft:
         self.context = ContextCache()
         self.branches: list[list[int]] = []
         self.history: list[int] = []
+        self.hist: HistoryIndex | None = None  # the history source's index (history=true)
         self.rng = random.Random(0)
         self._step: dict[str, Any] | None = None  # what verify left for the update hook
 
     # ------------------------------------------------------------------ lifecycle
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
-        register(Option("branches", int, 2, "draft branches N (paper: 6)", min=0, max=64))
-        register(Option("branch_len", int, 4, "longest draft branch L, also the output length "
+        register(Option("branches", int, 1, "draft branches N (paper: 6)", min=0, max=64))
+        register(Option("branch_len", int, 3, "longest draft branch L, also the output length "
                         "before candidates are proposed (paper: 6)", min=1, max=32))
         register(Option("gram", int, 4, "gram length G of the context cache (candidates have G-1 tokens)",
                         min=2, max=16))
-        register(Option("max_candidates", int, 4, "most candidates verified per step", min=0, max=64))
+        register(Option("max_candidates", int, 2, "most candidates verified per step", min=0, max=64))
         register(Option("context_size", int, 8, "grams kept per key token in the context cache (LRU)",
                         min=1, max=1024))
         register(Option("context", bool, True, "use the context cache (off: no branches run either)"))
@@ -59,6 +62,12 @@ class SelfDraft:
         register(Option("corpus_prefix", int, 3, "longest suffix matched in the corpus cache", min=1, max=8))
         register(Option("corpus_min_prefix", int, 1, "shortest suffix matched in the corpus cache "
                         "(2 drops the many weak one-token matches)", min=1, max=8))
+        register(Option("history", bool, True, "also propose what followed the output's last n-gram "
+                        "earlier in the prompt and output (prompt lookup; not in the paper)"))
+        register(Option("history_len", int, 6, "most tokens of the history candidate", min=1, max=32))
+        register(Option("history_ngram", int, 3, "longest suffix matched by the history source", min=1, max=8))
+        register(Option("history_min_ngram", int, 1, "shortest suffix matched by the history source",
+                        min=1, max=8))
         register(Option("init", str, "prompt", "random initial branch tokens drawn from the prompt or "
                         "the whole vocabulary", choices=("prompt", "vocab")))
         register(Option("seed", int, 0, "seed of the random branch initialisation"))
@@ -75,9 +84,14 @@ class SelfDraft:
         self.corpus = load_corpus(options, tokenizer, runner.vocab_size)
         if options["corpus_min_prefix"] > options["corpus_prefix"]:
             raise ValueError("corpus_min_prefix must not exceed corpus_prefix")
-        if not options["context"] and self.corpus is None:
-            raise ValueError("context=false needs a corpus cache (corpus='default' with a tokenizer, or a "
-                             "path): with neither cache there is nothing to draft")
+        if options["context"] and options["branches"] > 0 and options["branch_len"] < options["gram"] - 1:
+            raise ValueError(f"branch_len ({options['branch_len']}) must be at least gram - 1 "
+                             f"({options['gram'] - 1}): a shorter branch yields no grams for the context cache")
+        if options["history_min_ngram"] > options["history_ngram"]:
+            raise ValueError("history_min_ngram must not exceed history_ngram")
+        if not options["context"] and self.corpus is None and not options["history"]:
+            raise ValueError("context=false and history=false need a corpus cache (corpus='default' with a "
+                             "tokenizer, or a path): with no source there is nothing to draft")
         self.vocab_size = runner.vocab_size
         self.context = ContextCache(options["context_size"])
 
@@ -85,6 +99,10 @@ class SelfDraft:
     def selfspec_start(self, state: selfspec.DecodeState) -> None:
         o = self.opts
         self.history = state.committed.tolist()
+        self.hist = None
+        if o["history"]:
+            self.hist = HistoryIndex(o["history_ngram"], o["history_min_ngram"])
+            self.hist.extend(self.history)
         self.context.clear()
         self.rng = random.Random(o["seed"])
         n = o["branches"] if o["context"] else 0
@@ -99,7 +117,7 @@ class SelfDraft:
         depth = min(o["gram"] - 1, state.max_draft_depth)
         cands: list[tuple[int, ...]] = []
         if state.generated >= o["branch_len"] and depth > 0 and o["max_candidates"] > 0:
-            cands = self.candidates(depth)
+            cands = self.candidates(depth, min(o["history_len"], state.max_draft_depth))
         tokens, parents = layout.trie(cands)
         dev = state.runner.device
         return Draft(torch.tensor(tokens, dtype=torch.long, device=dev),
@@ -142,7 +160,10 @@ class SelfDraft:
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: Verdict) -> None:
-        self.history.extend(state.tokens[len(self.history) : state.length].tolist())
+        new = state.tokens[len(self.history) : state.length].tolist()
+        self.history.extend(new)
+        if self.hist is not None:
+            self.hist.extend(new)
         step, self._step = self._step, None
         if step is None or not step["branches"]:
             return
@@ -161,26 +182,31 @@ class SelfDraft:
             b.append(p[len(b) - 1])
             del b[: max(0, len(b) - cap)]
 
-    def candidates(self, depth: int) -> list[tuple[int, ...]]:
-        """Up to ``max_candidates`` continuations of the pending token, ``depth`` tokens at
-        most: the context cache's (most recent first) and the corpus cache's (longest prefix,
-        then most frequent) taken in turn, duplicates dropped."""
+    def candidates(self, depth: int, history_depth: int = 0) -> list[tuple[int, ...]]:
+        """Up to ``max_candidates`` continuations of the pending token: first the history
+        source's (``history_depth`` tokens at most), then the context cache's (most recent
+        first) and the corpus cache's (longest prefix, then most frequent) taken in turn,
+        ``depth`` tokens at most, duplicates and prefixes of a kept candidate dropped."""
         o = self.opts
         limit = o["max_candidates"]
         ctx = self.context.get(self.history[-1], limit) if o["context"] else []
         corp = self.corpus.lookup(self.history, limit, o["corpus_prefix"], o["corpus_min_prefix"]) if self.corpus is not None else []
         out: list[tuple[int, ...]] = []
         seen: set[tuple[int, ...]] = set()
+        hist = self.hist.continuation(history_depth) if self.hist is not None and history_depth > 0 else ()
+        if hist and max(hist) < self.vocab_size:
+            out.append(hist)
+            seen.update(hist[:n] for n in range(1, len(hist) + 1))  # its prefixes are in the trie already
         for pair in zip_longest(ctx, corp):
             for c in pair:
+                if len(out) >= limit:
+                    return out
                 if c is None:
                     continue
                 c = c[:depth]
                 if c and c not in seen and max(c) < self.vocab_size:
                     seen.add(c)
                     out.append(c)
-                    if len(out) >= limit:
-                        return out
         return out
 
 

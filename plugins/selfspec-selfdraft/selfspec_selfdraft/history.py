@@ -1,0 +1,48 @@
+"""The history source: what followed the latest earlier occurrence of the output's last n-gram
+in the prompt and the output so far (prompt lookup decoding's retrieval).
+
+Not in the Self-Draft paper, whose context cache holds only the branches' grams. It is the
+"prompt pool" of lookahead decoding (which Self-Draft extends), and it is where a small model's
+branches are weakest: text the output copies from its context (code it edits, names, numbers,
+quoted phrases). Off with ``history=false``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class HistoryIndex:
+    """Every n-gram (``min_n <= n <= max_n``) of a growing token list, indexed by the position
+    after its latest occurrence. ``extend`` adds tokens; ``continuation`` answers a lookup for
+    the list's own last n-gram, longest n first."""
+
+    def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError("history n-grams need 1 <= min_n <= max_n")
+        self.max_n, self.min_n = max_n, min_n
+        self.tokens: list[int] = []
+        self.index: dict[tuple[int, ...], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append tokens; index every n-gram that ends before the (new) last token, whose
+        continuation is therefore known."""
+        h = self.tokens
+        first = len(h)
+        h.extend(int(t) for t in tokens)
+        for stop in range(max(first, 1), len(h)):  # the n-gram h[stop-n:stop] is followed by h[stop]
+            for n in range(self.min_n, min(self.max_n, stop) + 1):
+                self.index[tuple(h[stop - n : stop])] = stop
+
+    def continuation(self, k: int) -> tuple[int, ...]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
+        matching suffix (``max_n`` down to ``min_n`` tokens); empty when none occurs."""
+        h = self.tokens
+        for n in range(min(self.max_n, len(h)), self.min_n - 1, -1):
+            stop = self.index.get(tuple(h[-n:]))
+            if stop is not None:
+                return tuple(h[stop : stop + k])
+        return ()
