@@ -64,7 +64,7 @@ class SelfDraft:
                         "(2 drops the many weak one-token matches)", min=1, max=8))
         register(Option("history", bool, True, "also propose what followed the output's last n-gram "
                         "earlier in the prompt and output (prompt lookup; not in the paper)"))
-        register(Option("history_len", int, 6, "most tokens of the history candidate", min=1, max=32))
+        register(Option("history_len", int, 10, "most tokens of the history candidate", min=1, max=32))
         register(Option("history_ngram", int, 3, "longest suffix matched by the history source", min=1, max=8))
         register(Option("history_min_ngram", int, 1, "shortest suffix matched by the history source",
                         min=1, max=8))
