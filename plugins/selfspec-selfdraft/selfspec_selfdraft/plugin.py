@@ -86,7 +86,8 @@ class SelfDraft:
             raise ValueError("corpus_min_prefix must not exceed corpus_prefix")
         if options["context"] and options["branches"] > 0 and options["branch_len"] < options["gram"] - 1:
             raise ValueError(f"branch_len ({options['branch_len']}) must be at least gram - 1 "
-                             f"({options['gram'] - 1}): a shorter branch yields no grams for the context cache")
+                             f"({options['gram'] - 1}): a shorter branch yields no grams for the context cache "
+                             "(raise branch_len, lower gram, or set branches=0)")
         if options["history_min_ngram"] > options["history_ngram"]:
             raise ValueError("history_min_ngram must not exceed history_ngram")
         if not options["context"] and self.corpus is None and not options["history"]:
