@@ -254,6 +254,21 @@ def test_summary_ratios_of_sums():
     assert row["phase_s"] == {"verify": pytest.approx(1.4)}
 
 
+def test_geomean_of_task_speedups_in_the_table():
+    rows = [{"task": t, "method": m, "speedup": x, "samples": 1, "new_tokens": 1, "tokens_per_s": 1.0, "tau": None,
+             "acceptance": None, "lossless": 1, "near_ties": 0, "divergences": 0, "phase_s": {}}
+            for t, m, x in [("a", "hf", 1.0), ("b", "hf", 1.0), ("a", "x", 2.0), ("b", "x", 8.0),
+                            ("all", "hf", 1.0), ("all", "x", 3.0)]]
+    summary = {"rows": rows}
+    geo = results.geomean_speedups(summary)
+    assert geo == {"hf": pytest.approx(1.0), "x": pytest.approx(4.0)}  # sqrt(2 * 8), not the pooled 3.0
+    table = results.markdown(summary)
+    assert "| method | a | b | all | geo-mean over tasks |" in table
+    assert "| x | 2.00× | 8.00× | 3.00× | 4.00× |" in table
+    one = {"rows": [r for r in rows if r["task"] in ("a", "all")]}
+    assert "geo-mean" not in results.markdown(one)  # one task: nothing to average
+
+
 # --------------------------------------------------------------------------- commands
 def _bench_args(model_dir, out, *extra):
     args = ["--model", model_dir, "--dtype", "float64", "--tasks", "tiny,tiny2", "--samples", "2",

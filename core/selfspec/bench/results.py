@@ -4,6 +4,8 @@ Aggregates are ratios of sums over the samples of one run, never means of ratios
 ``tokens_per_s`` = sum(new tokens) / sum(wall time); ``speedup`` = sum(baseline wall time) /
 sum(method wall time) over the samples both ran; ``tau`` = sum(new tokens) / sum(full-model
 forwards); ``acceptance`` = sum(accepted) / sum(drafted). The ``all`` task pools every sample.
+The table adds, with two tasks or more, the geometric mean of the per-task speedups (every task
+weighs the same, however long its outputs: the figure speed targets are usually stated in).
 """
 
 from __future__ import annotations
@@ -167,6 +169,20 @@ def _load(mach: dict[str, Any]) -> str:
     return f", 1-min load average {a[0]:.1f}" + (f" at the start, {b[0]:.1f} at the end" if b else "")
 
 
+def geomean_speedups(summary: dict[str, Any]) -> dict[str, float | None]:
+    """Per method, the geometric mean of its per-task speedups (``all`` excluded); ``None``
+    when a task lacks a speedup for it."""
+    import math
+
+    rows = [r for r in summary["rows"] if r["task"] != "all"]
+    out: dict[str, float | None] = {}
+    for m in dict.fromkeys(r["method"] for r in rows):
+        xs = [r["speedup"] for r in rows if r["method"] == m]
+        ok = xs and all(x is not None and x > 0 for x in xs)
+        out[m] = math.exp(sum(math.log(x) for x in xs) / len(xs)) if ok else None
+    return out
+
+
 def markdown(summary: dict[str, Any]) -> str:
     """The results table: speedup per task and method, then every figure per row."""
     rows = summary["rows"]
@@ -184,12 +200,15 @@ def markdown(summary: dict[str, Any]) -> str:
         "",
         "**Speedup**",
         "",
-        "| method | " + " | ".join(tasks) + " |",
-        "| --- | " + " | ".join("---:" for _ in tasks) + " |",
     ]
+    geo = geomean_speedups(summary) if sum(t != "all" for t in tasks) >= 2 else None
+    head = [*tasks, "geo-mean over tasks"] if geo is not None else tasks
+    lines += ["| method | " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head) + " |"]
     for m in methods:
         cells = [_f(by[(t, m)]["speedup"], ".2f") + "×" if (t, m) in by and by[(t, m)]["speedup"] is not None else "–"
                  for t in tasks]
+        if geo is not None:
+            cells.append("–" if geo.get(m) is None else f"{geo[m]:.2f}×")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     lines += [
         "",
