@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 from collections.abc import Iterable, Sequence
@@ -172,8 +173,6 @@ def _load(mach: dict[str, Any]) -> str:
 def geomean_speedups(summary: dict[str, Any]) -> dict[str, float | None]:
     """Per method, the geometric mean of its per-task speedups (``all`` excluded); ``None``
     when a task lacks a speedup for it."""
-    import math
-
     rows = [r for r in summary["rows"] if r["task"] != "all"]
     out: dict[str, float | None] = {}
     for m in dict.fromkeys(r["method"] for r in rows):

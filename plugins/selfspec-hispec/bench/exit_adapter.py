@@ -13,7 +13,6 @@ import time
 import torch
 from selfspec_hispec import calibrate as cal
 
-from selfspec.bench.data import build_corpus_texts
 from selfspec.models import load
 from selfspec.runner import Runner
 
@@ -25,15 +24,7 @@ def main() -> None:
     torch.manual_seed(0)
     loaded = load(None)
     runner = Runner(loaded.model)
-    seqs = []
-    for kind, n in (("sharegpt", 200), ("humaneval", 60), ("gsm8k", 100)):
-        for text in build_corpus_texts((kind,)):
-            if n <= 0:
-                break
-            ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"][:256]
-            if len(ids) >= 32:
-                seqs.append(ids)
-                n -= 1
+    seqs = cal.dev_texts(loaded.tokenizer, {"sharegpt": 200, "humaneval": 60, "gsm8k": 100})
     data = cal.collect(runner, seqs, [4, 8])
     print("positions", data.targets.numel())
     counts = torch.bincount(data.targets, minlength=runner.vocab_size)

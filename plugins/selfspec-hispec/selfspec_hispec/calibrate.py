@@ -64,6 +64,24 @@ def collect(runner: Any, sequences: Iterable[Sequence[int]], layers: Sequence[in
     return Collected({x: torch.cat(v) for x, v in states.items() if x != n}, final, torch.cat(targets), torch.cat(seq))
 
 
+def dev_texts(tokenizer: Any, per_kind: dict[str, int], max_tokens: int = 256, min_tokens: int = 32) -> list[list[int]]:
+    """Token ids of development texts, ``per_kind[kind]`` of each kind (``sharegpt``,
+    ``humaneval``, ``gsm8k``; the benchmark's dev split only), each cut to its first
+    ``max_tokens`` tokens; texts shorter than ``min_tokens`` are skipped."""
+    from selfspec.bench.data import build_corpus_texts
+
+    out: list[list[int]] = []
+    for kind, want in per_kind.items():
+        for text in build_corpus_texts((kind,)):
+            if want <= 0:
+                break
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
+            if len(ids) >= min_tokens:
+                out.append(ids)
+                want -= 1
+    return out
+
+
 def agreement(runner: Any, heads: ExitHeads, layer: int, states: torch.Tensor, targets: torch.Tensor,
               chunk: int = 512) -> float:
     """Fraction of positions where the exit's guess equals the full model's greedy token."""

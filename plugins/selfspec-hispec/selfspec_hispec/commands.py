@@ -94,20 +94,9 @@ def calibrate(settings: Any, layers: str | None, tasks: str, n_prompts: int, tok
         res = vanilla.generate(ids, max_new_tokens=tokens)
         sequences.append(ids + res.output_ids)
     # more development text, read (not generated): the targets are still the model's own greedy tokens
-    extra = []
-    if n_texts:
-        from selfspec.bench.data import build_corpus_texts
-
-        kinds = ("sharegpt", "humaneval", "gsm8k")
-        for i, kind in enumerate(kinds):
-            want = (n_texts * (i + 1)) // len(kinds) - (n_texts * i) // len(kinds)
-            for text in build_corpus_texts((kind,)):
-                if want <= 0:
-                    break
-                ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"][:256]
-                if len(ids) >= 32:
-                    extra.append(ids)
-                    want -= 1
+    kinds = ("sharegpt", "humaneval", "gsm8k")  # n_texts split as evenly as it goes
+    share = {k: (n_texts * (i + 1)) // len(kinds) - (n_texts * i) // len(kinds) for i, k in enumerate(kinds)}
+    extra = cal.dev_texts(loaded.tokenizer, share) if n_texts else []
     data = cal.collect(runner, sequences + extra, chosen,
                        progress=lambda it: tqdm(it, desc="capturing states", unit="seq", dynamic_ncols=True))
 
