@@ -136,16 +136,19 @@ def packed_copy(module: nn.Module) -> nn.Module:
 
 
 class PackedLinear(nn.Module):
-    """``nn.Linear`` computed by oneDNN on a weight prepacked once (for single-row inputs,
-    which is what decoding runs; longer blocks work too). Inputs ``[..., in]`` -> ``[..., out]``."""
+    """``nn.Linear`` computed by oneDNN on a weight prepacked once. Inputs ``[..., in]`` ->
+    ``[..., out]``.
+
+    The weight is reordered with no batch-size hint (oneDNN's generic blocked format), not for
+    one row: a one-row hint picks a format that is no faster for one token and makes every
+    wider block (draft verification, trees, branches) 20-35 % slower on CPU; see
+    ``docs/performance.md``, "Prepacking for one row or for any width"."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         w = linear.weight.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(
-            w, batch_size=1
-        )  # opaque oneDNN layout
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w)  # opaque oneDNN layout, any width
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
