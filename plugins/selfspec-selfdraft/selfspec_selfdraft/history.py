@@ -37,12 +37,16 @@ class HistoryIndex:
             for n in range(self.min_n, min(self.max_n, stop) + 1):
                 self.index[tuple(h[stop - n : stop])] = stop
 
-    def continuation(self, k: int) -> tuple[int, ...]:
+    def continuation(self, k: int, halving: bool = False) -> tuple[int, ...]:
         """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
-        matching suffix (``max_n`` down to ``min_n`` tokens); empty when none occurs."""
+        matching suffix (``max_n`` down to ``min_n`` tokens); empty when none occurs.
+
+        ``halving``: a match ``j`` tokens shorter than ``max_n`` gives at most ``k / 2**j``
+        tokens (at least one): a shorter match is less often followed by what followed it
+        before, so fewer of its tokens are worth verifying."""
         h = self.tokens
         for n in range(min(self.max_n, len(h)), self.min_n - 1, -1):
             stop = self.index.get(tuple(h[-n:]))
             if stop is not None:
-                return tuple(h[stop : stop + k])
+                return tuple(h[stop : stop + (max(1, k >> (self.max_n - n)) if halving else k)])
         return ()

@@ -64,7 +64,9 @@ class SelfDraft:
                         "(2 drops the many weak one-token matches)", min=1, max=8))
         register(Option("history", bool, True, "also propose what followed the output's last n-gram "
                         "earlier in the prompt and output (prompt lookup; not in the paper)"))
-        register(Option("history_len", int, 10, "most tokens of the history candidate", min=1, max=32))
+        register(Option("history_len", int, 16, "most tokens of the history candidate", min=1, max=32))
+        register(Option("history_halving", bool, True, "halve the history candidate's length for each "
+                        "token its match is shorter than history_ngram"))
         register(Option("history_ngram", int, 3, "longest suffix matched by the history source", min=1, max=8))
         register(Option("history_min_ngram", int, 1, "shortest suffix matched by the history source",
                         min=1, max=8))
@@ -194,7 +196,7 @@ class SelfDraft:
         corp = self.corpus.lookup(self.history, limit, o["corpus_prefix"], o["corpus_min_prefix"]) if self.corpus is not None else []
         out: list[tuple[int, ...]] = []
         seen: set[tuple[int, ...]] = set()
-        hist = self.hist.continuation(history_depth) if self.hist is not None and history_depth > 0 else ()
+        hist = self.hist.continuation(history_depth, o["history_halving"]) if self.hist is not None and history_depth > 0 else ()
         if hist and max(hist) < self.vocab_size:
             out.append(hist)
             seen.update(hist[:n] for n in range(1, len(hist) + 1))  # its prefixes are in the trie already

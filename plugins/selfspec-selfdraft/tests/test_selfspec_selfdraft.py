@@ -57,6 +57,7 @@ def test_lossless(arch, branches, branch_len, gram, max_candidates, context_size
                "corpus": "off" if sources in ("context", "history") else corpus_file,
                "history": sources == "history" or data.draw(st.booleans()),
                "history_len": data.draw(st.integers(1, 8)), "history_min_ngram": data.draw(st.integers(1, 3)),
+               "history_halving": data.draw(st.booleans()),
                "seed": data.draw(st.integers(0, 3)), "corpus_min_prefix": data.draw(st.integers(1, 3)), "init": data.draw(st.sampled_from(["prompt", "vocab"]))}
     assert_lossless(model, "selfdraft", prompt, data.draw(sst.lengths(1, 32)), options)
 
@@ -314,9 +315,24 @@ def test_history_index_returns_the_latest_occurrence_of_the_longest_suffix():
         HistoryIndex(max_n=1, min_n=2)
 
 
+def test_history_halving_shortens_the_candidate_of_a_shorter_match():
+    h = HistoryIndex(max_n=3, min_n=1)
+    h.extend([1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 1, 2, 3])  # "1 2 3" matched in full
+    assert h.continuation(8, halving=True) == (10, 11, 12, 13, 14, 15, 16, 17)
+    h2 = HistoryIndex(max_n=3, min_n=1)
+    h2.extend([2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 9, 2, 3])  # only "2 3" matches: 8 / 2
+    assert h2.continuation(8, halving=True) == (10, 11, 12, 13)
+    assert h2.continuation(8) == (10, 11, 12, 13, 14, 15, 16, 17)
+    h3 = HistoryIndex(max_n=3, min_n=1)
+    h3.extend([3, 10, 11, 12, 13, 5, 3])  # only "3" matches: 8 / 4
+    assert h3.continuation(8, halving=True) == (10, 11)
+    assert h3.continuation(1, halving=True) == (10,)  # never shorter than one token
+
+
 def test_history_candidate_comes_first_and_its_prefixes_are_not_repeated():
     p = SelfDraft()
-    p.opts = {"max_candidates": 3, "context": True, "corpus_prefix": 3, "corpus_min_prefix": 1}
+    p.opts = {"max_candidates": 3, "context": True, "corpus_prefix": 3, "corpus_min_prefix": 1,
+              "history_halving": False}
     p.vocab_size = 100
     p.context = ContextCache(8)
     for g in [(5, 1, 1), (5, 6, 7)]:
