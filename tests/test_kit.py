@@ -131,6 +131,29 @@ def test_hypothesis_profiles(monkeypatch):
     assert profile_name() == "mine"
 
 
+def _pytest_in(tmp_path, profile: str, conftest: str = "") -> subprocess.CompletedProcess:
+    (tmp_path / "test_one.py").write_text(
+        "from hypothesis import settings\n"
+        "def test_profile():\n    print('MAX', settings.default.max_examples)\n")
+    (tmp_path / "conftest.py").write_text(conftest)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("PYTEST_")}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path, env={**env, "HYPOTHESIS_PROFILE": profile})
+
+
+def test_unknown_hypothesis_profile_is_a_usage_error(tmp_path):
+    run = _pytest_in(tmp_path, "no-such-profile")
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    assert "HYPOTHESIS_PROFILE='no-such-profile' names no registered" in run.stderr
+
+
+def test_profile_registered_in_a_conftest_is_loaded(tmp_path):
+    conftest = "from hypothesis import settings\nsettings.register_profile('mine', max_examples=7)\n"
+    run = _pytest_in(tmp_path, "mine", conftest)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "MAX 7" in run.stdout
+
+
 DECLARED = {
     "k": Option("k", int, 4, "draft length", min=1, max=12),
     "n": Option("n", int, 3, "unbounded above", min=1),

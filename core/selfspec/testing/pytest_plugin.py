@@ -12,7 +12,8 @@ Fixtures:
 Hypothesis profiles: ``selfspec-ci`` (derandomized, no deadline, few examples) and
 ``selfspec-dev`` (no deadline, more examples, random). The profile named by the environment
 variable ``HYPOTHESIS_PROFILE`` is loaded; otherwise ``selfspec-ci`` when ``CI`` is set and
-``selfspec-dev`` when not. ``--hypothesis-profile`` on the command line wins over both.
+``selfspec-dev`` when not. ``--hypothesis-profile`` on the command line wins over both. A
+name that no conftest registers either stops the run with a usage error.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .archs import ARCHS
 
 CI_PROFILE = "selfspec-ci"
 DEV_PROFILE = "selfspec-dev"
+_PENDING_PROFILE = pytest.StashKey[str]()  # a profile name not registered at configure time
 
 
 def devices() -> list[str]:
@@ -58,8 +60,25 @@ def pytest_configure(config: pytest.Config) -> None:
     name = profile_name()
     try:
         settings.load_profile(name)
-    except Exception:  # a profile of the project's own, registered in its conftest later
-        pass
+    except Exception:  # maybe a profile of the project's own, registered in its conftest later
+        config.stash[_PENDING_PROFILE] = name
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Load a profile that did not exist at configure time (registered by a conftest), or
+    stop with a usage error: an unknown name must not silently run Hypothesis's defaults."""
+    name = session.config.stash.get(_PENDING_PROFILE, None)
+    if name is None:
+        return
+    from hypothesis import settings
+
+    try:
+        settings.load_profile(name)
+    except Exception as exc:
+        raise pytest.UsageError(
+            f"HYPOTHESIS_PROFILE={name!r} names no registered Hypothesis profile (selfspec registers "
+            f"{CI_PROFILE!r} and {DEV_PROFILE!r}; register others in a conftest.py)") from exc
 
 
 def pytest_report_header(config: pytest.Config) -> str:
