@@ -24,9 +24,9 @@ class Lookup:
     def __init__(self) -> None:
         self.max_ngram = 3
         self.min_ngram = 1
-        self.num_draft = 10
-        self.adaptive = True
-        self.k = 10
+        self.num_draft = 6
+        self.adaptive = False
+        self.k = 6
         self.index: dict[tuple[int, ...], int] = {}
         self.indexed = 0  # n-grams ending before this position are in the index
         self.history: list[int] = []  # committed tokens, as Python ints
@@ -38,8 +38,8 @@ class Lookup:
     def selfspec_options(self, register) -> None:
         register(Option("max_ngram", int, 3, "longest n-gram to look up", min=1, max=16))
         register(Option("min_ngram", int, 1, "shortest n-gram to look up", min=1, max=16))
-        register(Option("num_draft", int, 10, "most tokens drafted per step", min=1, max=128))
-        register(Option("adaptive", bool, True, "adapt the draft length to recent acceptance"))
+        register(Option("num_draft", int, 6, "most tokens drafted per step", min=1, max=128))
+        register(Option("adaptive", bool, False, "adapt the draft length to recent acceptance"))
 
     @selfspec.hookimpl
     def selfspec_setup(self, options: dict[str, Any]) -> None:
