@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import warnings
@@ -136,7 +137,7 @@ def _pytest_in(tmp_path, profile: str, conftest: str = "") -> subprocess.Complet
         "from hypothesis import settings\n"
         "def test_profile():\n    print('MAX', settings.default.max_examples)\n")
     (tmp_path / "conftest.py").write_text(conftest)
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("PYTEST_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
                           capture_output=True, text=True, cwd=tmp_path, env={**env, "HYPOTHESIS_PROFILE": profile})
 

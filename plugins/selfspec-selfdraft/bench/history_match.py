@@ -26,15 +26,6 @@ TASKS = ("humaneval", "gsm8k", "mtbench", "sharegpt")
 KS = (1, 2, 3, 4, 6, 8, 10, 12, 16)
 
 
-def matched(h: HistoryIndex) -> int:
-    """The length of the longest suffix of ``h`` that occurred before (0: none)."""
-    t = h.tokens
-    for n in range(min(h.max_n, len(t)), 0, -1):
-        if tuple(t[-n:]) in h.index:
-            return n
-    return 0
-
-
 def main() -> None:
     torch.set_num_threads(2)
     loaded = models.load()
@@ -53,7 +44,7 @@ def main() -> None:
                     cand = h.continuation(16)
                     while a < len(cand) and i + a < len(out) and cand[a] == out[i + a]:
                         a += 1
-                    accepted[matched(h)].append(a)
+                    accepted[h.match()[0]].append(a)
                 a = min(a, len(out) - i - 1)
                 h.extend(out[i : i + a + 1])
                 i += a + 1

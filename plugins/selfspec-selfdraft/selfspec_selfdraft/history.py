@@ -37,16 +37,25 @@ class HistoryIndex:
             for n in range(self.min_n, min(self.max_n, stop) + 1):
                 self.index[tuple(h[stop - n : stop])] = stop
 
-    def continuation(self, k: int, halving: bool = False) -> tuple[int, ...]:
-        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
-        matching suffix (``max_n`` down to ``min_n`` tokens); empty when none occurs.
-
-        ``halving``: a match ``j`` tokens shorter than ``max_n`` gives at most ``k / 2**j``
-        tokens (at least one): a shorter match is less often followed by what followed it
-        before, so fewer of its tokens are worth verifying."""
+    def match(self) -> tuple[int, int]:
+        """``(n, stop)``: the longest suffix of ``n`` tokens (``max_n`` down to ``min_n``) that
+        occurred before, and the position after its latest earlier occurrence; ``(0, -1)``
+        when none did."""
         h = self.tokens
         for n in range(min(self.max_n, len(h)), self.min_n - 1, -1):
             stop = self.index.get(tuple(h[-n:]))
             if stop is not None:
-                return tuple(h[stop : stop + (max(1, k >> (self.max_n - n)) if halving else k)])
-        return ()
+                return n, stop
+        return 0, -1
+
+    def continuation(self, k: int, halving: bool = False) -> tuple[int, ...]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
+        matching suffix (see :meth:`match`); empty when none occurs.
+
+        ``halving``: a match ``j`` tokens shorter than ``max_n`` gives at most ``k / 2**j``
+        tokens (at least one): a shorter match is less often followed by what followed it
+        before, so fewer of its tokens are worth verifying."""
+        n, stop = self.match()
+        if not n:
+            return ()
+        return tuple(self.tokens[stop : stop + (max(1, k >> (self.max_n - n)) if halving else k)])

@@ -38,7 +38,7 @@ class SelfDraft:
         self.corpus: CorpusCache | None = None
         self.context = ContextCache()
         self.branches: list[list[int]] = []
-        self.history: list[int] = []
+        self.history: list[int] = []  # prompt + committed tokens (the history index's own list when it runs)
         self.hist: HistoryIndex | None = None  # the history source's index (history=true)
         self.rng = random.Random(0)
         self._step: dict[str, Any] | None = None  # what verify left for the update hook
@@ -101,11 +101,9 @@ class SelfDraft:
     @selfspec.hookimpl
     def selfspec_start(self, state: selfspec.DecodeState) -> None:
         o = self.opts
-        self.history = state.committed.tolist()
-        self.hist = None
-        if o["history"]:
-            self.hist = HistoryIndex(o["history_ngram"], o["history_min_ngram"])
-            self.hist.extend(self.history)
+        self.hist = HistoryIndex(o["history_ngram"], o["history_min_ngram"]) if o["history"] else None
+        self.history = self.hist.tokens if self.hist is not None else []  # one list, never two copies
+        self._extend(state.committed.tolist())
         self.context.clear()
         self.rng = random.Random(o["seed"])
         n = o["branches"] if o["context"] else 0
@@ -163,16 +161,20 @@ class SelfDraft:
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: Verdict) -> None:
-        new = state.tokens[len(self.history) : state.length].tolist()
-        self.history.extend(new)
-        if self.hist is not None:
-            self.hist.extend(new)
+        self._extend(state.tokens[len(self.history) : state.length].tolist())
         step, self._step = self._step, None
         if step is None or not step["branches"]:
             return
         self.advance(step["branches"], step["preds"], step["second_arm"])
 
     # ------------------------------------------------------------------ helpers
+    def _extend(self, tokens: list[int]) -> None:
+        """Append committed tokens to the history (indexing them when the history source runs)."""
+        if self.hist is not None:
+            self.hist.extend(tokens)
+        else:
+            self.history.extend(tokens)
+
     def advance(self, branches: list[list[int]], preds: list[dict[int, int]], grams: bool) -> None:
         """Fill the context cache from the branches (second arm only), then append each
         branch's last prediction and drop its oldest token past ``branch_len``."""
