@@ -126,11 +126,23 @@ class Settings:
         return resolve(declared_options(pm), self.parsed_options(), name)
 
     # ---------------------------------------------------------------------------- model
+    def validate_model_args(self) -> None:
+        """Check dtype, device and weight layout before anything is loaded: an explicit
+        ``--weight-layout packed`` this CPU cannot run fails here, in one line."""
+        from . import models
+        from .runner.layout import check_layout
+
+        dtype = models.parse_dtype(self.dtype or "float32")
+        if self.device_map is None:
+            device = models.parse_device(self.device or "cpu")
+            check_layout(self.weight_layout or "auto", device, dtype)
+
     def load_model(self) -> Any:
         """Set the thread count and load the model (a :class:`selfspec.models.Loaded`)."""
         import torch
 
         from . import models
+        from .machine import default_threads
 
         torch.set_num_threads(self.threads or default_threads())
         device_map: Any = self.device_map
@@ -144,39 +156,6 @@ class Settings:
         name, obj = self.plugin_object()
         return Decoder(loaded.model, name, self.parsed_options(), tokenizer=loaded.tokenizer, plugin_object=obj,
                        weight_layout=self.weight_layout or "auto")
-
-
-def physical_cores() -> int:
-    """Physical CPU cores available to this process (hyper-threads do not help matmuls)."""
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        available = os.cpu_count() or 1
-    cores: set[tuple[str, str]] = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            phys = core = ""
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "physical id":
-                    phys = value.strip()
-                elif key == "core id":
-                    core = value.strip()
-                elif not line.strip() and core:
-                    cores.add((phys, core))
-                    phys = core = ""
-            if core:
-                cores.add((phys, core))
-    except OSError:
-        pass
-    return max(1, min(len(cores) or available, available))
-
-
-def default_threads() -> int:
-    import torch
-
-    return max(1, min(physical_cores(), torch.get_num_threads()))
 
 
 @contextlib.contextmanager
@@ -359,9 +338,7 @@ def run_command(ctx: click.Context, prompt: tuple[str, ...], **params: Any) -> N
     with user_errors():
         from . import models
 
-        models.parse_dtype(settings.dtype or "float32")
-        if settings.device_map is None:
-            models.parse_device(settings.device or "cpu")
+        settings.validate_model_args()
         settings.validate_plugin()
         loaded = settings.load_model()
         try:
@@ -466,6 +443,7 @@ def plugins_command(settings: Settings, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(entries, indent=2))
         return
+    click.echo(host_line())
     for e in entries:
         origin = e.get("distribution") or e.get("value")
         click.echo(f"{e['name']} {e.get('version') or '?'} ({origin})")
@@ -478,6 +456,23 @@ def plugins_command(settings: Settings, as_json: bool) -> None:
         for o in e["options"]:
             choices = f", one of {o['choices']}" if o.get("choices") else ""
             click.echo(f"  -o {o['name']}=<{o['type']}>  (default {o['default']!r}{choices}) {o['help']}")
+
+
+def host_line() -> str:
+    """The CPU and what ``--weight-layout auto`` runs on it in each dtype, and why."""
+    import torch
+
+    from .machine import cpu_capability, cpu_model
+    from .runner.layout import choose_layout, packing_unsupported
+
+    cpu = cpu_capability()
+    parts = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        name = str(dtype).removeprefix("torch.")
+        layout = choose_layout("auto", "cpu", dtype, cpu)
+        why = packing_unsupported("cpu", dtype, cpu) if layout != "packed" else None
+        parts.append(f"{name}: {layout}" + (f" ({why})" if why and dtype != torch.float64 else ""))
+    return f"host: {cpu_model()} [{cpu.label}]; --weight-layout auto on CPU runs " + "; ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,7 +506,7 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, *
     with user_errors():
         from . import models
 
-        models.parse_dtype(settings.dtype or "float32")
+        settings.validate_model_args()
         settings.validate_plugin()
         loaded = settings.load_model()
         decoder = settings.decoder(loaded)

@@ -87,7 +87,7 @@ class Decoder:
         state = DecodeState(
             runner=runner, cache=runner.new_cache(capacity), tokens=tokens, length=T,
             prompt_length=T, max_new_tokens=max_new_tokens, eos_token_ids=eos,
-            stats=Stats(), plugin_name=self.plugin_name, options=self.options,
+            stats=Stats(weight_layout=self.runner.weight_layout), plugin_name=self.plugin_name, options=self.options,
         )
         stats = state.stats
         t_start = time.perf_counter()

@@ -107,6 +107,9 @@ class Stats:
     prefill_s: float = 0.0
     phase_s: dict[str, float] = field(default_factory=dict)
     accept_lengths: list[int] = field(default_factory=list)
+    #: the runner's weight layout this decode ran with (``"packed"``, ``"model"``, ...: what
+    #: ``"auto"`` resolved to on this device, dtype and CPU)
+    weight_layout: str = ""
 
     @property
     def tau(self) -> float:
@@ -136,6 +139,7 @@ class Stats:
             "prefill_s": self.prefill_s,
             "phase_s": dict(self.phase_s),
             "accept_lengths": list(self.accept_lengths),
+            "weight_layout": self.weight_layout,
         }
 
 

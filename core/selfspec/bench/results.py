@@ -10,11 +10,9 @@ weighs the same, however long its outputs: the figure speed targets are usually 
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
-import platform
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,39 +44,11 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model, cores, threads, library versions and the date (UTC)."""
-    import torch
-    import transformers
+    """:func:`selfspec.machine.machine_info` (CPU model and capability, threads, versions, the
+    date) plus the load average: other processes on the machine skew every timing."""
+    from ..machine import machine_info as info
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    info: dict[str, Any] = {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load_avg": load_avg(),
-    }
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        from .. import __version__
-
-        info["selfspec"] = __version__
-    except ImportError:  # pragma: no cover
-        pass
-    return info
+    return {**info(), "load_avg": load_avg()}
 
 
 def load_avg() -> list[float] | None:
@@ -193,7 +163,8 @@ def markdown(summary: dict[str, Any]) -> str:
         f"Model `{cfg.get('model', '?')}` ({cfg.get('dtype', '?')}, {cfg.get('device', '?')}), "
         f"{cfg.get('samples', '?')} samples per task, max {cfg.get('max_new_tokens', '?')} new tokens, "
         f"seed {cfg.get('seed', '?')}, {mach.get('torch_threads', '?')} threads; "
-        f"{mach.get('cpu', '?')} ({mach.get('cores', '?')} cores), torch {mach.get('torch', '?')}, "
+        f"{mach.get('cpu', '?')}{cpu_capability_note(mach)} ({mach.get('cores', '?')} cores), "
+        f"torch {mach.get('torch', '?')}, "
         f"transformers {mach.get('transformers', '?')}, {mach.get('date', '?')}{_load(mach)}. "
         f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same prompts.",
         "",
@@ -229,11 +200,23 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_capability_note(machine: dict[str, Any]) -> str:
+    """`` [AVX2]`` or `` [AVX-512, forced by ONEDNN_MAX_CPU_ISA=AVX2]``...: the effective ISA
+    a run recorded (empty for runs from before it was recorded)."""
+    label = machine.get("cpu_capability")
+    if not label:
+        return ""
+    forced = machine.get("forced_isa") or {}
+    how = ", ".join(f"{k}={v}" for k, v in forced.items())
+    return f" [{label}, forced by {how}]" if how else f" [{label}]"
+
+
 def plot_title(summary: dict[str, Any], what: str) -> str:
     cfg, mach = summary.get("config", {}), summary.get("machine", {})
     model = Path(str(cfg.get("model", "?"))).name or str(cfg.get("model"))
     return (f"{what}: {model}, {cfg.get('dtype', '?')}, max {cfg.get('max_new_tokens', '?')} new tokens\n"
-            f"{mach.get('cpu', '?')}, {mach.get('torch_threads', '?')} threads, {mach.get('date', '?')}")
+            f"{mach.get('cpu', '?')}{cpu_capability_note(mach)}, {mach.get('torch_threads', '?')} threads, "
+            f"{mach.get('date', '?')}")
 
 
 def render(out: str | os.PathLike[str], summary: dict[str, Any], plot: bool = True) -> list[Path]:

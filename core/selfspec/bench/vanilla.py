@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -172,24 +171,9 @@ def _usable_layouts(model: torch.nn.Module) -> list[str]:
 
 
 def _machine(threads: int) -> dict[str, Any]:
-    import transformers
+    from ..machine import machine_info
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "threads": threads,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    }
+    return {**machine_info(), "threads": threads}
 
 
 def _load_average() -> list[float] | None:

@@ -1,6 +1,8 @@
 """Weight layouts the runner can execute the model's own modules with.
 
-* ``"auto"`` (the default): ``"packed"`` on CPU in float32/bfloat16/float16, else ``"model"``.
+* ``"auto"`` (the default): ``"packed"`` where oneDNN can prepack this dtype on this CPU
+  (float32 on any x86 CPU; bfloat16/float16 only where the CPU has oneDNN's low-precision
+  kernels, see :func:`packing_unsupported`), else ``"model"``. Never an error.
 * ``"model"``: the model's weights as they are. The runner's logits are
   bitwise those of the model's own forward, in every dtype.
 * ``"transposed"``: the runner keeps its own copy of every ``nn.Linear`` weight of the decoder
@@ -11,7 +13,8 @@
   inside the products is not: logits differ from the model's by rounding (about 1e-5 relative
   in float32, 1e-13 in float64), so greedy tokens can differ only at near-ties. It costs one
   extra copy of those weights in memory.
-* ``"packed"`` (CPU, float32/bfloat16/float16): like ``"transposed"``, but the copies are
+* ``"packed"`` (CPU; float32, and bfloat16/float16 where oneDNN has kernels for them on this
+  CPU, which AVX2-only CPUs do not): like ``"transposed"``, but the copies are
   prepacked once for oneDNN's inner-product kernel and the linear layers of the layer copies
   are :class:`PackedLinear` modules. On CPU MKL runs a single-row product on one thread
   whatever ``torch.set_num_threads`` says; oneDNN uses them all. Same rounding caveat and
@@ -30,32 +33,59 @@ import weakref
 import torch
 from torch import nn
 
+from ..machine import CpuCapability, cpu_capability
+
 LAYOUTS: tuple[str, ...] = ("auto", "model", "transposed", "packed")
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class WeightLayoutError(ValueError):
-    """An unknown weight layout, or one this device/dtype cannot run."""
+    """An unknown weight layout, or one this device/dtype/CPU cannot run."""
+
+
+def packing_unsupported(device_type: str, dtype: torch.dtype, cpu: CpuCapability | None) -> str | None:
+    """Why oneDNN cannot prepack weights of ``dtype`` on ``device_type`` with ``cpu``, or
+    ``None`` when it can. Pure: every fact comes in as an argument (``cpu`` is ``None`` off
+    the CPU)."""
+    if device_type != "cpu" or cpu is None:
+        return f"it runs on CPU only, not {device_type}"
+    if dtype not in PACKED_DTYPES:
+        return f"it needs float32, bfloat16 or float16 weights, not {str(dtype).removeprefix('torch.')}"
+    if not cpu.onednn:
+        return "this torch build has no oneDNN"
+    if dtype == torch.bfloat16 and not cpu.onednn_bf16:
+        return (f"oneDNN's bfloat16 kernels need AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT, and this CPU "
+                f"runs {cpu.label}")
+    if dtype == torch.float16 and not cpu.onednn_fp16:
+        return (f"oneDNN's float16 kernels need AVX-512 FP16 or AVX-NE-CONVERT, and this CPU runs "
+                f"{cpu.label}")
+    return None
+
+
+def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCapability | None) -> str:
+    """Resolve a requested weight layout to the one that runs (a pure function).
+
+    ``"auto"`` is ``"packed"`` where oneDNN can prepack for this device, dtype and CPU
+    (:func:`packing_unsupported` says ``None``), and ``"model"`` everywhere else: float64,
+    GPUs, bf16/fp16 on a CPU without oneDNN's low-precision kernels. It never raises for a
+    capability. An explicit ``"packed"`` that cannot run raises :class:`WeightLayoutError`
+    saying why; ``"model"`` and ``"transposed"`` run everywhere.
+    """
+    if layout not in LAYOUTS:
+        raise WeightLayoutError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    why = packing_unsupported(device_type, dtype, cpu) if layout in ("auto", "packed") else None
+    if layout == "auto":
+        return "model" if why else "packed"
+    if layout == "packed" and why:
+        raise WeightLayoutError(f"weight layout 'packed' cannot run here: {why}; use 'auto', "
+                                f"'transposed' or 'model'")
+    return layout
 
 
 def check_layout(layout: str, device: torch.device, dtype: torch.dtype) -> str:
-    """Validate ``layout`` and resolve ``"auto"``: ``"packed"`` where oneDNN can run it (CPU,
-    float32/bfloat16/float16), else ``"model"`` (float64 stays bitwise the model's forward)."""
-    if layout == "auto":
-        packable = device.type == "cpu" and dtype in PACKED_DTYPES and torch.backends.mkldnn.is_available()
-        return "packed" if packable else "model"
-    if layout not in LAYOUTS:
-        raise WeightLayoutError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    if layout == "packed" and (
-        device.type != "cpu"
-        or dtype not in PACKED_DTYPES
-        or not torch.backends.mkldnn.is_available()
-    ):
-        raise WeightLayoutError(
-            f"weight layout 'packed' needs oneDNN on CPU and float32/bfloat16/float16 weights, "
-            f"not {dtype} on {device}; use 'transposed' or 'model'"
-        )
-    return layout
+    """:func:`choose_layout` with this process's CPU capability."""
+    cpu = cpu_capability() if device.type == "cpu" else None
+    return choose_layout(layout, device.type, dtype, cpu)
 
 
 def layout_copy(module: nn.Module, layout: str) -> nn.Module:
