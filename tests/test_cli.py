@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -77,6 +78,7 @@ def test_json_output_equals_reference_greedy(model_dir, loaded64):
     stats = data["stats"]
     assert stats["new_tokens"] == len(expected)
     assert stats["steps"] == len(expected) and stats["tau"] == 1.0 and stats["acceptance"] == 0.0
+    assert stats["weight_layout"] == "model"  # what "auto" runs in float64
     assert stats["wall_time_s"] > 0 and stats["tokens_per_s"] > 0
     assert r.stderr == ""  # --json keeps stdout machine-readable and adds no summary
 
@@ -224,6 +226,9 @@ def test_plugins_text_and_json(tmp_path):
     r = invoke("plugins")
     assert r.stdout.splitlines()[0].startswith("vanilla ")
     assert "hooks:" in r.stdout
+    # the last line: the CPU, and the layout `--weight-layout auto` runs per dtype here
+    host = r.stdout.splitlines()[-1]
+    assert host.startswith("host: ") and "float32: packed" in host and "float64: model" in host
     entries = json.loads(invoke("plugins", "--json").stdout)
     vanilla = next(e for e in entries if e["name"] == "vanilla")
     assert vanilla["version"] and vanilla["options"] == [] and vanilla["hooks"]
@@ -351,3 +356,16 @@ def test_weight_layout_that_cannot_run_is_a_clear_error(model_dir):
     assert out.exit_code == 2
     assert "weight layout 'packed'" in out.output
     assert "Traceback" not in out.output
+
+
+def test_packed_bf16_the_cpu_cannot_run_fails_before_loading_the_model(tmp_path):
+    """On a CPU without oneDNN's bf16 kernels (forced in a subprocess, so any machine covers
+    it), an explicit packed layout is one `Error:` line, before any model is read."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    proc = subprocess.run([sys.executable, "-m", "selfspec", "--model", str(tmp_path / "no-model-here"),
+                           "--dtype", "bf16", "--weight-layout", "packed", "-n", "2", "hello"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "Error: weight layout 'packed' cannot run here: oneDNN's bfloat16 kernels need AVX-512 "
+        "(BW/VL/DQ) or AVX-NE-CONVERT, and this CPU runs AVX2; use 'auto', 'transposed' or 'model'"]

@@ -1,0 +1,80 @@
+"""``specdec check``: a plugin's output against plain greedy decoding on real prompts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from .group import _model_options, cli
+from .settings import CHECK_MAX_NEW_TOKENS, DEFAULT_CHECK_PROMPTS, BadInput, Settings, user_errors
+
+
+@cli.command("check")
+@_model_options
+@click.option("--prompt", "prompts", multiple=True, help="A prompt to check (repeatable; default: a few built-in ones).")
+@click.option("--max-new-tokens", "-n", type=click.IntRange(min=0), default=None,
+              help=f"Token budget per prompt (default {CHECK_MAX_NEW_TOKENS}).")
+@click.option("--chat/--no-chat", default=None, help="Apply the chat template (default: instruct models).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of lines.")
+@click.pass_context
+def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, **params: Any) -> None:
+    """Compare a plugin's output with plain greedy decoding (model.generate).
+
+    Prints OK, NEAR-TIE (a float32/bf16 rounding flip where the reference's top-1/top-2
+    logit margin is under the dtype's tolerance) or DIVERGED for every prompt; exits with
+    status 1 when any prompt diverged.
+    """
+    from ..reference import NEAR_TIE_TOLERANCE, compare, reference_generate
+
+    settings: Settings = ctx.obj.merged(params)
+    texts = list(prompts) or list(DEFAULT_CHECK_PROMPTS)
+    if any(not t.strip() for t in texts):
+        raise BadInput("the prompt is empty")
+    max_new = settings.max_new_tokens if settings.max_new_tokens is not None else CHECK_MAX_NEW_TOKENS
+    rows: list[dict[str, Any]] = []
+    with user_errors():
+        from .. import models
+
+        settings.validate_model_args()
+        settings.validate_plugin()
+        loaded = settings.load_model()
+        decoder = settings.decoder(loaded)
+        tolerance = NEAR_TIE_TOLERANCE.get(loaded.dtype, 0.0)
+        for i, text in enumerate(texts, 1):
+            ids = models.format_prompt(loaded, text)
+            result = decoder.generate(ids, max_new, loaded.eos_token_ids)
+            ref = reference_generate(loaded.model, ids, max_new, loaded.eos_token_ids)
+            c = compare(loaded.model, ids, result.output_ids, ref, tolerance=tolerance)
+            status = "OK" if c.equal else "NEAR-TIE" if c.near_tie else "DIVERGED"
+            row: dict[str, Any] = {"prompt": text, "status": status, "tokens": len(result.output_ids),
+                                   "tau": result.stats.tau, "index": c.index, "margin": c.margin}
+            if not c.equal:
+                row["got"] = result.output_ids[c.index] if c.index < len(result.output_ids) else None
+                row["expected"] = ref[c.index] if c.index < len(ref) else None
+            rows.append(row)
+            if not as_json:
+                click.echo(_check_line(i, row, tolerance))
+    diverged = sum(r["status"] == "DIVERGED" for r in rows)
+    near = sum(r["status"] == "NEAR-TIE" for r in rows)
+    if as_json:
+        click.echo(json.dumps({"plugin": decoder.plugin_name, "model": loaded.name,
+                               "dtype": str(loaded.dtype).removeprefix("torch."),
+                               "tolerance": tolerance, "results": rows}, indent=2))
+    else:
+        click.echo(f"{decoder.plugin_name} on {loaded.name} ({str(loaded.dtype).removeprefix('torch.')}): "
+                   f"{len(rows) - near - diverged} OK, {near} near-tie, {diverged} diverged")
+    if diverged:
+        ctx.exit(1)
+
+
+def _check_line(i: int, row: dict[str, Any], tolerance: float) -> str:
+    head = f"{row['status']:<8}  [{i}] {row['prompt']!r}"
+    if row["status"] == "OK":
+        return f"{head}: {row['tokens']} tokens identical (tau {row['tau']:.2f})"
+    where = (f"first difference at new token {row['index']}: got {row['got']}, expected "
+             f"{row['expected']}; reference top-1/top-2 margin {row['margin']:.3g}")
+    if row["status"] == "NEAR-TIE":
+        return f"{head}: {where} <= tolerance {tolerance:g}"
+    return f"{head}: {where} (tolerance {tolerance:g})"

@@ -1,0 +1,201 @@
+"""What the command line asked for (:class:`Settings`), the CLI's error types and the
+context that turns the host's "bad input" exceptions into one-line messages.
+
+:class:`Settings` is public: plugin commands (``selfspec_commands``) receive it as
+``ctx.obj`` and load the model and build decoders through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..loop import Decoder
+    from ..models import Loaded
+
+#: Prompts ``specdec check`` uses when none are given: short, varied, and quick to decode.
+DEFAULT_CHECK_PROMPTS: tuple[str, ...] = (
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "List three primary colors.",
+    "Explain in one sentence why the sky is blue.",
+)
+RUN_MAX_NEW_TOKENS = 128
+CHECK_MAX_NEW_TOKENS = 32
+BUILTIN_COMMANDS = ("run", "plugins", "check", "bench", "sweep", "report")
+
+
+class CliError(click.ClickException):
+    """A failure the user can fix: printed as one line, exit status 1."""
+
+
+class BadInput(CliError):
+    """Malformed input (an option value, an empty prompt): one line, exit status 2."""
+
+    exit_code = 2
+
+
+@dataclass
+class Settings:
+    """What the command line asked for. Plugin commands receive it as ``ctx.obj``
+    (``@click.pass_obj``) and use :meth:`load_model` and :meth:`decoder`."""
+
+    plugin: str | None = None
+    plugin_file: str | None = None
+    model: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    device_map: str | None = None
+    threads: int | None = None
+    weight_layout: str | None = None
+    options: tuple[str, ...] = ()
+    max_new_tokens: int | None = None
+    json: bool = False
+    no_stream: bool = False
+    chat: bool | None = None
+    _plugin_cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def merged(self, params: dict[str, Any]) -> Settings:
+        """These settings overridden by a sub-command's own (later) options."""
+        new = replace(self, _plugin_cache=self._plugin_cache)
+        for key, value in params.items():
+            if not hasattr(new, key) or value is None:
+                continue
+            if key == "options":
+                new.options = (*new.options, *value)
+            elif key in ("json", "no_stream"):
+                setattr(new, key, getattr(new, key) or bool(value))
+            else:
+                setattr(new, key, value)
+        return new
+
+    # ---------------------------------------------------------------------------- plugin
+    @property
+    def plugin_name(self) -> str:
+        if self.plugin:
+            return self.plugin
+        if self.plugin_file:
+            return self.plugin_object()[0]
+        from ..plugins import BUILTIN_METHOD
+
+        return BUILTIN_METHOD
+
+    def plugin_object(self) -> tuple[str, Any]:
+        """``(name, object)``: the ``--plugin-file`` module (imported once), or ``None`` to
+        look the plugin up by name among the installed entry points."""
+        if not self.plugin_file:
+            return self.plugin_name, None
+        key = os.path.abspath(self.plugin_file)
+        if key not in self._plugin_cache:
+            from ..plugins import load_file
+
+            self._plugin_cache[key] = load_file(self.plugin_file)
+        stem, module = self._plugin_cache[key]
+        return self.plugin or stem, module
+
+    def parsed_options(self) -> dict[str, str]:
+        from ..options import parse_pairs
+
+        return parse_pairs(self.options)
+
+    def validate_plugin(self) -> dict[str, Any]:
+        """Load the plugin and check the ``-o`` options against what it declares (before any
+        model is loaded). Returns the resolved option values."""
+        from ..options import resolve
+        from ..plugins import declared_options, make_manager
+
+        plugin_commands(self)  # a command-name clash is an error whatever the command
+        name, obj = self.plugin_object()
+        pm, _ = make_manager(name, obj)
+        return resolve(declared_options(pm), self.parsed_options(), name)
+
+    # ---------------------------------------------------------------------------- model
+    def validate_model_args(self) -> None:
+        """Check dtype, device and weight layout before anything is loaded: an explicit
+        ``--weight-layout packed`` this CPU cannot run fails here, in one line."""
+        from .. import models
+        from ..runner.layout import check_layout
+
+        dtype = models.parse_dtype(self.dtype or "float32")
+        if self.device_map is None:
+            device = models.parse_device(self.device or "cpu")
+            check_layout(self.weight_layout or "auto", device, dtype)
+
+    def load_model(self) -> Loaded:
+        """Set the thread count and load the model (a :class:`selfspec.models.Loaded`)."""
+        import torch
+
+        from .. import models
+        from ..machine import default_threads
+
+        torch.set_num_threads(self.threads or default_threads())
+        device_map: Any = self.device_map
+        return models.load(self.model, device=self.device or "cpu", dtype=self.dtype or "float32",
+                           device_map=device_map, chat=self.chat)
+
+    def decoder(self, loaded: Loaded) -> Decoder:
+        """A :class:`selfspec.Decoder` for ``loaded`` with the selected plugin and options."""
+        from ..loop import Decoder
+
+        name, obj = self.plugin_object()
+        return Decoder(loaded.model, name, self.parsed_options(), tokenizer=loaded.tokenizer, plugin_object=obj,
+                       weight_layout=self.weight_layout or "auto")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the host's own "bad input" exceptions into one-line click errors."""
+    from ..models import ModelLoadError
+    from ..options import OptionError
+    from ..plugins import PluginError
+    from ..runner import UnsupportedModelError
+    from ..runner.layout import WeightLayoutError
+
+    try:
+        yield
+    except (OptionError, WeightLayoutError) as exc:
+        raise BadInput(str(exc)) from None
+    except UnsupportedModelError as exc:
+        raise CliError(str(exc)) from None
+    except (PluginError, ModelLoadError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def plugin_commands(settings: Settings) -> dict[str, click.Command]:
+    """Commands ``settings``' plugin registers (cached; none unless a plugin is selected).
+    A name that clashes with a built-in command is an error."""
+    if not (settings.plugin or settings.plugin_file):
+        return {}
+    key = f"commands:{settings.plugin}:{settings.plugin_file}"
+    if key in settings._plugin_cache:
+        return settings._plugin_cache[key]
+    commands: dict[str, click.Command] = {}
+    with user_errors():
+        from ..plugins import PluginError, make_manager
+
+        name, obj = settings.plugin_object()
+        pm, _ = make_manager(name, obj)
+
+        def register(command: Any) -> None:
+            if not isinstance(command, click.Command):
+                raise PluginError(name, f"selfspec_commands registered {command!r}, not a click.Command")
+            if command.name in BUILTIN_COMMANDS:
+                raise PluginError(name, f"command {command.name!r} clashes with the built-in command of that name")
+            if command.name in commands:
+                raise PluginError(name, f"command {command.name!r} is registered twice")
+            commands[str(command.name)] = command
+
+        try:
+            pm.hook.selfspec_commands(register=register)
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise PluginError(name, f"selfspec_commands raised {type(exc).__name__}: {exc}") from exc
+    settings._plugin_cache[key] = commands
+    return commands
