@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     m = res["machine"]
     print(
         f"model {args.model} ({args.dtype}), {len(prompts)} smoke prompts, {args.max_new_tokens} new tokens, "
-        f"{args.repeats} repeats, {m['threads']} threads on {m['cpu']} ({m['cpu_count']} cores), "
+        f"{args.repeats} repeats, {m['threads']} threads on {m['cpu']} [{m['cpu_capability']}] ({m['cores']} cores), "
         f"torch {m['torch']}, transformers {m['transformers']}"
     )
     print(format_table(res))

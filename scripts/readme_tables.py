@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Results tables in READMEs, generated from the bench's ``summary.json`` files.
+
+A table lives between two markers; everything between them is this script's output::
+
+    <!-- bench-table: docs/bench/summary.json -->
+    ...
+    <!-- /bench-table -->
+
+    <!-- bench-compare: AVX-512=docs/bench/summary.json AVX2=docs/bench-avx2/summary.json -->
+    ...
+    <!-- /bench-compare -->
+
+``bench-table``: one run, a row per method: speedup over HF greedy per task, over all samples,
+the geometric mean over the geo-mean tasks, the same against ``vanilla``, τ, acceptance, and
+how many outputs equalled HF greedy's. ``bench-compare``: several runs of the same methods
+side by side (geo-mean against HF greedy and against ``vanilla``, τ), one column group per
+``LABEL=PATH``. Paths are relative to the repository root. An optional ``geo=a,b,c`` item in
+a marker picks the geo-mean tasks (default: humaneval, gsm8k, mtbench, sharegpt where present).
+
+    python scripts/readme_tables.py            # rewrite every table in place
+    python scripts/readme_tables.py --check    # exit 1, naming the file, if any is stale
+
+``tests/test_readme_tables.py`` runs ``--check``: a table cannot disagree with its summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GEO_TASKS = ("humaneval", "gsm8k", "mtbench", "sharegpt")
+BLOCK = re.compile(r"(<!-- (bench-table|bench-compare): ([^>]*?) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+
+
+def _label(method: str) -> str:
+    return "HF `generate` greedy" if method == "hf" else f"`{method}`"
+
+
+def _x(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}×"
+
+
+def _geo(values: list[float | None]) -> float | None:
+    if not values or any(v is None or v <= 0 for v in values):
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))  # type: ignore[arg-type]
+
+
+class Run:
+    """One bench run's ``summary.json``, indexed for table-making."""
+
+    def __init__(self, path: Path, geo: tuple[str, ...] | None = None) -> None:
+        self.path = path
+        self.summary: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        rows = self.summary["rows"]
+        self.by = {(r["task"], r["method"]): r for r in rows}
+        self.tasks = [t for t in dict.fromkeys(r["task"] for r in rows) if t != "all"]
+        self.methods = list(dict.fromkeys(r["method"] for r in rows))
+        self.geo_tasks = [t for t in (geo or GEO_TASKS) if t in self.tasks] or self.tasks
+
+    def speedup(self, task: str, method: str) -> float | None:
+        row = self.by.get((task, method))
+        return None if row is None else row.get("speedup")
+
+    def geo(self, method: str) -> float | None:
+        return _geo([self.speedup(t, method) for t in self.geo_tasks])
+
+    def vs_vanilla(self, method: str) -> float | None:
+        mine, base = self.geo(method), self.geo("vanilla")
+        return None if mine is None or not base else mine / base
+
+    def all_row(self, method: str) -> dict[str, Any]:
+        return self.by[("all", method)]
+
+
+def bench_table(run: Run) -> str:
+    geo_head = f"geo-mean ({', '.join(run.geo_tasks)})"
+    head = ["method", *run.tasks, "all", geo_head, "vs vanilla (geo-mean)", "τ", "acceptance", "lossless"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
+    for m in run.methods:
+        a = run.all_row(m)
+        ok = f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else "")
+        acc = "–" if a.get("acceptance") is None else f"{a['acceptance']:.2f}"
+        cells = [_label(m), *(_x(run.speedup(t, m)) for t in run.tasks), _x(a.get("speedup")),
+                 _x(run.geo(m)), _x(run.vs_vanilla(m)), f"{a['tau']:.2f}", acc, ok]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bench_compare(runs: list[tuple[str, Run]]) -> str:
+    head = ["method"]
+    for label, _ in runs:
+        head += [f"{label}: vs HF greedy", f"{label}: vs vanilla", f"{label}: τ"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
+    methods = list(dict.fromkeys(m for _, run in runs for m in run.methods))
+    for m in methods:
+        cells = [_label(m)]
+        for _, run in runs:
+            if m not in run.methods:
+                cells += ["–", "–", "–"]
+                continue
+            cells += [_x(run.geo(m)), _x(run.vs_vanilla(m)), f"{run.all_row(m)['tau']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _parse_args(spec: str) -> tuple[list[tuple[str | None, Path]], tuple[str, ...] | None]:
+    sources: list[tuple[str | None, Path]] = []
+    geo = None
+    for item in spec.split():
+        if item.startswith("geo="):
+            geo = tuple(item[4:].split(","))
+        elif "=" in item:
+            label, path = item.split("=", 1)
+            sources.append((label, ROOT / path))
+        else:
+            sources.append((None, ROOT / item))
+    return sources, geo
+
+
+def render_block(kind: str, spec: str) -> str:
+    sources, geo = _parse_args(spec)
+    if kind == "bench-table":
+        if len(sources) != 1:
+            raise ValueError(f"bench-table takes one summary.json, not {spec!r}")
+        return bench_table(Run(sources[0][1], geo))
+    return bench_compare([(label or path.parent.name, Run(path, geo)) for label, path in sources])
+
+
+def render(text: str) -> str:
+    """``text`` with every marked table regenerated."""
+    return BLOCK.sub(lambda m: m.group(1) + render_block(m.group(2), m.group(3)) + m.group(5), text)
+
+
+def documents() -> list[Path]:
+    """Every markdown file of the repository that holds a marked table."""
+    skip = {".venv", ".tox", "node_modules", ".git"}
+    found = []
+    for path in sorted(ROOT.rglob("*.md")):
+        if skip & set(path.relative_to(ROOT).parts) or any(p.startswith(".venv") for p in path.parts):
+            continue
+        if "<!-- bench-" in path.read_text(encoding="utf-8"):
+            found.append(path)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
+    args = ap.parse_args(argv)
+    stale = []
+    for path in documents():
+        text = path.read_text(encoding="utf-8")
+        new = render(text)
+        if new != text:
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                path.write_text(new, encoding="utf-8")
+    if args.check and stale:
+        print("stale results tables (run python scripts/readme_tables.py): " + ", ".join(map(str, stale)),
+              file=sys.stderr)
+        return 1
+    for p in stale:
+        print(f"rewrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""README results tables are generated from the bench's summary.json files, and stay so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import readme_tables  # noqa: E402
+
+
+def test_every_marked_table_equals_its_summary():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_tables.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_root_readme_table_is_generated():
+    assert "README.md" in [p.name for p in readme_tables.documents() if p.parent == ROOT]
+
+
+def _summary(tmp_path: Path, speedups: dict[str, dict[str, float]]) -> Path:
+    rows = []
+    for method, per_task in speedups.items():
+        for task, x in per_task.items():
+            rows.append({"task": task, "method": method, "samples": 2, "speedup": x, "tau": 1.5,
+                         "acceptance": None, "lossless": 2, "near_ties": 0})
+        rows.append({"task": "all", "method": method, "samples": 4, "speedup": 1.0, "tau": 1.5,
+                     "acceptance": 0.5, "lossless": 4, "near_ties": 1})
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"rows": rows}))
+    return path
+
+
+def test_tables_are_rendered_from_the_summary(tmp_path, monkeypatch):
+    _summary(tmp_path, {"hf": {"a": 1.0, "b": 1.0}, "vanilla": {"a": 2.0, "b": 8.0},
+                        "x": {"a": 8.0, "b": 8.0}})
+    monkeypatch.setattr(readme_tables, "ROOT", tmp_path)
+    doc = "intro\n<!-- bench-table: summary.json -->\nold\n<!-- /bench-table -->\nend\n"
+    new = readme_tables.render(doc)
+    assert "old" not in new and new.startswith("intro\n") and new.endswith("end\n")
+    x = next(line for line in new.splitlines() if line.startswith("| `x`"))
+    # geo-mean over a, b: 8.00x; against vanilla's geo-mean of 4.00x: 2.00x
+    assert "| 8.00× | 2.00× | 1.50 | 0.50 | 4/4 (+1 near-tie) |" in x
+    assert readme_tables.render(new) == new  # generated text is a fixed point
+    compare = readme_tables.render("<!-- bench-compare: A=summary.json B=summary.json -->\n<!-- /bench-compare -->")
+    assert "| `x` | 8.00× | 2.00× | 1.50 | 8.00× | 2.00× | 1.50 |" in compare
