@@ -30,8 +30,9 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Torch CPU threads (default: physical cores)."),
         click.option("--weight-layout", type=click.Choice(["auto", "model", "transposed", "packed"]), default=None,
                      help="How the runner holds the linear weights: auto (default: oneDNN-prepacked copies "
-                          "on CPU in float32/bf16/fp16, the model's own otherwise), model (bitwise the "
-                          "model's forward), transposed, packed. See docs/performance.md."),
+                          "where this CPU can run them for the dtype, the model's own otherwise; "
+                          "`specdec plugins` says which), model (bitwise the model's forward), "
+                          "transposed, packed. See docs/performance.md."),
         click.option("--option", "-o", "options", metavar="KEY=VALUE", multiple=True,
                      help="Plugin option (repeatable); see `specdec plugins`."),
     ]
