@@ -292,8 +292,14 @@ def test_bench_command_writes_jsonl_summary_table_plot(cli, model_dir, tiny_task
         assert r["tau"] is None or r["tau"] > 0
         assert isinstance(r["lossless"], bool) and isinstance(r["near_tie"], bool)
         assert r["lossless"] and (r["margin"] is None)
+        # the runner's layout for the host's methods ("model": the tiny model is float64)
+        assert r["weight_layout"] == ("model" if r["method"] == "vanilla" else None)
     summary = json.loads((out / results.SUMMARY).read_text())
-    assert {"cpu", "cores", "torch", "transformers", "date"} <= set(summary["machine"])
+    machine = summary["machine"]
+    assert {"cpu", "cpu_capability", "cpu_features", "cores", "torch_threads", "torch", "transformers",
+            "date"} <= set(machine)
+    assert machine["cpu_capability"] == machine["cpu_features"]["label"]
+    assert f"[{machine['cpu_capability']}" in (out / results.TABLE).read_text()
     assert summary["baseline"] == "hf" and summary["config"]["max_new_tokens"] == 8
     assert {r["task"] for r in summary["rows"]} == {"tiny", "tiny2", "all"}
     table = (out / results.TABLE).read_text()

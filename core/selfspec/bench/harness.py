@@ -131,6 +131,7 @@ class Run:
     accept_lengths: list[int] | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
     prefill_s: float | None = None
+    weight_layout: str | None = None  # the runner's layout (None for HF's own generate)
 
 
 RunFn = Callable[[list[int], int, set[int]], Run]
@@ -163,7 +164,8 @@ def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None) -
         _sync(model)
         wall = time.perf_counter() - t0
         s = res.stats
-        return Run(res.output_ids, wall, s.forwards, s.drafted, s.accepted, list(s.accept_lengths), dict(s.phase_s), s.prefill_s)
+        return Run(res.output_ids, wall, s.forwards, s.drafted, s.accepted, list(s.accept_lengths), dict(s.phase_s),
+                   s.prefill_s, s.weight_layout)
 
     return run
 
@@ -316,6 +318,7 @@ def make_record(sample: Sample, method: Method, run: Run, prompt_ids: list[int],
         "acceptance": (run.accepted / run.drafted) if run.drafted else None,
         "phase_s": run.phase_s,
         "prefill_s": run.prefill_s,
+        "weight_layout": run.weight_layout,
         "prompt_tokens": len(prompt_ids),
         "lossless": cmp is None or bool(cmp.equal),
         "near_tie": bool(cmp is not None and cmp.near_tie),
