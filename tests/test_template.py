@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(ci=True)
 def test_template_installs_and_its_suite_passes(tmp_path):
     # a) a copy, as an author would make it; b) a real pip install (entry point included);
     # c) its own test suite, in a fresh interpreter; d) uninstall so the env stays clean
