@@ -118,7 +118,7 @@ class Auditor:
             raise AuditError(self.plugin_name, (
                 f"selfspec_verify is lossy at step {state.step} (output token {state.generated + i}, "
                 f"{state.length + i} tokens in): its {what} is {got}, the full model's greedy token "
-                f"is {want} (margin {margin:.3g}); verdict accepted {list(verdict.accepted)} + "
+                f"is {want} (margin {margin:.3g}, tolerance {tol:g}); verdict accepted {list(verdict.accepted)} + "
                 f"bonus {verdict.bonus} of draft {draft.tokens.tolist()}"
                 f"{' (a tree)' if draft.is_tree else ''}"))
         depths = draft.depths()
