@@ -20,6 +20,11 @@ the token. float64 is exact; in float32/bf16/float16 a different token is allowe
 near-tie (the shadow's top-1/top-2 margin within ``selfspec.reference.NEAR_TIE_TOLERANCE``),
 counted in :attr:`Auditor.near_ties`, after which the shadow follows the plugin's tokens.
 
+A plugin that implements neither ``selfspec_verify`` nor ``selfspec_cache`` has its verdicts
+and kept slots made by the host's own greedy verifier and commit: for it the auditor checks the
+tokens and the committed KV after every propose (all a proposer can break) and mirrors the new
+slots instead of recomputing them, so auditing costs little more than the comparisons.
+
 The auditor also keeps a per-step log (:attr:`Auditor.steps`) that the testing kit reads to
 measure what a property test exercised. Costs about one extra chain forward per step.
 """
@@ -74,6 +79,7 @@ class Auditor:
         self.plugin_name = plugin_name
         self.tolerance = tolerance  # near-tie tolerance; None: the dtype's NEAR_TIE_TOLERANCE
         self.hooks = set(plugin_hooks)
+        self.trusted = not self.hooks & {"selfspec_verify", "selfspec_cache"}  # host-made verdicts
         self.steps: list[StepRecord] = []
         self.near_ties = 0
 
@@ -96,6 +102,12 @@ class Auditor:
     def verified(self, state: DecodeState, draft: Draft, verdict: Verdict) -> None:
         """After verify: every committed token is the full model's greedy token."""
         self._check_tokens(state, "selfspec_verify")
+        committed = verdict.committed
+        depths = draft.depths()
+        self.steps.append(StepRecord(state.length, state.generated, len(draft), max(depths, default=0),
+                                     draft.is_tree, len(verdict.accepted), tuple(committed)))
+        if self.trusted:
+            return
         base = state.length - 1
         ids = torch.cat([self.tokens[-1:], torch.tensor(verdict.accepted, dtype=torch.long,
                                                         device=self.tokens.device)])  # ids: [a+1]
@@ -103,7 +115,6 @@ class Auditor:
         out = state.runner.forward(ids, cache=self.shadow, start=base)
         logits = out.logits.to(torch.float32)  # [a+1, V]
         pred = greedy(logits).tolist()  # pred[i]: the model's token after ids[: i + 1]
-        committed = verdict.committed
         for i, (got, want) in enumerate(zip(committed, pred)):
             if got == want:
                 continue
@@ -121,20 +132,33 @@ class Auditor:
                 f"is {want} (margin {margin:.3g}, tolerance {tol:g}); verdict accepted {list(verdict.accepted)} + "
                 f"bonus {verdict.bonus} of draft {draft.tokens.tolist()}"
                 f"{' (a tree)' if draft.is_tree else ''}"))
-        depths = draft.depths()
-        self.steps.append(StepRecord(state.length, state.generated, len(draft), max(depths, default=0),
-                                     draft.is_tree, len(verdict.accepted), tuple(committed)))
 
     def committed(self, state: DecodeState, new: list[int]) -> None:
         """After cache and commit: the tokens buffer and the runner's KV match the shadow."""
+        base = self.tokens.shape[0] - 1
         self.tokens = torch.cat([self.tokens, torch.tensor(new, dtype=torch.long, device=self.tokens.device)])
         self._check_tokens(state, "selfspec_cache")
-        if not state.finished:
+        if self.trusted:  # the host's verifier wrote these slots over a checked prefix: mirror them
+            end = min(state.cache.lengths)
+            self._mirror(state, base, end)
+        elif not state.finished:
             writers = [h for h in ("selfspec_verify", "selfspec_cache") if h in self.hooks] or ["selfspec_propose"]
             self._check_kv(state, state.length - 1, " or ".join(writers))
 
     def updated(self, state: DecodeState) -> None:
         self._check_tokens(state, "selfspec_update_policy")
+
+    def _mirror(self, state: DecodeState, start: int, end: int) -> None:
+        cache, shadow = state.cache, self.shadow
+        for i in range(cache.n_layers):
+            for mine, ref in ((cache.keys[i], shadow.keys), (cache.values[i], shadow.values)):
+                if mine is None:
+                    continue
+                if ref[i] is None or ref[i].shape != mine.shape:
+                    ref[i] = torch.zeros_like(mine)
+                ref[i][:, :, start:end] = mine[:, :, start:end]
+            shadow.lengths[i] = end
+        shadow.pos[start:end] = cache.pos[start:end]
 
     # ------------------------------------------------------------------ checks
     def _check_tokens(self, state: DecodeState, hook: str) -> None:

@@ -25,7 +25,7 @@ from .strategies import TINY_VOCAB, boundary_lengths, prompt_ids
 
 #: Longest prompt and output the strategies draw (the tiny models have 1024 positions).
 MAX_PROMPT = 300
-MAX_NEW = 160
+MAX_NEW = 130
 
 
 @dataclass(frozen=True)

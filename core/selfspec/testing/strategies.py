@@ -51,11 +51,13 @@ def lengths(min_value: int = 1, max_value: int = 40) -> st.SearchStrategy[int]:
 def boundary_lengths(min_value: int, max_value: int, boundaries: Sequence[int] = (),
                      short: int = 24) -> st.SearchStrategy[int]:
     """Lengths over a wide range, weighted toward where bugs live: short values (cheap, most
-    examples), the boundaries (:data:`BOUNDARIES` and ``boundaries``, e.g. a plugin's buffer
-    size or depth limit, each +-1) inside ``[min_value, max_value]``, and anything in range."""
+    examples: half the draws), the boundaries (:data:`BOUNDARIES` and ``boundaries``, e.g. a
+    plugin's buffer size or depth limit, each +-1) inside ``[min_value, max_value]``, and
+    anything in range."""
     marks = {b + d for b in boundaries for d in (-1, 0, 1)} | set(BOUNDARIES)
     marks = sorted(m for m in marks if min_value <= m <= max_value)
-    parts = [st.integers(min_value, max(min_value, min(short, max_value)))]
+    cheap = st.integers(min_value, max(min_value, min(short, max_value)))
+    parts = [cheap, cheap]
     if marks:
         parts.append(st.sampled_from(marks))
     parts.append(st.integers(min_value, max_value))

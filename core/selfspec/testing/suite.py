@@ -26,7 +26,6 @@ Add the plugin's own mechanics tests as more methods of the class or beside it.
 
 from __future__ import annotations
 
-import math
 import zlib
 from typing import Any, ClassVar
 
@@ -57,9 +56,15 @@ class PluginSuite:
     coverage_exempt: ClassVar[dict[str, str]] = {}
     #: Config overrides of the tiny models (``tiny_model_factory(arch, **model_overrides)``).
     model_overrides: ClassVar[dict[str, Any]] = {}
-    #: Drawn examples per architecture and device; None: 60% of the profile's
-    #: ``max_examples`` spread over the architectures (2 each under ``selfspec-ci``).
+    #: Drawn examples per architecture and device, besides the reach examples; None: the
+    #: profile's ``max_examples`` left after the reach set, spread over the architectures (2
+    #: each under ``selfspec-ci``, 15 examples in all; 11 under ``selfspec-dev``). Hypothesis
+    #: draws the simplest example first (a 1-token prompt, 1 new token): cheap, and a case too.
     examples_per_arch: ClassVar[int | None] = None
+    #: Run under this Hypothesis profile instead of the loaded one (the kit's mutation test).
+    hypothesis_profile: ClassVar[str | None] = None
+    #: False: report the first failing example as drawn, without shrinking it.
+    shrink: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ parametrization
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -103,20 +108,27 @@ class PluginSuite:
             assert not unknown, f"{attr} names options {self.plugin!r} does not declare: {unknown}"
         resolve(declared, {**self.reach_options, **self.fixed_options}, self.plugin)
 
-    def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
-        from hypothesis import example, given, seed, settings
-
+    def options_strategy(self, model: Any, declared: dict[str, Any]) -> Any:
+        """The options drawn for one model: ``strategies.options(declared)`` with the class's
+        ``fixed_options`` and ``option_strategies``. Override when valid options depend on
+        the model (its number of layers, say)."""
         from . import strategies as sst
+
+        return sst.options(declared, fixed=self.fixed_options, strategies=self.option_strategies)
+
+    def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
+        from hypothesis import Phase, example, given, seed, settings
+
         from .scenarios import reach, scenarios
 
         cov = self.coverage()
         _, declared = self._manager()
-        opts = sst.options(declared, fixed=self.fixed_options, strategies=self.option_strategies)
         model = tiny_model_factory(suite_arch, device=selfspec_device, **self.model_overrides)
-        base = settings.default
+        opts = self.options_strategy(model, declared)
+        base = settings.get_profile(self.hypothesis_profile) if self.hypothesis_profile else settings.default
         n = self.examples_per_arch
         if n is None:
-            n = max(1, math.ceil(0.6 * base.max_examples / len(self.archs)))
+            n = max(2, (base.max_examples - len(reach(self.archs))) // len(self.archs))
 
         def check(scenario: Any, options: dict[str, Any]) -> None:
             self.check_example(model, scenario, options, cov)
@@ -127,7 +139,8 @@ class PluginSuite:
                 test = example(scenario=sc, options={**self.reach_options, **self.fixed_options})(test)
         if base.derandomize:  # a fixed sequence per plugin and architecture, not one for all
             test = seed(zlib.crc32(f"{self.plugin}:{suite_arch}".encode()))(test)
-        settings(base, max_examples=n)(test)()
+        phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate]}
+        settings(base, max_examples=n, **phases)(test)()
         cov.done.add(suite_arch)
 
     def test_lossless_coverage(self) -> None:
