@@ -127,8 +127,21 @@ def _load_pending(config: pytest.Config) -> None:
             f"{CI_PROFILE!r} and {DEV_PROFILE!r}; register others in a conftest.py)") from exc
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"selfspec: hypothesis profile from environment {profile_name()!r} (loaded in suites using the kit)"
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not config.getini("selfspec_kit"):
+        return None  # inert outside the kit's suites (they are known only during collection)
+    return f"selfspec: hypothesis profile from environment {profile_name()!r}"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or not config.stash.get(_ACTIVE, False) or config.getini("selfspec_kit"):
+        return
+    if config.option.verbose >= 0:
+        from hypothesis import settings
+
+        reporter.write_line(f"selfspec: hypothesis profile {settings._current_profile!r}")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
