@@ -8,9 +8,9 @@ with drafts that get accepted, mid-draft.
 boundaries of :data:`~selfspec.testing.strategies.BOUNDARIES` (plus a plugin's own), most of
 them short so that examples stay cheap. :func:`reach` is the fixed set every
 :class:`~selfspec.testing.PluginSuite` runs as explicit examples under any profile: a long
-prompt, a long output, a long prompt with a long output, a window edge with EOS mid-draft, and
-a repetitive prompt that makes drafts be accepted deep, spread over the architectures; it is
-what makes the coverage check pass whatever the random draws.
+prompt (257 tokens), a long output (129), a prompt just past 128, a window edge with EOS
+mid-output, and a repetitive prompt that makes drafts be accepted deep, spread over the
+architectures; it is what makes the coverage check pass whatever the random draws.
 """
 
 from __future__ import annotations
@@ -71,9 +71,9 @@ def reach(archs: Sequence[str] = ARCHS) -> list[Scenario]:
     base = [
         ("long prompt", 257, 33, None, (5, 9, 17, 3)),
         ("long output", 17, 129, None, (3, 4, 5)),
-        ("long prompt and output", 129, 65, None, (11, 2, 7, 2, 30)),
+        ("prompt past 128", 129, 17, None, (11, 2, 7, 2, 30)),
         ("window edge, eos mid-output", 5, 24, 9, (3, 4, 5)),
-        ("repetitive, deep drafts", 64, 64, None, (1, 2)),
+        ("repetitive, deep drafts", 64, 40, None, (1, 2)),
     ]
     out = []
     for i, (label, n_prompt, n_new, eos_at, motif) in enumerate(base):
