@@ -61,6 +61,7 @@ class Decoder:
         self.audit = audit_from_env() if audit is None else audit
         self.audit_tolerance: float | None = None  # near-tie tolerance of the audit (None: per dtype)
         self.auditor: Auditor | None = None
+        self.plugin_hooks = plugins.hook_names(self.pm, self.plugin) if self.plugin is not None else []
         self._call("selfspec_setup", runner=self.runner, options=self.options, tokenizer=tokenizer)
 
     @property
@@ -144,8 +145,7 @@ class Decoder:
     def _auditor(self, state: DecodeState) -> Auditor | None:
         if not self.audit:
             return None
-        hooks = plugins.hook_names(self.pm, self.plugin) if self.plugin is not None else []
-        auditor = Auditor(self.plugin_name, hooks, self.audit_tolerance)
+        auditor = Auditor(self.plugin_name, self.plugin_hooks, self.audit_tolerance)
         auditor.start(state)
         return auditor
 
@@ -240,7 +240,7 @@ class Decoder:
         if len(slots) != len(verdict.accepted) + 1:
             raise PluginError(name, "verdict.kv_slots must name one slot per committed position")
         written = min(state.cache.lengths) - (state.length - 1)
-        if self.plugin is not None and "selfspec_cache" not in plugins.hook_names(self.pm, self.plugin) and (
+        if self.plugin_hooks and "selfspec_cache" not in self.plugin_hooks and (
             slots[0] < 0 or any(b <= a for a, b in zip(slots, slots[1:])) or slots[-1] >= written
         ):
             raise PluginError(name, f"selfspec_verify returned kv_slots {list(slots)}: they must increase "
