@@ -167,15 +167,13 @@ def test_profile_registered_in_a_conftest_is_loaded(tmp_path):
 
 def test_the_pytest_plugin_is_inert_in_a_suite_that_does_not_use_the_kit(tmp_path):
     # a) another project installed beside selfspec: no profile of ours, no usage error
+    # (a suite that imports the kit gets its profile: test_profile_registered_in_a_conftest_...)
     run = _pytest_in(tmp_path, "no-such-profile", uses_kit=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "MAX 100" in run.stdout  # Hypothesis's own default
-    run = _pytest_in(tmp_path, CI_PROFILE, uses_kit=False)
-    assert "MAX 100" in run.stdout, run.stdout + run.stderr
 
 
-def test_a_suite_using_the_kit_or_opting_in_gets_the_profile(tmp_path):
-    assert "MAX 15" in _pytest_in(tmp_path, CI_PROFILE).stdout  # see a): it imports the kit
+def test_a_suite_can_opt_in_by_ini(tmp_path):
     run = _pytest_in(tmp_path, CI_PROFILE, uses_kit=False, ini="selfspec_kit = true")
     assert "MAX 15" in run.stdout, run.stdout + run.stderr
 
