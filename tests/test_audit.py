@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import selfspec
-from selfspec import Decoder, Draft, Verdict
+from selfspec import Decoder, Verdict
 from selfspec.audit import AuditError
 from selfspec.builtin.verify import verify_greedy
 from selfspec.plugins import PluginError
