@@ -280,6 +280,12 @@ def test_check_reports_a_broken_plugin(model_dir, tmp_path):
     assert r.stdout.startswith("DIVERGED")
     assert "first difference at new token 0" in r.stdout
     assert "0 OK, 0 near-tie, 1 diverged" in r.stdout
+    # --audit stops at the step that goes wrong and names the hook and the tokens
+    r = invoke("check", "--plugin-file", broken, "-m", model_dir, "--dtype", "float64", "-n", 6,
+               "--prompt", "the cat sat", "--audit", ok=False)
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "DIVERGED  [1] 'the cat sat': plugin 'wrongbonus': selfspec_verify is lossy at step 0" in r.stdout
+    assert "its bonus token is" in r.stdout and "0 OK, 0 near-tie, 1 diverged" in r.stdout
 
 
 # ---------------------------------------------------------------------- plugin sub-commands

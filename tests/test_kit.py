@@ -51,9 +51,11 @@ def test_assert_lossless_catches_a_lossy_plugin(tiny_model_factory):
     model = tiny_model_factory("llama")
     with pytest.raises(LosslessError) as err:
         assert_lossless(model, "lossy", [1, 2, 3], 10, plugin_object=Lossy)
+    # the audit stops the decode at the step that goes wrong, naming the hook and the token
     msg = str(err.value)
-    assert "'lossy'" in msg and "diverges from greedy decoding at new token 0" in msg
-    assert "plugin:    [] | [7, 7," in msg and "reference: [] |" in msg and "margin" in msg
+    assert "plugin 'lossy': selfspec_verify is lossy at step 0 (output token 0" in msg
+    assert "accepted draft token 0 is 7, the full model's greedy token is" in msg and "margin" in msg
+    assert "prompt of 3 tokens, max_new_tokens=10" in msg
 
 
 def test_float64_is_exact_whatever_the_tolerance(tiny_model_factory):
@@ -132,20 +134,28 @@ def test_hypothesis_profiles(monkeypatch):
     assert profile_name() == "mine"
 
 
-def _pytest_in(tmp_path, profile: str, conftest: str = "") -> subprocess.CompletedProcess:
+def _pytest_in(tmp_path, profile: str, conftest: str = "", *, uses_kit: bool = True, ini: str = "",
+               ) -> subprocess.CompletedProcess:
     (tmp_path / "test_one.py").write_text(
-        "from hypothesis import settings\n"
-        "def test_profile():\n    print('MAX', settings.default.max_examples)\n")
+        ("import selfspec.testing  # noqa: F401\n" if uses_kit else "")
+        + "from hypothesis import given, settings, strategies as st\n"
+        "@given(st.integers())\n"  # decorated at import: the profile must be loaded before
+        "def test_profile(x):\n    pass\n"
+        "def test_max():\n    print('MAX', test_profile._hypothesis_internal_use_settings.max_examples)\n")
     (tmp_path / "conftest.py").write_text(conftest)
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
-                          capture_output=True, text=True, cwd=tmp_path, env={**env, "HYPOTHESIS_PROFILE": profile})
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env={**env, "HYPOTHESIS_PROFILE": profile, "CI": "1"})
 
 
 def test_unknown_hypothesis_profile_is_a_usage_error(tmp_path):
+    # found while collecting the first file that uses the kit: pytest stops with the usage
+    # error as a collection error
     run = _pytest_in(tmp_path, "no-such-profile")
-    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
-    assert "HYPOTHESIS_PROFILE='no-such-profile' names no registered" in run.stderr
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, run.stdout + run.stderr
+    assert "UsageError: HYPOTHESIS_PROFILE='no-such-profile' names no registered" in run.stdout
 
 
 def test_profile_registered_in_a_conftest_is_loaded(tmp_path):
@@ -153,6 +163,19 @@ def test_profile_registered_in_a_conftest_is_loaded(tmp_path):
     run = _pytest_in(tmp_path, "mine", conftest)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "MAX 7" in run.stdout
+
+
+def test_the_pytest_plugin_is_inert_in_a_suite_that_does_not_use_the_kit(tmp_path):
+    # a) another project installed beside selfspec: no profile of ours, no usage error
+    # (a suite that imports the kit gets its profile: test_profile_registered_in_a_conftest_...)
+    run = _pytest_in(tmp_path, "no-such-profile", uses_kit=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "MAX 100" in run.stdout  # Hypothesis's own default
+
+
+def test_a_suite_can_opt_in_by_ini(tmp_path):
+    run = _pytest_in(tmp_path, CI_PROFILE, uses_kit=False, ini="selfspec_kit = true")
+    assert "MAX 15" in run.stdout, run.stdout + run.stderr
 
 
 DECLARED = {

@@ -542,8 +542,10 @@ def test_capture_layers_returns_committed_hidden_states(model):
 
 
 # ----------------------------------------------------------------------------- properties (see c)
-# tiny decodes are fast: at least 50 examples per property whatever the profile asks
-MORE = settings(max_examples=max(50, settings.default.max_examples))
+# tiny decodes are fast: at least 20 examples per property whatever the profile asks, each
+# audited at every step (long prompts, long outputs and deep drafts are the kit's PluginSuite
+# and mutation tests' job)
+MORE = settings(max_examples=max(20, settings.default.max_examples))
 
 
 @MORE

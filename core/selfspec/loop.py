@@ -16,6 +16,7 @@ import pluggy
 import torch
 
 from . import plugins
+from .audit import Auditor, audit_from_env
 from .plugins import PluginError
 from .runner import Runner
 from .types import DecodeState, Draft, Result, Stats, StreamCallback, Verdict
@@ -29,7 +30,9 @@ class Decoder:
     ``weight_layout`` picks how the runner holds the linear weights (``selfspec.runner.layout``):
     the default ``"auto"`` runs oneDNN-prepacked copies on CPU in float32/bf16/fp16 (equal to
     the model up to rounding, ~1.7x faster on a 2-core CPU) and the model's own weights
-    otherwise (bitwise, e.g. float64); ``"model"`` forces the latter.
+    otherwise (bitwise, e.g. float64); ``"model"`` forces the latter. ``audit`` (default: the
+    ``SELFSPEC_AUDIT`` environment variable) checks every step against the full model
+    (``selfspec.audit``); the last decode's :class:`~selfspec.audit.Auditor` is ``self.auditor``.
     """
 
     def __init__(
@@ -43,6 +46,7 @@ class Decoder:
         draft_slack: int = 256,
         trace: bool | None = None,
         weight_layout: str = "auto",
+        audit: bool | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -54,6 +58,10 @@ class Decoder:
         from .options import resolve
 
         self.options = resolve(self.declared, options or {}, plugin)
+        self.audit = audit_from_env() if audit is None else audit
+        self.audit_tolerance: float | None = None  # near-tie tolerance of the audit (None: per dtype)
+        self.auditor: Auditor | None = None
+        self.plugin_hooks = plugins.hook_names(self.pm, self.plugin) if self.plugin is not None else []
         self._call("selfspec_setup", runner=self.runner, options=self.options, tokenizer=tokenizer)
 
     @property
@@ -98,16 +106,23 @@ class Decoder:
         self._sync()
         stats.prefill_s = time.perf_counter() - t_start
         self._call("selfspec_start", state=state)
+        audit = self.auditor = self._auditor(state)
 
         while state.budget > 0 and not state.finished:
             # 2. propose: a chain [k] or a tree of draft tokens after the pending token
             draft = self._check_draft(self._call("selfspec_propose", state=state), state)
+            if audit:
+                audit.proposed(state, draft)
             # 3. verify: the full model decides; accepted drafts + the bonus token
             verdict = self._check_verdict(self._call("selfspec_verify", state=state, draft=draft), draft, state)
+            if audit:
+                audit.verified(state, draft, verdict)
             # 4. cache: every cache holds exactly the committed prefix again
             self._call("selfspec_cache", state=state, verdict=verdict)
             # 5. commit: host-side EOS and budget rules, then stream
             new = self._commit(state, verdict, draft)
+            if audit:
+                audit.committed(state, new)
             if stream is not None and new:
                 stream(new)
             if not state.finished and state.cache.length != state.length - 1:
@@ -115,6 +130,8 @@ class Decoder:
                                   f"the step, expected {state.length - 1} in every layer")
             # 6. update policy: thresholds, layer sets, statistics
             self._call("selfspec_update_policy", state=state, verdict=verdict)
+            if audit:
+                audit.updated(state)
 
         self._sync()
         stats.wall_time_s = time.perf_counter() - t_start
@@ -125,6 +142,13 @@ class Decoder:
         return result
 
     # ------------------------------------------------------------------------------ helpers
+    def _auditor(self, state: DecodeState) -> Auditor | None:
+        if not self.audit:
+            return None
+        auditor = Auditor(self.plugin_name, self.plugin_hooks, self.audit_tolerance)
+        auditor.start(state)
+        return auditor
+
     def _commit(self, state: DecodeState, verdict: Verdict, draft: Draft) -> list[int]:
         new = list(verdict.committed)
         for i, t in enumerate(new):  # nothing after EOS is committed
@@ -212,8 +236,15 @@ class Decoder:
             if not 0 <= node < len(draft) or tokens[node] != tok or parents[node] != prev:
                 raise PluginError(name, "verdict.accepted is not a path of the draft")
             prev = node
-        if len(verdict.slots()) != len(verdict.accepted) + 1:
+        slots = verdict.slots()
+        if len(slots) != len(verdict.accepted) + 1:
             raise PluginError(name, "verdict.kv_slots must name one slot per committed position")
+        written = min(state.cache.lengths) - (state.length - 1)
+        if self.plugin_hooks and "selfspec_cache" not in self.plugin_hooks and (
+            slots[0] < 0 or any(b <= a for a, b in zip(slots, slots[1:])) or slots[-1] >= written
+        ):
+            raise PluginError(name, f"selfspec_verify returned kv_slots {list(slots)}: they must increase "
+                              f"and lie in the {written} slots its forward wrote (step {state.step})")
         return verdict
 
     def _default_eos(self) -> set[int]:

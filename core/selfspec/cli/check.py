@@ -18,14 +18,17 @@ from .settings import CHECK_MAX_NEW_TOKENS, DEFAULT_CHECK_PROMPTS, BadInput, Set
               help=f"Token budget per prompt (default {CHECK_MAX_NEW_TOKENS}).")
 @click.option("--chat/--no-chat", default=None, help="Apply the chat template (default: instruct models).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of lines.")
+@click.option("--audit", is_flag=True, help="Also check every step against the full model and name the hook at fault.")
 @click.pass_context
-def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, **params: Any) -> None:
+def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, audit: bool, **params: Any) -> None:
     """Compare a plugin's output with plain greedy decoding (model.generate).
 
     Prints OK, NEAR-TIE (a float32/bf16 rounding flip where the reference's top-1/top-2
     logit margin is under the dtype's tolerance) or DIVERGED for every prompt; exits with
-    status 1 when any prompt diverged.
+    status 1 when any prompt diverged. ``--audit`` (or ``SELFSPEC_AUDIT=1``) stops a decode at
+    the step where it goes wrong and says which hook, step and token (``selfspec.audit``).
     """
+    from ..audit import AuditError
     from ..reference import NEAR_TIE_TOLERANCE, compare, reference_generate
 
     settings: Settings = ctx.obj.merged(params)
@@ -41,10 +44,17 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, *
         settings.validate_plugin()
         loaded = settings.load_model()
         decoder = settings.decoder(loaded)
+        decoder.audit = decoder.audit or audit
         tolerance = NEAR_TIE_TOLERANCE.get(loaded.dtype, 0.0)
         for i, text in enumerate(texts, 1):
             ids = models.format_prompt(loaded, text)
-            result = decoder.generate(ids, max_new, loaded.eos_token_ids)
+            try:
+                result = decoder.generate(ids, max_new, loaded.eos_token_ids)
+            except AuditError as exc:
+                rows.append({"prompt": text, "status": "DIVERGED", "audit": str(exc)})
+                if not as_json:
+                    click.echo(f"DIVERGED  [{i}] {text!r}: {exc}")
+                continue
             ref = reference_generate(loaded.model, ids, max_new, loaded.eos_token_ids)
             c = compare(loaded.model, ids, result.output_ids, ref, tolerance=tolerance)
             status = "OK" if c.equal else "NEAR-TIE" if c.near_tie else "DIVERGED"

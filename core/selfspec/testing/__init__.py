@@ -24,6 +24,7 @@ __all__ = [
     "ARCHS",
     "LosslessError",
     "NearTieWarning",
+    "PluginSuite",
     "assert_lossless",
     "strategies",
     "tiny_config",
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from . import strategies
     from .lossless import LosslessError, NearTieWarning, assert_lossless
     from .models import tiny_config, tiny_model
+    from .suite import PluginSuite
 
 _LAZY = {
     "tiny_model": "models",
@@ -41,6 +43,7 @@ _LAZY = {
     "assert_lossless": "lossless",
     "LosslessError": "lossless",
     "NearTieWarning": "lossless",
+    "PluginSuite": "suite",
 }
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from ..audit import AuditError, Auditor
 from ..loop import Decoder
 from ..reference import NEAR_TIE_TOLERANCE, compare, reference_generate
 from ..types import Result
@@ -31,6 +32,7 @@ def assert_lossless(
     plugin_object: Any = None,
     eos_token_ids: Iterable[int] = (),
     tolerance: float | None = None,
+    record: Callable[[Result, Auditor], None] | None = None,
 ) -> Result:
     """Decode ``prompt_ids`` with ``plugin`` and check it equals ``model.generate(do_sample=False)``.
 
@@ -43,6 +45,12 @@ def assert_lossless(
     ``tolerance`` (default :data:`selfspec.reference.NEAR_TIE_TOLERANCE` of the model's dtype);
     it is then a *near-tie*: the returned result has ``near_ties == 1`` and a
     :class:`NearTieWarning` gives the margin. Nothing is ever retried.
+
+    The decode always runs in audit mode (:mod:`selfspec.audit`): a wrong token, a wrong KV
+    slot or a touched committed token raises :class:`LosslessError` at the step where it
+    happens, naming the hook at fault, before any comparison of whole outputs. ``record`` is
+    called with the result and the decode's :class:`~selfspec.audit.Auditor` (its per-step
+    log): the kit's coverage counters use it.
     """
     if isinstance(plugin, Decoder):
         if plugin.model is not model:
@@ -52,9 +60,20 @@ def assert_lossless(
         decoder = Decoder(model, plugin, options, plugin_object=plugin_object)
     eos = tuple(eos_token_ids)
     prompt = [int(t) for t in prompt_ids]
-    result = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos)
-    reference = reference_generate(model, prompt, max_new_tokens, eos)
     dtype = next(model.parameters()).dtype
+    audit, decoder.audit, decoder.audit_tolerance = decoder.audit, True, tolerance
+    try:
+        result = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos)
+    except AuditError as exc:
+        raise LosslessError(f"{exc}\n  (prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, "
+                            f"{dtype}, options {decoder.options})") from exc
+    finally:
+        decoder.audit, decoder.audit_tolerance = audit, None
+    auditor = decoder.auditor
+    assert auditor is not None
+    if record is not None:
+        record(result, auditor)
+    reference = reference_generate(model, prompt, max_new_tokens, eos)
     if tolerance is None:
         tolerance = NEAR_TIE_TOLERANCE.get(dtype, 0.0)
     if dtype == torch.float64:

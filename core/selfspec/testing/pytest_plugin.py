@@ -10,10 +10,17 @@ Fixtures:
 * ``selfspec_device``: parametrizes a test over ``"cpu"`` and, when a GPU is present, ``"cuda"``.
 
 Hypothesis profiles: ``selfspec-ci`` (derandomized, no deadline, few examples) and
-``selfspec-dev`` (no deadline, more examples, random). The profile named by the environment
-variable ``HYPOTHESIS_PROFILE`` is loaded; otherwise ``selfspec-ci`` when ``CI`` is set and
-``selfspec-dev`` when not. ``--hypothesis-profile`` on the command line wins over both. A
-name that no conftest registers either stops the run with a usage error.
+``selfspec-dev`` (no deadline, more examples, random). They are loaded only in a suite that
+uses the kit, so that the plugin is inert in any other project installed beside selfspec:
+when the ini option ``selfspec_kit = true`` is set, or as soon as a test file (or conftest)
+about to be imported mentions ``selfspec.testing`` or one of the kit's fixtures. Then the
+profile named by the environment variable ``HYPOTHESIS_PROFILE`` is loaded; otherwise
+``selfspec-ci`` when ``CI`` is set and ``selfspec-dev`` when not. ``--hypothesis-profile`` on
+the command line wins over both. A name that no conftest registers either stops the run with
+a usage error.
+
+``--selfspec-coverage`` prints what every :class:`~selfspec.testing.PluginSuite` property
+test exercised (its coverage buckets) at the end of the run.
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ from .archs import ARCHS
 CI_PROFILE = "selfspec-ci"
 DEV_PROFILE = "selfspec-dev"
 _PENDING_PROFILE = pytest.StashKey[str]()  # a profile name not registered at configure time
+_ACTIVE = pytest.StashKey[bool]()  # the kit's profiles are loaded in this session
+#: Text that marks a file as using the kit (checked before the file is imported).
+_MARKERS = (b"selfspec.testing", b"tiny_model_factory", b"selfspec_arch", b"selfspec_device")
 
 
 def devices() -> list[str]:
@@ -43,9 +53,40 @@ def profile_name() -> str:
     return os.environ.get("HYPOTHESIS_PROFILE") or (CI_PROFILE if os.environ.get("CI") else DEV_PROFILE)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("selfspec_kit", "load the selfspec kit's Hypothesis profiles for this suite", type="bool",
+                  default=False)
+    parser.addoption("--selfspec-coverage", action="store_true", default=False,
+                     help="print what each selfspec PluginSuite property test exercised")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "selfspec: tests of the selfspec losslessness kit")
+    if config.getini("selfspec_kit"):
+        activate(config)
+
+
+def pytest_collect_file(file_path: Any, parent: pytest.Collector) -> None:
+    """Before a test file that uses the kit is imported, load the profiles (so a module-level
+    ``@given`` gets them)."""
+    config = parent.config
+    if config.stash.get(_ACTIVE, False) or file_path.suffix != ".py":
+        return
+    try:
+        text = file_path.read_bytes()
+    except OSError:
+        return
+    if any(m in text for m in _MARKERS):
+        activate(config)
+        _load_pending(config)  # conftests are loaded by now: an unknown name is an error now
+
+
+def activate(config: pytest.Config) -> None:
+    """Register the kit's Hypothesis profiles and load the one the environment asks for."""
+    if config.stash.get(_ACTIVE, False):
+        return
+    config.stash[_ACTIVE] = True
     try:
         from hypothesis import HealthCheck, settings
     except ImportError:  # the kit's strategies need hypothesis; the fixtures do not
@@ -68,9 +109,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Load a profile that did not exist at configure time (registered by a conftest), or
     stop with a usage error: an unknown name must not silently run Hypothesis's defaults."""
-    name = session.config.stash.get(_PENDING_PROFILE, None)
+    _load_pending(session.config)
+
+
+def _load_pending(config: pytest.Config) -> None:
+    name = config.stash.get(_PENDING_PROFILE, None)
     if name is None:
         return
+    del config.stash[_PENDING_PROFILE]
     from hypothesis import settings
 
     try:
@@ -81,8 +127,33 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             f"{CI_PROFILE!r} and {DEV_PROFILE!r}; register others in a conftest.py)") from exc
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not config.getini("selfspec_kit"):
+        return None  # inert outside the kit's suites (they are known only during collection)
     return f"selfspec: hypothesis profile from environment {profile_name()!r}"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or not config.stash.get(_ACTIVE, False) or config.getini("selfspec_kit"):
+        return
+    if config.option.verbose >= 0:
+        from hypothesis import settings
+
+        reporter.write_line(f"selfspec: hypothesis profile {settings._current_profile!r}")
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if not config.getoption("selfspec_coverage", default=False):
+        return
+    from .coverage import REGISTRY
+
+    terminalreporter.section("selfspec coverage")
+    for cov in REGISTRY.values():
+        terminalreporter.write_line(cov.report())
+    if not REGISTRY:
+        terminalreporter.write_line("no PluginSuite property test ran")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hypothesis import strategies as st
@@ -21,6 +21,12 @@ from .archs import ARCHS
 
 #: Largest vocabulary id drawn by default: the tiny models' vocabulary size.
 TINY_VOCAB = 128
+
+
+#: Lengths where bugs live: powers of two +-1 (buffers, capacities, index wrap), and the tiny
+#: models' sliding windows +-1 (4 in Mistral/Qwen2, 3 in Gemma 3).
+BOUNDARIES: tuple[int, ...] = tuple(sorted(
+    {2, 3, 4, 5, 6} | {n for k in range(3, 9) for n in (2**k - 1, 2**k, 2**k + 1)}))
 
 
 def archs() -> st.SearchStrategy[str]:
@@ -40,6 +46,38 @@ def prompts(vocab_size: int = TINY_VOCAB, min_len: int = 1, max_len: int = 24) -
 def lengths(min_value: int = 1, max_value: int = 40) -> st.SearchStrategy[int]:
     """``max_new_tokens`` values."""
     return st.integers(min_value, max_value)
+
+
+def boundary_lengths(min_value: int, max_value: int, boundaries: Sequence[int] = (),
+                     short: int = 24) -> st.SearchStrategy[int]:
+    """Lengths over a wide range, weighted toward where bugs live: short values (cheap, most
+    examples: half the draws), the boundaries (:data:`BOUNDARIES` and ``boundaries``, e.g. a
+    plugin's buffer size or depth limit, each +-1) inside ``[min_value, max_value]``, and
+    anything in range."""
+    marks = {b + d for b in boundaries for d in (-1, 0, 1)} | set(BOUNDARIES)
+    marks = sorted(m for m in marks if min_value <= m <= max_value)
+    cheap = st.integers(min_value, max(min_value, min(short, max_value)))
+    parts = [cheap, cheap]
+    if marks:
+        parts.append(st.sampled_from(marks))
+    parts.append(st.integers(min_value, max_value))
+    return st.one_of(parts)
+
+
+@st.composite
+def prompt_ids(draw: st.DrawFn, length: int, vocab_size: int = TINY_VOCAB) -> list[int]:
+    """``length`` token ids: free, from a few ids, or a motif repeated with a few changes
+    (repetition makes n-gram and self-drafts get accepted, so acceptance paths run)."""
+    kind = draw(st.sampled_from(["motif", "free", "few"]))
+    if kind == "free":
+        return draw(st.lists(st.integers(0, vocab_size - 1), min_size=length, max_size=length))
+    if kind == "few":
+        return draw(st.lists(st.integers(0, min(vocab_size, 6) - 1), min_size=length, max_size=length))
+    motif = draw(st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=8))
+    ids = (motif * (length // len(motif) + 1))[:length]
+    for _ in range(draw(st.integers(0, 2))):  # a few changed tokens: drafts that go wrong midway
+        ids[draw(st.integers(0, length - 1))] = draw(st.integers(0, vocab_size - 1))
+    return ids
 
 
 def option_values(opt: Option) -> st.SearchStrategy[Any]:
@@ -80,19 +118,20 @@ def option_values(opt: Option) -> st.SearchStrategy[Any]:
     return base.filter(valid)
 
 
-def options(declared: Mapping[str, Option], *, fixed: Mapping[str, Any] | None = None) -> st.SearchStrategy[dict[str, Any]]:
+def options(declared: Mapping[str, Option], *, fixed: Mapping[str, Any] | None = None,
+            strategies: Mapping[str, st.SearchStrategy[Any]] | None = None) -> st.SearchStrategy[dict[str, Any]]:
     """A dict of valid values for some of a plugin's declared options (the rest keep defaults).
 
     ``declared`` is what :func:`selfspec.plugins.declared_options` returns; ``fixed`` pins
-    some options to given values.
+    some options to given values; ``strategies`` replaces the drawing of some (to constrain
+    them: ``{"num_draft": st.integers(1, 8)}``).
     """
     fixed = dict(fixed or {})
-    free = {name: opt for name, opt in declared.items() if name not in fixed}
+    given = dict(strategies or {})
+    free = {name: given.get(name, option_values(opt)) for name, opt in declared.items() if name not in fixed}
     if not free:
         return st.just(fixed)
-    return st.fixed_dictionaries({}, optional={name: option_values(opt) for name, opt in free.items()}).map(
-        lambda d: {**d, **fixed}
-    )
+    return st.fixed_dictionaries({}, optional=free).map(lambda d: {**d, **fixed})
 
 
 @st.composite

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from hypothesis import given
 from hypothesis import strategies as st
 from selfspec_clasp import CLaSp
 from selfspec_clasp.draft import draft_chain
@@ -10,38 +9,34 @@ from selfspec_clasp.search import initial_skip
 
 import selfspec
 from selfspec import Decoder
-from selfspec.plugins import PluginError, available
+from selfspec.plugins import PluginError
 from selfspec.runner import Runner
-from selfspec.testing import ARCHS, assert_lossless, tiny_model
-from selfspec.testing import strategies as sst
+from selfspec.testing import PluginSuite, assert_lossless, tiny_model
 
 
-def test_plugin_is_installed():
-    assert "clasp" in available()
+class TestCLaSp(PluginSuite):
+    """The kit's standard suite: installed, valid options, lossless (with coverage)."""
 
+    plugin = "clasp"
+    option_strategies = {
+        "LOI": st.integers(1, 4),
+        "DET": st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.95]) | st.floats(0.0, 1.0),
+        "max_draft": st.integers(1, 8),
+        "backoff": st.sampled_from([0, 1, 4]),
+    }
+    # no exit threshold and a fresh layer set every step: deep drafts every step
+    reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "max_draft": 8}
 
-@given(
-    arch=st.sampled_from(ARCHS),
-    loi=st.integers(1, 4),
-    det=st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.95]) | st.floats(0.0, 1.0),
-    max_draft=st.integers(1, 6),
-    backoff=st.sampled_from([0, 1, 4]),
-    keep_exit=st.booleans(),
-    data=st.data(),
-)
-def test_lossless(arch, loi, det, max_draft, backoff, keep_exit, data):
-    model = tiny_model(arch)
-    # a) M ranges over every size the model allows, from no layer skipped to all of them
-    m = data.draw(st.integers(0, model.config.num_hidden_layers))
-    prompt = data.draw(sst.prompts(model.config.vocab_size))
-    options = {"M": m, "LOI": loi, "DET": det, "max_draft": max_draft, "backoff": backoff, "keep_exit": keep_exit}
-    assert_lossless(model, "clasp", prompt, data.draw(sst.lengths()), options)
+    def options_strategy(self, model, declared):
+        # a) M ranges over every size the model allows, from no layer skipped to all of them
+        m = st.integers(0, model.config.num_hidden_layers)
+        return st.tuples(super().options_strategy(model, declared), m).map(lambda t: {**t[0], "M": t[1]})
 
 
 def test_drafts_on_every_architecture():
     # b) with no exit threshold every step drafts, the layer set changes between steps
     # (LOI=1), and the output is still exactly greedy's: a plugin that never drafts fails
-    for arch in ARCHS:
+    for arch in ("llama", "gemma3"):  # the property test covers every architecture
         model = tiny_model(arch)
         result = assert_lossless(model, "clasp", [5, 9, 17, 3, 5, 9], 24, {"M": 1, "LOI": 1, "DET": 0.0, "max_draft": 4})
         assert result.stats.drafted > 0

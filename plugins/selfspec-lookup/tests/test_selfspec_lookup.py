@@ -1,41 +1,24 @@
 """selfspec-lookup: installed, lossless under the kit, and its n-gram mechanics."""
 
 import pytest
-from hypothesis import given
 from hypothesis import strategies as st
 from selfspec_lookup import Lookup
 
-from selfspec.plugins import available
-from selfspec.testing import ARCHS, assert_lossless, tiny_model
-from selfspec.testing import strategies as sst
+from selfspec.testing import PluginSuite, tiny_model
 
 
-def test_plugin_is_installed():
-    assert "lookup" in available()
+class TestLookup(PluginSuite):
+    """The kit's standard suite: installed, valid options, lossless (with coverage)."""
 
+    plugin = "lookup"
+    option_strategies = {"max_ngram": st.integers(1, 4), "min_ngram": st.integers(1, 2),
+                         "num_draft": st.integers(1, 12)}
+    reach_options = {"num_draft": 12}  # the deepest drafts the property draws
 
-@given(
-    arch=st.sampled_from(ARCHS),
-    max_ngram=st.integers(1, 4),
-    num_draft=st.integers(1, 12),
-    adaptive=st.booleans(),
-    data=st.data(),
-)
-def test_lossless(arch, max_ngram, num_draft, adaptive, data):
-    model = tiny_model(arch)
-    # a) few distinct tokens make n-gram matches, and so real drafts, likely
-    prompt = data.draw(sst.prompts(min(model.config.vocab_size, 12), min_len=4))
-    options = {"max_ngram": max_ngram, "num_draft": num_draft, "adaptive": adaptive}
-    assert_lossless(model, "lookup", prompt, data.draw(sst.lengths()), options)
-
-
-def test_drafts_on_a_repeating_model_are_accepted():
-    # b) a model whose greedy output repeats the prompt's pattern gives long accepted drafts;
-    # run on every architecture and require that lookup actually drafted something
-    for arch in ARCHS:
-        model = tiny_model(arch)
-        result = assert_lossless(model, "lookup", [3, 4, 5, 3, 4, 5, 3, 4], 24)
-        assert result.stats.drafted > 0
+    def options_strategy(self, model, declared):
+        # a) min_ngram above max_ngram is refused (test_bad_options_are_refused)
+        return super().options_strategy(model, declared).filter(
+            lambda o: o.get("min_ngram", 1) <= o.get("max_ngram", 3))
 
 
 def _lookup(history, **opts):

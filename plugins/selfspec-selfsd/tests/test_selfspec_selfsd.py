@@ -4,48 +4,43 @@ import json
 
 import pytest
 import torch
-from hypothesis import given
 from hypothesis import strategies as st
 from selfspec_selfsd import SelfSD, Threshold, profiles
 from selfspec_selfsd.costmodel import BlockCosts
 
 import selfspec
 from selfspec import Decoder
-from selfspec.plugins import PluginError, available
-from selfspec.testing import ARCHS, assert_lossless, tiny_model
-from selfspec.testing import strategies as sst
+from selfspec.plugins import PluginError
+from selfspec.testing import PluginSuite, assert_lossless, tiny_model
 
 PROMPT = [5, 17, 3, 99, 42, 7, 7, 1]
 
 
-def test_plugin_is_installed():
-    assert "selfsd" in available()
+class TestSelfSD(PluginSuite):
+    """The kit's standard suite: installed, valid options, lossless (with coverage)."""
 
-
-def _layers(data, n_layers, name):
-    chosen = data.draw(st.sets(st.integers(0, n_layers - 1)), label=name)
-    return profiles.format_layers(sorted(chosen))
-
-
-@given(arch=st.sampled_from(ARCHS), data=st.data())
-def test_lossless(arch, data):
-    model = tiny_model(arch)
-    n_layers = model.config.num_hidden_layers
-    options = {
-        "k": data.draw(st.integers(1, 8), label="k"),
-        "gamma": data.draw(st.sampled_from([0.0, 0.3, 0.6, 0.9, 1.0]), label="gamma"),
-        "adaptive": data.draw(st.booleans(), label="adaptive"),
-        "alpha": data.draw(st.sampled_from([0.5, 0.9]), label="alpha"),
-        "reuse": data.draw(st.booleans(), label="reuse"),
-        # a) random skip sets of both kinds, empty and "everything" included
-        "skip_attn": _layers(data, n_layers, "skip_attn"),
-        "skip_mlp": _layers(data, n_layers, "skip_mlp"),
+    plugin = "selfsd"
+    option_strategies = {
+        "k": st.integers(1, 8),
+        "gamma": st.sampled_from([0.0, 0.3, 0.6, 0.9, 1.0]),
+        "alpha": st.sampled_from([0.5, 0.9]),
     }
-    prompt = data.draw(sst.prompts(model.config.vocab_size))
-    assert_lossless(model, "selfsd", prompt, data.draw(sst.lengths()), options)
+    # see b): one late MLP skipped, no exit threshold: drafts every step, many accepted
+    reach_options = {"skip_attn": "none", "skip_mlp": "2", "gamma": 0.0, "adaptive": False, "k": 8}
+
+    def options_strategy(self, model, declared):
+        n_layers = model.config.num_hidden_layers
+
+        # a) random skip sets of both kinds, empty and "everything" included
+        def layers(name):
+            return st.sets(st.integers(0, n_layers - 1)).map(lambda c: profiles.format_layers(sorted(c)))
+
+        rest = {k: v for k, v in declared.items() if k not in ("skip_attn", "skip_mlp")}
+        skips = st.fixed_dictionaries({"skip_attn": layers("skip_attn"), "skip_mlp": layers("skip_mlp")})
+        return st.tuples(super().options_strategy(model, rest), skips).map(lambda t: {**t[0], **t[1]})
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # the property test covers every architecture
 @pytest.mark.parametrize("reuse", [True, False])
 def test_it_drafts_and_accepts(arch, reuse):
     # b) skipping one late MLP block leaves a draft close to the full model: drafts are made

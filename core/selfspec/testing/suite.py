@@ -1,0 +1,177 @@
+"""``PluginSuite``: a plugin's whole standard suite as a class with a few attributes.
+
+    from selfspec.testing import PluginSuite
+
+    class TestLookup(PluginSuite):
+        plugin = "lookup"
+        option_strategies = {"num_draft": st.integers(1, 12)}  # optional: constrain options
+
+generates, for that plugin:
+
+* ``test_plugin_is_installed``: the entry point loads (or ``plugin_object`` registers);
+* ``test_declares_valid_options``: declared defaults convert, and every option the class
+  fixes, constrains or uses for the reach examples is declared and valid;
+* ``test_lossless[arch-device]``: the losslessness property over every architecture in
+  ``archs`` and every device (``selfspec_device``): a Hypothesis test drawing a
+  :class:`~selfspec.testing.scenarios.Scenario` (wide, boundary-weighted prompt and output
+  lengths; repetitive prompts; EOS mid-output) and ``strategies.options(declared)``, plus the
+  fixed :func:`~selfspec.testing.scenarios.reach` examples, each decoded in audit mode by
+  :func:`~selfspec.testing.assert_lossless` and recorded in the suite's coverage;
+* ``test_lossless_coverage``: after every ``test_lossless`` of the class ran, fails when a
+  required bucket (:data:`selfspec.testing.coverage.REQUIRED`, every architecture) was never
+  hit, printing what was.
+
+Add the plugin's own mechanics tests as more methods of the class or beside it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, ClassVar
+
+import pytest
+
+from .archs import ARCHS
+from .coverage import Coverage, coverage_for
+
+
+class PluginSuite:
+    """Subclass with ``plugin = "name"``; every other attribute is optional."""
+
+    #: The plugin's entry-point name (or the name to register ``plugin_object`` under).
+    plugin: ClassVar[str] = ""
+    #: An unpackaged plugin (class, module or instance) to test instead of the entry point.
+    plugin_object: ClassVar[Any] = None
+    #: Architectures to prove lossless on (all by default; narrow only with a reason).
+    archs: ClassVar[tuple[str, ...]] = ARCHS
+    #: Options pinned in every example.
+    fixed_options: ClassVar[dict[str, Any]] = {}
+    #: ``{option: strategy}`` replacing how some options are drawn (to constrain them).
+    option_strategies: ClassVar[dict[str, Any]] = {}
+    #: Options of the fixed reach examples: the ones that draft deepest.
+    reach_options: ClassVar[dict[str, Any]] = {}
+    #: Lengths that matter to this plugin (buffer size, depth limit): drawn with +-1.
+    boundaries: ClassVar[tuple[int, ...]] = ()
+    #: ``{bucket: reason}`` for required coverage buckets this plugin cannot reach.
+    coverage_exempt: ClassVar[dict[str, str]] = {}
+    #: Config overrides of the tiny models (``tiny_model_factory(arch, **model_overrides)``).
+    model_overrides: ClassVar[dict[str, Any]] = {}
+    #: Drawn examples per architecture and device, besides the reach examples; None: the
+    #: profile's ``max_examples`` left after the reach set, spread over the architectures (2
+    #: each under ``selfspec-ci``, 15 examples in all; 11 under ``selfspec-dev``). Hypothesis
+    #: draws the simplest example first (a 1-token prompt, 1 new token): cheap, and a case too.
+    examples_per_arch: ClassVar[int | None] = None
+    #: Run under this Hypothesis profile instead of the loaded one (the kit's mutation test).
+    hypothesis_profile: ClassVar[str | None] = None
+    #: False: report the first failing example as drawn, without shrinking it.
+    shrink: ClassVar[bool] = True
+
+    # ------------------------------------------------------------------ parametrization
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "suite_arch" in metafunc.fixturenames:
+            metafunc.parametrize("suite_arch", list(self.archs))
+
+    @classmethod
+    def suite_name(cls) -> str:
+        return f"{cls.__module__}::{cls.__qualname__}"
+
+    @classmethod
+    def coverage(cls) -> Coverage:
+        """This suite's coverage counters (shared by the class's tests in this process)."""
+        return coverage_for(cls.suite_name())
+
+    def _manager(self) -> tuple[Any, dict[str, Any]]:
+        from ..plugins import declared_options, make_manager
+
+        pm, _ = make_manager(self.plugin, self.plugin_object)
+        return pm, declared_options(pm)
+
+    # ------------------------------------------------------------------ generated tests
+    def test_plugin_is_installed(self) -> None:
+        from ..plugins import available
+
+        assert self.plugin, f"{type(self).__name__} sets no plugin name"
+        if self.plugin_object is None:
+            assert self.plugin in available(), f"plugin {self.plugin!r} is not installed"
+        pm, _ = self._manager()
+        assert pm.has_plugin(self.plugin) or self.plugin == "vanilla"
+
+    def test_declares_valid_options(self) -> None:
+        from ..options import resolve
+
+        _, declared = self._manager()
+        for opt in declared.values():
+            if opt.default is not None:
+                opt.convert(opt.default)
+        for attr in ("fixed_options", "option_strategies", "reach_options"):
+            unknown = sorted(set(getattr(self, attr)) - set(declared))
+            assert not unknown, f"{attr} names options {self.plugin!r} does not declare: {unknown}"
+        resolve(declared, {**self.reach_options, **self.fixed_options}, self.plugin)
+
+    def options_strategy(self, model: Any, declared: dict[str, Any]) -> Any:
+        """The options drawn for one model: ``strategies.options(declared)`` with the class's
+        ``fixed_options`` and ``option_strategies``. Override when valid options depend on
+        the model (its number of layers, say)."""
+        from . import strategies as sst
+
+        return sst.options(declared, fixed=self.fixed_options, strategies=self.option_strategies)
+
+    def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
+        from hypothesis import Phase, example, given, seed, settings
+
+        from .scenarios import reach, scenarios
+
+        cov = self.coverage()
+        _, declared = self._manager()
+        model = tiny_model_factory(suite_arch, device=selfspec_device, **self.model_overrides)
+        opts = self.options_strategy(model, declared)
+        base = settings.get_profile(self.hypothesis_profile) if self.hypothesis_profile else settings.default
+        n = self.examples_per_arch
+        if n is None:
+            n = max(2, (base.max_examples - len(reach(self.archs))) // len(self.archs))
+
+        def check(scenario: Any, options: dict[str, Any]) -> None:
+            self.check_example(model, scenario, options, cov)
+
+        test = given(scenario=scenarios([suite_arch], boundaries=self.boundaries), options=opts)(check)
+        for sc in reach(self.archs):
+            if sc.arch == suite_arch:
+                test = example(scenario=sc, options={**self.reach_options, **self.fixed_options})(test)
+        if base.derandomize:  # a fixed sequence per plugin and architecture, not one for all
+            test = seed(zlib.crc32(f"{self.plugin}:{suite_arch}".encode()))(test)
+        phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate]}
+        settings(base, max_examples=n, **phases)(test)()
+        cov.done.add(suite_arch)
+
+    def test_lossless_coverage(self) -> None:
+        cov = self.coverage()
+        if set(self.archs) - cov.done:
+            pytest.skip("checked when every test_lossless of the class ran in this session")
+        missing = cov.missing(self.archs, self.coverage_exempt)
+        assert not missing, (f"the losslessness property of {self.plugin!r} never exercised "
+                             f"{missing}: widen its options (reach_options, option_strategies) "
+                             f"or exempt a bucket with a reason (coverage_exempt)\n{cov.report()}")
+
+    # ------------------------------------------------------------------ one example
+    def check_example(self, model: Any, scenario: Any, options: dict[str, Any], cov: Coverage) -> None:
+        """Decode one scenario in audit mode, compare with ``generate``, record coverage."""
+        from hypothesis import event
+
+        from ..reference import reference_generate
+        from .lossless import assert_lossless
+
+        prompt = list(scenario.prompt)
+        eos: tuple[int, ...] = ()
+        if scenario.eos_at is not None:
+            ref = reference_generate(model, prompt, scenario.max_new_tokens)
+            eos = (ref[min(scenario.eos_at, len(ref) - 1)],) if ref else ()
+        window = getattr(model.config, "sliding_window", None)
+        if scenario.arch == "qwen2" and not getattr(model.config, "use_sliding_window", False):
+            window = None
+
+        def record(result: Any, auditor: Any) -> None:
+            for bucket in cov.record(scenario.arch, len(prompt), result, auditor, window, eos):
+                event(bucket)
+
+        assert_lossless(model, self.plugin, prompt, scenario.max_new_tokens, options,
+                        plugin_object=self.plugin_object, eos_token_ids=eos, record=record)

@@ -1,0 +1,68 @@
+"""The kit's mutation score: a plugin's standard suite under ``selfspec-ci`` catches every
+known-lossy plugin of :mod:`selfspec.testing.mutants`, and passes the correct control.
+
+a) Each mutant runs exactly as a plugin author's suite does (a :class:`PluginSuite` with
+   ``plugin_object=``, the ``selfspec-ci`` profile), architecture after architecture, without
+   shrinking; the score is the number of examples run up to the first that fails.
+b) The derandomized profile makes that number exact, so docs/testing-plugins.md states it
+   and this test keeps the table true.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from selfspec.plugins import PluginError
+from selfspec.testing import LosslessError, PluginSuite
+from selfspec.testing.mutants import MUTANTS, Echo
+from selfspec.testing.pytest_plugin import CI_PROFILE
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "testing-plugins.md"
+
+
+def run_suite(plugin_object, factory) -> tuple[int | None, str]:
+    """Run the standard property test of ``plugin_object``; (examples to the first failure, its
+    message), or (None, "") when every example passed."""
+    calls = []
+
+    class Suite(PluginSuite):  # see a)
+        plugin = "echo"
+        hypothesis_profile = CI_PROFILE
+        shrink = False
+
+        def check_example(self, *args, **kwargs):
+            calls.append(1)
+            return super().check_example(*args, **kwargs)
+
+    Suite.plugin_object = plugin_object
+    Suite.coverage().__init__(Suite.suite_name())  # fresh counters for each run
+    suite = Suite()
+    for arch in Suite.archs:
+        try:
+            suite.test_lossless(arch, "cpu", factory)
+        except (LosslessError, PluginError) as exc:
+            return len(calls), str(exc)
+    return None, Suite.coverage().report()
+
+
+def documented_score() -> dict[str, int]:
+    rows = re.findall(r"^\| `(\w+)` \|[^|]*\|[^|]*\| (\d+) \|$", DOC.read_text(), re.M)
+    return {name: int(n) for name, n in rows}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.__name__)
+def test_the_ci_profile_catches_every_mutant(mutant, tiny_model_factory):
+    n, message = run_suite(mutant, tiny_model_factory)
+    assert n is not None, f"{mutant.__name__} ({mutant.bug}; {mutant.trigger}) escaped:\n{message}"
+    assert "selfspec_" in message  # the error names the hook at fault
+    assert documented_score().get(mutant.__name__) == n, (  # see b)
+        f"{mutant.__name__} was caught after {n} examples; update the table in {DOC.name}")
+
+
+def test_the_correct_control_passes_with_full_coverage(tiny_model_factory):
+    n, report = run_suite(Echo, tiny_model_factory)
+    assert n is None
+    assert "accepted>=1" in report and "prompt>=129" in report and "output>=129" in report
