@@ -19,10 +19,11 @@ import torch
 from click.testing import CliRunner
 
 from selfspec import Draft, Verdict
-from selfspec.bench import data, harness, results, sweep
+from selfspec import data
+from selfspec.bench import harness, results, sweep
 from selfspec.bench.commands import bench, report
 from selfspec.bench.commands import sweep as sweep_cmd
-from selfspec.bench.data import Sample
+from selfspec.data import Sample
 from selfspec.builtin.verify import verify_greedy
 from selfspec.options import OptionError
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pluggy
+from .markers import hookspec
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
@@ -26,8 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .options import Option
     from .runner import Runner
     from .types import DecodeState, Draft, Result, Verdict
-
-hookspec = pluggy.HookspecMarker("selfspec")
 
 
 # ---------------------------------------------------------------------------------------------

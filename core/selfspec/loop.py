@@ -183,7 +183,7 @@ class Decoder:
             if len(draft) <= min(limit, room):
                 return draft
             state.stats.truncated_drafts += 1
-            return Draft(draft.tokens[: min(limit, room)], None, draft.meta)
+            return Draft(draft.tokens[: min(limit, room)], None, draft.meta, draft.owner)
         depths = draft.depths()
         keep = [i for i, d in enumerate(depths) if d <= limit][:room]
         if len(keep) == len(draft):
@@ -193,7 +193,8 @@ class Decoder:
         remap[-1] = -1
         parents = [remap[p] for p in draft.parents[keep].tolist()]
         idx = torch.tensor(keep, dtype=torch.long, device=draft.tokens.device)
-        return Draft(draft.tokens[idx], torch.tensor(parents, dtype=torch.long, device=idx.device), draft.meta)
+        return Draft(draft.tokens[idx], torch.tensor(parents, dtype=torch.long, device=idx.device), draft.meta,
+                     draft.owner)
 
     def _check_verdict(self, verdict: Any, draft: Draft, state: DecodeState) -> Verdict:
         name = self.plugin_name

@@ -10,8 +10,8 @@ from selfspec_selfsd import SelfSD, Threshold, profiles
 from selfspec_selfsd.costmodel import BlockCosts
 
 import selfspec
-from selfspec import Decoder
-from selfspec.plugins import PluginError, available
+from selfspec import Decoder, Layers, PluginError, format_layers, model_identity
+from selfspec import available_plugins as available
 from selfspec.testing import ARCHS, assert_lossless, tiny_model
 from selfspec.testing import strategies as sst
 
@@ -24,7 +24,7 @@ def test_plugin_is_installed():
 
 def _layers(data, n_layers, name):
     chosen = data.draw(st.sets(st.integers(0, n_layers - 1)), label=name)
-    return profiles.format_layers(sorted(chosen))
+    return format_layers(sorted(chosen))
 
 
 @given(arch=st.sampled_from(ARCHS), data=st.data())
@@ -32,7 +32,7 @@ def test_lossless(arch, data):
     model = tiny_model(arch)
     n_layers = model.config.num_hidden_layers
     options = {
-        "k": data.draw(st.integers(1, 8), label="k"),
+        "num_draft": data.draw(st.integers(1, 8), label="num_draft"),
         "gamma": data.draw(st.sampled_from([0.0, 0.3, 0.6, 0.9, 1.0]), label="gamma"),
         "adaptive": data.draw(st.booleans(), label="adaptive"),
         "alpha": data.draw(st.sampled_from([0.5, 0.9]), label="alpha"),
@@ -52,7 +52,7 @@ def test_it_drafts_and_accepts(arch, reuse):
     # every step and some are accepted, with and without the lower-layer reuse
     model = tiny_model(arch)
     last = model.config.num_hidden_layers - 1
-    opts = {"skip_attn": "none", "skip_mlp": str(last), "gamma": 0.0, "adaptive": False, "k": 4, "reuse": reuse}
+    opts = {"skip_attn": "none", "skip_mlp": str(last), "gamma": 0.0, "adaptive": False, "num_draft": 4, "reuse": reuse}
     result = assert_lossless(model, "selfsd", PROMPT, 24, opts)
     assert result.stats.drafted > 0
     assert result.stats.accepted > 0
@@ -97,7 +97,7 @@ def _decode(model, n=20, **opts):
 
 def test_draft_stops_at_k_when_gamma_is_zero():
     # d) no probability is below 0: every draft runs to K (or to what the budget allows)
-    dec, res = _decode(tiny_model("llama"), 30, k=5, gamma=0.0, adaptive=False)
+    dec, res = _decode(tiny_model("llama"), 30, num_draft=5, gamma=0.0, adaptive=False)
     budget_left = [30 - sum(res.stats.accept_lengths[:i]) for i in range(len(dec.plugin.log))]
     assert [d for d, _ in dec.plugin.log] == [min(5, b - 1) for b in budget_left]
 
@@ -105,7 +105,7 @@ def test_draft_stops_at_k_when_gamma_is_zero():
 def test_draft_stops_at_gamma():
     # e) every top probability is below 1: each draft stops after its first token, which is
     # still verified (Algorithm 3 drafts x_{j+1} before the exit test)
-    dec, res = _decode(tiny_model("llama"), 20, k=8, gamma=1.0, adaptive=False)
+    dec, res = _decode(tiny_model("llama"), 20, num_draft=8, gamma=1.0, adaptive=False)
     assert {d for d, _ in dec.plugin.log[:-1]} == {1}
     assert dec.plugin.log[-1][0] in (0, 1)  # the last step may have budget for the bonus only
 
@@ -128,7 +128,7 @@ def test_draft_exit_matches_the_draft_probability():
     # f) gamma between the draft's top probabilities: a draft ends exactly at the first token
     # whose probability is below gamma, or at K (recomputed here with the same skipped blocks)
     model = tiny_model("qwen2")
-    opts = {"skip_attn": "1", "skip_mlp": "0", "gamma": 0.5, "adaptive": False, "k": 6}
+    opts = {"skip_attn": "1", "skip_mlp": "0", "gamma": 0.5, "adaptive": False, "num_draft": 6}
     dec = Decoder(model, "selfsd", opts, plugin_object=Spy())
     dec.generate(PROMPT, 16, eos_token_ids=())
     seen = dec.plugin.seen
@@ -157,7 +157,7 @@ def test_skip_set_is_honoured():
     # h) count sub-block calls per layer: a skipped block runs only in the full forwards
     # (prefill and verification), a kept one also once per drafted token
     model = tiny_model("mistral")
-    dec = Decoder(model, "selfsd", {"skip_attn": "0,2", "skip_mlp": "1", "gamma": 0.0, "adaptive": False, "k": 3,
+    dec = Decoder(model, "selfsd", {"skip_attn": "0,2", "skip_mlp": "1", "gamma": 0.0, "adaptive": False, "num_draft": 3,
                                     "reuse": False})
     runner = dec.runner
     index = {id(m): i for i, m in enumerate(runner._run_layers)}
@@ -192,12 +192,12 @@ def cache_dir(tmp_path, monkeypatch):
 def test_profile_round_trip_and_identity(cache_dir):
     model = tiny_model("qwen3")
     dec = Decoder(model, "selfsd", {"profile": "heuristic"})
-    ident = profiles.model_identity(dec.runner)
-    assert ident == profiles.model_identity(Decoder(model, "vanilla").runner)  # stable
-    prof = profiles.Profile(ident, (1,), (0, 2), {"objective": "cost"})
+    ident = model_identity(dec.runner)
+    assert ident == model_identity(Decoder(model, "vanilla").runner)  # stable
+    prof = profiles.Profile(ident.as_dict(), (1,), (0, 2), {"objective": "cost"})
     path = profiles.save(prof)
     assert path.parent == cache_dir / "selfsd" / "profiles"
-    back = profiles.load(path, ident)
+    back = profiles.load(path, ident.as_dict())
     assert back == prof and back.meta == {"objective": "cost"}
     assert profiles.find(ident) == prof
     # i) profile=auto picks the user's profile up; profile=PATH loads it by path
@@ -205,10 +205,10 @@ def test_profile_round_trip_and_identity(cache_dir):
         d = Decoder(model, "selfsd", {"profile": spec})
         assert (d.plugin.skip_attn, d.plugin.skip_mlp) == ((1,), (0, 2))
     # j) a profile of another model is refused, naming what differs
-    other = profiles.model_identity(Decoder(tiny_model("qwen3", seed=1), "vanilla").runner)
-    assert other["fingerprint"] != ident["fingerprint"]
+    other = model_identity(Decoder(tiny_model("qwen3", seed=1), "vanilla").runner)
+    assert other.fingerprint != ident.fingerprint
     with pytest.raises(profiles.ProfileError, match="another model.*fingerprint"):
-        profiles.load(path, other)
+        profiles.load(path, other.as_dict())
     with pytest.raises(PluginError, match="another model"):
         Decoder(tiny_model("qwen3", seed=1), "selfsd", {"profile": str(path)})
 
@@ -238,18 +238,27 @@ def test_without_a_profile_the_heuristic_is_used_and_said(cache_dir, capsys):
 def test_heuristic_and_layer_lists():
     assert profiles.heuristic(30) == ((15, 17, 19, 21, 23, 25, 27), ())
     assert profiles.heuristic(2) == ((), ())
-    assert profiles.parse_layers("3,5,10-12", 30) == (3, 5, 10, 11, 12)
-    assert profiles.parse_layers("none", 30) == () and profiles.parse_layers(None, 30) is None
-    assert profiles.format_layers((3, 5, 10, 11, 12)) == "3,5,10-12" and profiles.format_layers(()) == "none"
-    with pytest.raises(ValueError, match="outside"):
-        profiles.parse_layers("30", 30)
-    with pytest.raises(ValueError, match="not a layer"):
-        profiles.parse_layers("a-b", 30)
+    # the skip options are the host's layers type
+    assert Layers.parse("3,5,10-12") == (3, 5, 10, 11, 12) and Layers.parse("none") == ()
+    assert format_layers((3, 5, 10, 11, 12)) == "3,5,10-12" and format_layers(()) == "none"
 
 
 def test_bad_skip_option_is_refused():
-    with pytest.raises(PluginError, match="skip_attn"):
+    with pytest.raises(PluginError, match="skip_attn.*outside"):
         Decoder(tiny_model("llama"), "selfsd", {"skip_attn": "99"})
+    with pytest.raises(selfspec.OptionError, match="skip_attn.*not a layer"):
+        Decoder(tiny_model("llama"), "selfsd", {"skip_attn": "a-b"})
+
+
+def test_the_shipped_profile_is_found_for_the_default_model_key():
+    # the shipped file is named by the host's ModelIdentity key of SmolLM2-135M-Instruct
+    from importlib import resources
+
+    names = [p.name for p in resources.files("selfspec_selfsd").joinpath("profiles").iterdir()]
+    assert "llama-30x576-ea5b98e7aadf037c.json" in names
+    ident = selfspec.ModelIdentity("llama", 30, 576, 49152, "ea5b98e7aadf037c")
+    found = profiles.STORE.find(profiles.file_name(ident))
+    assert found is not None and found.name == "llama-30x576-ea5b98e7aadf037c.json"
 
 
 # ------------------------------------------------------------------------------ cost model
@@ -275,7 +284,7 @@ def test_cost_model_save_load(tmp_path):
 
 
 def test_log_records_every_step():
-    dec, res = _decode(tiny_model("qwen2"), 15, gamma=0.0, adaptive=False, k=2)
+    dec, res = _decode(tiny_model("qwen2"), 15, gamma=0.0, adaptive=False, num_draft=2)
     assert len(dec.plugin.log) == res.stats.steps
     assert sum(d for d, _ in dec.plugin.log) == res.stats.drafted
     assert isinstance(SelfSD().threshold, Threshold)
