@@ -153,7 +153,8 @@ class Option:
         return {
             "name": self.name,
             "type": _TYPES[self.type],
-            "default": format_layers(self.default) if self.type is Layers and self.default is not None else self.default,
+            "default": (format_layers(Layers.parse(self.default, self.name)) if self.type is Layers and self.default is not None
+                        else self.default),
             "help": self.help,
             "choices": list(self.choices) if self.choices is not None else None,
         }
