@@ -205,12 +205,35 @@ def test_ngram_index_matches_brute_force(chunks, max_n, min_n, k):
         assert index.continuation(k) == (tuple(seen[stop : stop + k]) if n else ())
 
 
-def test_ngram_halving_shortens_short_matches():
-    index = NgramIndex(3, 1)
-    index.extend([1, 2, 3, 4, 5, 6, 9, 3])  # only the 1-gram [3] occurred before: 2 shorter than 3
-    assert index.match() == (1, 3)
-    assert index.continuation(8) == (4, 5, 6, 9, 3)
-    assert index.continuation(8, halving=True) == (4, 5)
+def test_ngram_index_returns_the_latest_occurrence_of_the_longest_suffix():
+    h = NgramIndex(max_n=3, min_n=1)
+    h.extend([1, 2, 3, 9, 2, 3, 8, 7])
+    assert h.continuation(4) == ()  # 7 never occurred before: nothing to look up
+    h.extend([5, 2, 3])  # suffix "5 2 3" never occurred, "2 3" did twice: the latest (-> 8 7)
+    assert h.continuation(3) == (8, 7, 5)
+    assert h.continuation(1) == (8,)
+    h.extend([9, 2])  # "3 9 2" occurred once (-> 3 8); a later lone "2" (-> 3 9) loses to it
+    assert h.continuation(2) == (3, 8)
+    h2 = NgramIndex(max_n=3, min_n=2)  # single-token matches off
+    h2.extend([4, 6, 4])
+    assert h2.continuation(2) == ()
+    with pytest.raises(ValueError):
+        NgramIndex(max_n=1, min_n=2)
+
+
+def test_ngram_halving_shortens_the_continuation_of_a_shorter_match():
+    h = NgramIndex(max_n=3, min_n=1)
+    h.extend([1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 1, 2, 3])  # "1 2 3" matched in full
+    assert h.continuation(8, halving=True) == (10, 11, 12, 13, 14, 15, 16, 17)
+    h2 = NgramIndex(max_n=3, min_n=1)
+    h2.extend([2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 9, 2, 3])  # only "2 3" matches: 8 / 2
+    assert h2.continuation(8, halving=True) == (10, 11, 12, 13)
+    assert h2.continuation(8) == (10, 11, 12, 13, 14, 15, 16, 17)
+    h3 = NgramIndex(max_n=3, min_n=1)
+    h3.extend([3, 10, 11, 12, 13, 5, 3])  # only "3" matches: 8 / 4
+    assert h3.continuation(8, halving=True) == (10, 11)
+    assert h3.continuation(1, halving=True) == (10,)  # never shorter than one token
+
 
 
 # ------------------------------------------------------------------------------ the layers type

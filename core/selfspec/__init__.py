@@ -71,7 +71,14 @@ _LAZY: dict[str, tuple[str, str]] = {
 __all__ = ["__version__", "hookimpl", *_LAZY]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .artefacts import ArtefactError, ArtefactStore, ModelIdentity, cache_dir, model_identity, resolve_profile
+    from .artefacts import (
+        ArtefactError,
+        ArtefactStore,
+        ModelIdentity,
+        cache_dir,
+        model_identity,
+        resolve_profile,
+    )
     from .cli import Settings, user_errors
     from .data import DataError, Sample, encode_sample, load_task, task_names
     from .data import build_corpus_texts as corpus_texts

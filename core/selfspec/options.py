@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 
-
 class Layers:
     """The ``layers`` option type: a set of decoder-layer indices, written ``"3,5,10-12"``.
 

@@ -28,7 +28,7 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .markers import PROJECT, hookimpl
+from .markers import PROJECT
 from .options import Option
 from .version import __version__
 

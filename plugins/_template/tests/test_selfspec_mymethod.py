@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from selfspec.plugins import available
+from selfspec import available_plugins as available
 from selfspec.testing import ARCHS, assert_lossless, tiny_model
 from selfspec.testing import strategies as sst
 

@@ -8,10 +8,10 @@ Run: python results/compression/measure.py > results/compression/compression.md
 import time
 
 import torch
+from selfspec.bench.data import load_task
 from selfspec_fractal import compress
 
 from selfspec import Decoder, models
-from selfspec.bench.data import load_task
 
 torch.set_num_threads(1)
 loaded = models.load()
