@@ -229,13 +229,6 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_title(summary: dict[str, Any], what: str) -> str:
-    cfg, mach = summary.get("config", {}), summary.get("machine", {})
-    model = Path(str(cfg.get("model", "?"))).name or str(cfg.get("model"))
-    return (f"{what}: {model}, {cfg.get('dtype', '?')}, max {cfg.get('max_new_tokens', '?')} new tokens\n"
-            f"{mach.get('cpu', '?')}, {mach.get('torch_threads', '?')} threads, {mach.get('date', '?')}")
-
-
 def render(out: str | os.PathLike[str], summary: dict[str, Any], plot: bool = True) -> list[Path]:
     """Write ``summary.json``, ``results.md`` and (optionally) ``speedup.png`` into ``out``."""
     out = Path(out)
