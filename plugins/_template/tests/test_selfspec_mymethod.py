@@ -12,8 +12,8 @@ def test_plugin_is_installed():
     assert "mymethod" in available()
 
 
-@given(arch=st.sampled_from(ARCHS), k=st.integers(0, 6), data=st.data())
-def test_lossless(arch, k, data):
+@given(arch=st.sampled_from(ARCHS), num_draft=st.integers(0, 6), data=st.data())
+def test_lossless(arch, num_draft, data):
     model = tiny_model(arch)
     prompt = data.draw(sst.prompts(model.config.vocab_size))
-    assert_lossless(model, "mymethod", prompt, data.draw(sst.lengths()), {"k": k})
+    assert_lossless(model, "mymethod", prompt, data.draw(sst.lengths()), {"num_draft": num_draft})
