@@ -84,6 +84,10 @@ def test_every_api_name_is_documented():
     assert not missing, f"docs/api.md does not document {missing}"
 
 
+def test_all_lists_exactly_the_lazy_names():
+    assert selfspec.__all__ == ["__version__", "hookimpl", *selfspec._LAZY]
+
+
 def test_every_api_name_resolves_and_import_is_cheap():
     for name in selfspec.__all__:
         assert getattr(selfspec, name) is not None

@@ -1,8 +1,8 @@
 """The decode loop: prefill, then propose -> verify -> cache -> update until done.
 
 Reads in one sitting (gpt-fast's ``generate.py``): :meth:`Decoder.generate` is the loop; the
-``_check_*`` helpers after it enforce the invariants of ``ARCHITECTURE.md`` whatever a plugin
-returns. Only verified tokens are committed and streamed; EOS and the token budget are the
+``_check_*`` helpers after it enforce the host's invariants (``docs/architecture.md``,
+"Invariants") whatever a plugin returns. Only verified tokens are committed and streamed; EOS and the token budget are the
 host's business; a broken contract stops the decode with an error naming the plugin.
 """
 
@@ -28,8 +28,8 @@ class Decoder:
     Two decoders never share plugin state: each builds its own plugin manager and instance.
     ``weight_layout`` picks how the runner holds the linear weights (``selfspec.runner.layout``):
     the default ``"auto"`` runs oneDNN-prepacked copies on CPU in float32/bf16/fp16 (equal to
-    the model up to rounding, ~1.7x faster on a 2-core CPU) and the model's own weights
-    otherwise (bitwise, e.g. float64); ``"model"`` forces the latter.
+    the model up to rounding; measurements in ``docs/performance.md``) and the model's own
+    weights otherwise (bitwise, e.g. float64); ``"model"`` forces the latter.
     """
 
     def __init__(
