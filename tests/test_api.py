@@ -94,3 +94,23 @@ def test_every_api_name_resolves_and_import_is_cheap():
     code = "import sys, selfspec; print(sorted(m for m in ('torch', 'transformers', 'click') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_plugin_modules_stay_small():
+    # past ~400 lines a module becomes a package (STYLE.md); tests are not modules of a plugin
+    big = {str(p.relative_to(ROOT)): n for p in _plugin_files() if "tests" not in p.parts
+           and (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
+    assert not big, big
+
+
+def test_a_plain_decode_never_imports_the_benchmark_package():
+    code = (
+        "import sys\n"
+        "from selfspec import Decoder\n"
+        "from selfspec.testing import tiny_model\n"
+        "for name in ('vanilla', 'lookup'):\n"
+        "    Decoder(tiny_model('llama'), name).generate([1, 2, 3, 1, 2], 4)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('selfspec.bench', 'selfspec.data'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
