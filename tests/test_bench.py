@@ -18,12 +18,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from selfspec import Draft, Verdict
-from selfspec.bench import data, harness, results, sweep
+from selfspec import Draft, Verdict, data
+from selfspec.bench import harness, results, sweep
 from selfspec.bench.commands import bench, report
 from selfspec.bench.commands import sweep as sweep_cmd
-from selfspec.bench.data import Sample
 from selfspec.builtin.verify import verify_greedy
+from selfspec.data import Sample
 from selfspec.options import OptionError
 
 WORDS = ("the cat sat on a mat and then the dog ran to the cat because it was late "

@@ -604,7 +604,7 @@ def test_property_low_precision_is_lossless_up_to_near_ties(tiny_model_factory, 
 
 
 def test_chain_verdict_is_the_longest_matching_prefix_plus_the_bonus():
-    from selfspec.builtin.verify import chain_verdict
+    from selfspec import chain_verdict
 
     logits = torch.zeros(4, 10, dtype=torch.float64)
     for row, tok in enumerate([5, 6, 1, 9]):  # the model's token after pending, d1, d2, d3

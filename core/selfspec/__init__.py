@@ -1,37 +1,166 @@
 """selfspec: a plugin host for lossless self-speculative decoding of Hugging Face causal LMs.
 
-Nothing heavy is imported here until used: ``import selfspec`` is cheap.
+Every name in ``__all__`` is the public API, documented in ``docs/api.md``: plugins import the
+host only from here (``from selfspec import Draft, verify_greedy``), never from a submodule,
+and their tests may also use :mod:`selfspec.testing`. Nothing heavy is imported until a name
+is used: ``import selfspec`` is cheap.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .markers import hookimpl
+from .version import __version__
 
-from .plugins import hookimpl  # noqa: E402  (pluggy only)
+# name -> (module, attribute): the public API, grouped as docs/api.md documents it
+_LAZY: dict[str, tuple[str, str]] = {
+    # decoding and the values that cross the hook boundary
+    "Decoder": ("loop", "Decoder"),
+    "DecodeState": ("types", "DecodeState"),
+    "Draft": ("types", "Draft"),
+    "Verdict": ("types", "Verdict"),
+    "Result": ("types", "Result"),
+    "Stats": ("types", "Stats"),
+    # options
+    "Option": ("options", "Option"),
+    "OptionError": ("options", "OptionError"),
+    "Layers": ("options", "Layers"),
+    "check_layers": ("options", "check_layers"),
+    "format_layers": ("options", "format_layers"),
+    # plugins
+    "PluginError": ("plugins", "PluginError"),
+    "available_plugins": ("plugins", "available"),
+    # the runner
+    "Runner": ("runner", "Runner"),
+    "KVCache": ("runner", "KVCache"),
+    "ForwardOut": ("runner", "ForwardOut"),
+    # drafting and verification mechanics
+    "skip_layer_draft": ("skipdraft", "skip_layer_draft"),
+    "SkipDraft": ("skipdraft", "SkipDraft"),
+    "NgramIndex": ("ngram", "NgramIndex"),
+    "verify_greedy": ("verification", "verify_greedy"),
+    "verify_tree": ("verification", "verify_tree"),
+    "ExtraBlock": ("verification", "ExtraBlock"),
+    "verify_from_layer": ("verification", "verify_from_layer"),
+    "chain_verdict": ("verification", "chain_verdict"),
+    "accepted_length": ("verification", "accepted_length"),
+    "tree_path": ("verification", "tree_path"),
+    "greedy": ("reference", "greedy"),
+    "reference_generate": ("reference", "reference_generate"),
+    # per-model artefacts
+    "ModelIdentity": ("artefacts", "ModelIdentity"),
+    "model_identity": ("artefacts", "model_identity"),
+    "ArtefactStore": ("artefacts", "ArtefactStore"),
+    "ArtefactError": ("artefacts", "ArtefactError"),
+    "resolve_profile": ("artefacts", "resolve_profile"),
+    "cache_dir": ("artefacts", "cache_dir"),
+    # data splits and models (for plugin commands)
+    "Sample": ("data", "Sample"),
+    "DataError": ("data", "DataError"),
+    "load_task": ("data", "load_task"),
+    "task_names": ("data", "task_names"),
+    "corpus_texts": ("data", "build_corpus_texts"),
+    "encode_sample": ("data", "encode_sample"),
+    "load_model": ("models", "load"),
+    "format_prompt": ("models", "format_prompt"),
+    "Settings": ("cli", "Settings"),
+    "user_errors": ("cli", "user_errors"),
+}
 
-__all__ = ["Decoder", "Draft", "Option", "Verdict", "DecodeState", "Result", "Stats", "hookimpl", "__version__"]
+__all__ = [
+    "__version__",
+    "hookimpl",
+    "Decoder",
+    "DecodeState",
+    "Draft",
+    "Verdict",
+    "Result",
+    "Stats",
+    "Option",
+    "OptionError",
+    "Layers",
+    "check_layers",
+    "format_layers",
+    "PluginError",
+    "available_plugins",
+    "Runner",
+    "KVCache",
+    "ForwardOut",
+    "skip_layer_draft",
+    "SkipDraft",
+    "NgramIndex",
+    "verify_greedy",
+    "verify_tree",
+    "ExtraBlock",
+    "verify_from_layer",
+    "chain_verdict",
+    "accepted_length",
+    "tree_path",
+    "greedy",
+    "reference_generate",
+    "ModelIdentity",
+    "model_identity",
+    "ArtefactStore",
+    "ArtefactError",
+    "resolve_profile",
+    "cache_dir",
+    "Sample",
+    "DataError",
+    "load_task",
+    "task_names",
+    "corpus_texts",
+    "encode_sample",
+    "load_model",
+    "format_prompt",
+    "Settings",
+    "user_errors",
+]  # the names of _LAZY, spelled out for tools (tests/test_api.py checks they agree)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .artefacts import (
+        ArtefactError,
+        ArtefactStore,
+        ModelIdentity,
+        cache_dir,
+        model_identity,
+        resolve_profile,
+    )
+    from .cli import Settings, user_errors
+    from .data import DataError, Sample, encode_sample, load_task, task_names
+    from .data import build_corpus_texts as corpus_texts
     from .loop import Decoder
-    from .options import Option
+    from .models import format_prompt
+    from .models import load as load_model
+    from .ngram import NgramIndex
+    from .options import Layers, Option, OptionError, check_layers, format_layers
+    from .plugins import PluginError
+    from .plugins import available as available_plugins
+    from .reference import greedy, reference_generate
+    from .runner import ForwardOut, KVCache, Runner
+    from .skipdraft import SkipDraft, skip_layer_draft
     from .types import DecodeState, Draft, Result, Stats, Verdict
-
-_LAZY = {
-    "Decoder": "loop",
-    "Option": "options",
-    "Draft": "types",
-    "Verdict": "types",
-    "DecodeState": "types",
-    "Result": "types",
-    "Stats": "types",
-}
+    from .verification import (
+        ExtraBlock,
+        accepted_length,
+        chain_verdict,
+        tree_path,
+        verify_from_layer,
+        verify_greedy,
+        verify_tree,
+    )
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        globals()[name] = value  # once resolved, a plain attribute
+        return value
     raise AttributeError(f"module 'selfspec' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

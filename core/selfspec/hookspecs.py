@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pluggy
+from .markers import hookspec
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
@@ -26,8 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .options import Option
     from .runner import Runner
     from .types import DecodeState, Draft, Result, Verdict
-
-hookspec = pluggy.HookspecMarker("selfspec")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,7 +124,10 @@ def selfspec_verify(state: DecodeState, draft: Draft) -> Verdict | None:
     token (the bonus).
 
     Override only when verification differs (reusing hidden states, verifying extra branches
-    in the same pass). The returned :class:`~selfspec.types.Verdict` must be what greedy
+    in the same pass); the host's building blocks are ``selfspec.verify_greedy``,
+    ``verify_tree``, ``verify_from_layer`` and ``chain_verdict``. A verifier that relies on
+    what its proposer left in ``draft.meta`` first checks ``draft.is_from(self)`` (the proposer
+    set ``owner=self``) and returns None for any other draft. The returned :class:`~selfspec.types.Verdict` must be what greedy
     decoding of the full model would produce: ``accepted`` is a path of the draft, ``bonus``
     the full model's argmax after it; ``kv_slots`` names the cache slots (relative to the
     pending token's slot) holding the full model's keys/values of ``[pending, accepted...]``

@@ -1,8 +1,8 @@
 """The decode loop: prefill, then propose -> verify -> cache -> update until done.
 
 Reads in one sitting (gpt-fast's ``generate.py``): :meth:`Decoder.generate` is the loop; the
-``_check_*`` helpers after it enforce the invariants of ``ARCHITECTURE.md`` whatever a plugin
-returns. Only verified tokens are committed and streamed; EOS and the token budget are the
+``_check_*`` helpers after it enforce the host's invariants (``docs/architecture.md``,
+"Invariants") whatever a plugin returns. Only verified tokens are committed and streamed; EOS and the token budget are the
 host's business; a broken contract stops the decode with an error naming the plugin.
 """
 
@@ -29,10 +29,11 @@ class Decoder:
     Two decoders never share plugin state: each builds its own plugin manager and instance.
     ``weight_layout`` picks how the runner holds the linear weights (``selfspec.runner.layout``):
     the default ``"auto"`` runs oneDNN-prepacked copies on CPU in float32/bf16/fp16 (equal to
-    the model up to rounding, ~1.7x faster on a 2-core CPU) and the model's own weights
-    otherwise (bitwise, e.g. float64); ``"model"`` forces the latter. ``audit`` (default: the
-    ``SELFSPEC_AUDIT`` environment variable) checks every step against the full model
-    (``selfspec.audit``); the last decode's :class:`~selfspec.audit.Auditor` is ``self.auditor``.
+    the model up to rounding; measurements in ``docs/performance.md``) where this CPU can run them
+    for the dtype, and the model's own weights otherwise (bitwise, e.g. float64); ``"model"``
+    forces the latter. ``audit`` (default: the ``SELFSPEC_AUDIT`` environment variable) checks
+    every step against the full model (``selfspec.audit``); the last decode's
+    :class:`~selfspec.audit.Auditor` is ``self.auditor``.
     """
 
     def __init__(
@@ -207,7 +208,7 @@ class Decoder:
             if len(draft) <= min(limit, room):
                 return draft
             state.stats.truncated_drafts += 1
-            return Draft(draft.tokens[: min(limit, room)], None, draft.meta)
+            return Draft(draft.tokens[: min(limit, room)], None, draft.meta, draft.owner)
         depths = draft.depths()
         keep = [i for i, d in enumerate(depths) if d <= limit][:room]
         if len(keep) == len(draft):
@@ -217,7 +218,8 @@ class Decoder:
         remap[-1] = -1
         parents = [remap[p] for p in draft.parents[keep].tolist()]
         idx = torch.tensor(keep, dtype=torch.long, device=draft.tokens.device)
-        return Draft(draft.tokens[idx], torch.tensor(parents, dtype=torch.long, device=idx.device), draft.meta)
+        return Draft(draft.tokens[idx], torch.tensor(parents, dtype=torch.long, device=idx.device), draft.meta,
+                     draft.owner)
 
     def _check_verdict(self, verdict: Any, draft: Draft, state: DecodeState) -> Verdict:
         name = self.plugin_name

@@ -143,6 +143,17 @@ def default_threads() -> int:
     return max(1, min(physical_cores(), torch.get_num_threads()))
 
 
+def capability_note(machine: dict[str, Any]) -> str:
+    """`` [AVX2]`` or `` [AVX2, forced by ONEDNN_MAX_CPU_ISA=AVX2]``...: the effective ISA a
+    :func:`machine_info` record holds, for tables and plot titles (empty for records from
+    before it was recorded)."""
+    label = machine.get("cpu_capability")
+    if not label:
+        return ""
+    how = ", ".join(f"{k}={v}" for k, v in (machine.get("forced_isa") or {}).items())
+    return f" [{label}, forced by {how}]" if how else f" [{label}]"
+
+
 def machine_info() -> dict[str, Any]:
     """What a measurement must record: CPU model and capability, cores, threads, library
     versions, the forced ISA variables, and the date (UTC)."""

@@ -28,11 +28,11 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
+from .markers import PROJECT
 from .options import Option
+from .version import __version__
 
 ENTRY_POINT_GROUP = "selfspec"
-PROJECT = "selfspec"
-hookimpl = pluggy.HookimplMarker(PROJECT)
 BUILTIN_METHOD = "vanilla"
 
 
@@ -65,8 +65,6 @@ def blocked() -> set[str]:
 
 def available() -> dict[str, PluginInfo]:
     """Every installed method plugin (the built-in ``vanilla`` first), without importing any."""
-    from . import __version__
-
     found = {BUILTIN_METHOD: PluginInfo(BUILTIN_METHOD, __version__, "selfspec", "selfspec.builtin")}
     for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         dist = getattr(ep, "dist", None)

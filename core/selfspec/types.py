@@ -7,7 +7,9 @@ with one :class:`Result` holding tokens and :class:`Stats`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,19 +28,29 @@ class Draft:
     ``parents[i]`` is the index of node i's parent (``-1`` = the pending token) and always
     ``parents[i] < i``. An empty draft asks for a plain greedy step.
 
-    ``meta`` is free for the proposing plugin (e.g. HiSpec's hidden states to reuse); the host
-    never reads it.
+    ``meta`` is free for the proposing plugin (e.g. hidden states its verifier reuses); the host
+    never reads it. ``owner`` says whose draft it is: a plugin that leaves data in ``meta`` for
+    its own ``selfspec_verify`` proposes with ``owner=self`` and its verifier first checks
+    :meth:`is_from` (else it defers, returning None). The host keeps ``owner`` and ``meta``
+    when it cuts a draft (past the depth or cache limits), so ``meta`` describes the draft as
+    proposed: its tokens are then a prefix (chain) or a subtree (tree) of it; compare lengths.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    owner: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def chain(cls, tokens: Sequence[int] | torch.Tensor, device: torch.device | str = "cpu", **meta: Any) -> Draft:
-        """A chain draft from a list of token ids."""
+    def chain(cls, tokens: Sequence[int] | torch.Tensor, device: torch.device | str = "cpu", *,
+              owner: Any = None, **meta: Any) -> Draft:
+        """A chain draft from a list of token ids (``meta`` keywords go to :attr:`meta`)."""
         t = torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(-1)
-        return cls(t, None, dict(meta))
+        return cls(t, None, dict(meta), owner)
+
+    def is_from(self, plugin: Any) -> bool:
+        """Whether ``plugin`` (an instance, compared by identity) proposed this draft."""
+        return self.owner is not None and self.owner is plugin
 
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> Draft:
@@ -169,6 +181,22 @@ class DecodeState:
     capture_layers: tuple[int, ...] | None = None
     scratch: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
+    timed_s: float = field(default=0.0, repr=False)  # total of every `timed` block, this decode
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Time a part of a hook (``with state.timed("layer_search"): ...``) under its own key
+        of ``stats.phase_s``. The built-in phase timer leaves that time out of the enclosing
+        hook's phase, so ``phase_s`` still partitions the step time. Waits for the GPU."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.runner.device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            self.stats.phase_s[phase] = self.stats.phase_s.get(phase, 0.0) + dt
+            self.timed_s += dt
 
     @property
     def committed(self) -> torch.Tensor:

@@ -16,18 +16,18 @@ class MyMethod:
     """One instance per decoder: keep per-decode state on ``self``."""
 
     def __init__(self) -> None:
-        self.k = 2
+        self.num_draft = 2
 
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
-        register(Option("k", int, 2, "how many tokens to draft", min=0, max=32))
+        register(Option("num_draft", int, 2, "most tokens drafted per step", min=0, max=32))
 
     @selfspec.hookimpl
     def selfspec_setup(self, options: dict[str, Any]) -> None:
-        self.k = options["k"]
+        self.num_draft = options["num_draft"]
 
     @selfspec.hookimpl
     def selfspec_propose(self, state: selfspec.DecodeState) -> Draft:
-        # Example proposal: repeat the pending token k times (right on runs like "....").
-        k = min(self.k, state.max_draft_depth)
+        # Example proposal: repeat the pending token num_draft times (right on runs like "....").
+        k = min(self.num_draft, state.max_draft_depth)
         return Draft.chain([state.pending] * k, device=state.runner.device)

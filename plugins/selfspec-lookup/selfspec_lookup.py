@@ -5,7 +5,7 @@ prompt and output so far (longest n first, from ``max_ngram`` down to ``min_ngra
 wherever the output copies from the context: code edits, summaries, retrieval answers.
 
 On a CPU, verifying k draft tokens costs noticeably more than one token, so the draft length
-adapts: it grows while drafts are fully accepted and shrinks to just past the accepted part
+can adapt: it grows while drafts are fully accepted and shrinks to just past the accepted part
 when they are not.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import selfspec
-from selfspec import Draft, Option
+from selfspec import Draft, NgramIndex, Option
 
 
 # [start:class]
@@ -27,9 +27,7 @@ class Lookup:
         self.num_draft = 6
         self.adaptive = False
         self.k = 6
-        self.index: dict[tuple[int, ...], int] = {}
-        self.indexed = 0  # n-grams ending before this position are in the index
-        self.history: list[int] = []  # committed tokens, as Python ints
+        self.index = NgramIndex()  # prompt + committed tokens, every n-gram indexed (the host's)
         self.drafted = 0  # length of the last draft
 
     # [end:class]
@@ -55,16 +53,15 @@ class Lookup:
 
     @selfspec.hookimpl
     def selfspec_start(self, state: selfspec.DecodeState) -> None:
-        self.history = state.committed.tolist()
-        self.index = {}
-        self.indexed = 0
+        self.index = NgramIndex(self.max_ngram, self.min_ngram)
+        self.index.extend(state.committed.tolist())
         self.k = self.num_draft
-        self._index_up_to(len(self.history) - 1)
 
     @selfspec.hookimpl
     def selfspec_propose(self, state: selfspec.DecodeState) -> Draft:
         k = min(self.k if self.adaptive else self.num_draft, state.max_draft_depth)
-        tokens = self._lookup(k) if k > 0 else []
+        # what followed the latest earlier occurrence of the longest matching suffix
+        tokens = self.index.continuation(k) if k > 0 else ()
         self.drafted = len(tokens)
         return Draft.chain(tokens, device=state.runner.device)
 
@@ -74,8 +71,7 @@ class Lookup:
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: selfspec.Verdict) -> None:
         # what the host committed (EOS or the budget may have cut verdict.committed)
-        self.history.extend(state.tokens[len(self.history) : state.length].tolist())
-        self._index_up_to(len(self.history) - 1)
+        self.index.extend(state.tokens[len(self.index) : state.length].tolist())
         if self.drafted == 0:
             return
         if len(verdict.accepted) == self.drafted:
@@ -84,28 +80,6 @@ class Lookup:
             self.k = max(1, len(verdict.accepted) + 1)
 
     # [end:policy]
-    # [start:helpers]
-    def _index_up_to(self, end: int) -> None:
-        """Index every n-gram ending before position ``end`` by the position after it.
-
-        The last token (position ``end``) is left out: its continuation is not known yet,
-        which is exactly what a lookup asks for.
-        """
-        h = self.history
-        for stop in range(max(self.indexed, 1), end + 1):  # n-gram h[stop-n:stop] -> stop
-            for n in range(self.min_ngram, self.max_ngram + 1):
-                if stop - n >= 0:
-                    self.index[tuple(h[stop - n : stop])] = stop
-        self.indexed = max(self.indexed, end + 1)
-
-    def _lookup(self, k: int) -> list[int]:
-        h = self.history
-        for n in range(min(self.max_ngram, len(h)), self.min_ngram - 1, -1):
-            pos = self.index.get(tuple(h[-n:]))
-            if pos is not None:
-                return h[pos : pos + k]
-        return []
 
 
-# [end:helpers]
 __all__ = ["Lookup"]

@@ -38,7 +38,7 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _tasks(spec: str) -> list[str]:
-    from .data import task_names
+    from ..data import task_names
 
     names = [t.strip() for t in spec.split(",") if t.strip()]
     unknown = [t for t in names if t not in task_names()]
@@ -48,7 +48,7 @@ def _tasks(spec: str) -> list[str]:
 
 
 def _samples(tasks: Sequence[str], split: str, n: int, seed: int) -> list[Any]:
-    from .data import DataError, load_task
+    from ..data import DataError, load_task
 
     out = []
     for t in tasks:

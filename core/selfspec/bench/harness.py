@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
-from .data import Sample
+from ..data import Sample, encode_sample
+
+encode = encode_sample  # bench keeps its short name
 
 HF_KINDS = ("hf", "hf-pld", "hf-early-exit")
 PLD_TOKENS = 10  # HF's default prompt_lookup_num_tokens in its docs' examples
@@ -67,15 +69,6 @@ def _load_pretrained(model: str, device: str = "cpu", dtype: str = "float32") ->
 
 
 # --------------------------------------------------------------------------- prompts
-def encode(loaded: Any, sample: Sample) -> list[int]:
-    """Token ids of a sample: the user turn through the chat template for chat models."""
-    tok = loaded.tokenizer
-    if loaded.chat and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": sample.prompt}], add_generation_prompt=True, tokenize=False)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-    return list(tok(sample.text(chat=False))["input_ids"])
-
-
 def eos_ids(model: torch.nn.Module) -> set[int]:
     """The model's EOS ids (generation config first, then the model config)."""
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

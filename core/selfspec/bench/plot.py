@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
+
+from ..machine import capability_note
 
 
 def _plt() -> Any:
@@ -19,8 +22,6 @@ def _plt() -> Any:
 
 def speedup_bars(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Grouped bars: one group per task (and ``all``), one bar per method, speedup on y."""
-    from .results import plot_title
-
     plt = _plt()
     rows = summary["rows"]
     tasks = list(dict.fromkeys(r["task"] for r in rows))
@@ -66,8 +67,6 @@ def bar_styles(n: int) -> list[tuple[tuple[float, ...], str]]:
 
 def sweep_plot(sweep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """A heatmap of speedup over the 2-D grid, or bars for a 1-D grid."""
-    from .results import plot_title
-
     plt = _plt()
     axes = sweep["axes"]
     cells = {tuple(c["point"]): c for c in sweep["cells"]}
@@ -104,3 +103,11 @@ def sweep_plot(sweep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_title(summary: dict[str, Any], what: str) -> str:
+    cfg, mach = summary.get("config", {}), summary.get("machine", {})
+    model = Path(str(cfg.get("model", "?"))).name or str(cfg.get("model"))
+    return (f"{what}: {model}, {cfg.get('dtype', '?')}, max {cfg.get('max_new_tokens', '?')} new tokens\n"
+            f"{mach.get('cpu', '?')}{capability_note(mach)}, {mach.get('torch_threads', '?')} threads, "
+            f"{mach.get('date', '?')}")

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..machine import capability_note
+
 RECORDS = "results.jsonl"
 SUMMARY = "summary.json"
 TABLE = "results.md"
@@ -163,7 +165,7 @@ def markdown(summary: dict[str, Any]) -> str:
         f"Model `{cfg.get('model', '?')}` ({cfg.get('dtype', '?')}, {cfg.get('device', '?')}), "
         f"{cfg.get('samples', '?')} samples per task, max {cfg.get('max_new_tokens', '?')} new tokens, "
         f"seed {cfg.get('seed', '?')}, {mach.get('torch_threads', '?')} threads; "
-        f"{mach.get('cpu', '?')}{cpu_capability_note(mach)} ({mach.get('cores', '?')} cores), "
+        f"{mach.get('cpu', '?')}{capability_note(mach)} ({mach.get('cores', '?')} cores), "
         f"torch {mach.get('torch', '?')}, "
         f"transformers {mach.get('transformers', '?')}, {mach.get('date', '?')}{_load(mach)}. "
         f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same prompts.",
@@ -198,25 +200,6 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{_f(r['speedup'])} | {_f(r['tau'])} | {_f(r['acceptance'])} | {ok} | {_phases(r['phase_s'])} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def cpu_capability_note(machine: dict[str, Any]) -> str:
-    """`` [AVX2]`` or `` [AVX-512, forced by ONEDNN_MAX_CPU_ISA=AVX2]``...: the effective ISA
-    a run recorded (empty for runs from before it was recorded)."""
-    label = machine.get("cpu_capability")
-    if not label:
-        return ""
-    forced = machine.get("forced_isa") or {}
-    how = ", ".join(f"{k}={v}" for k, v in forced.items())
-    return f" [{label}, forced by {how}]" if how else f" [{label}]"
-
-
-def plot_title(summary: dict[str, Any], what: str) -> str:
-    cfg, mach = summary.get("config", {}), summary.get("machine", {})
-    model = Path(str(cfg.get("model", "?"))).name or str(cfg.get("model"))
-    return (f"{what}: {model}, {cfg.get('dtype', '?')}, max {cfg.get('max_new_tokens', '?')} new tokens\n"
-            f"{mach.get('cpu', '?')}{cpu_capability_note(mach)}, {mach.get('torch_threads', '?')} threads, "
-            f"{mach.get('date', '?')}")
 
 
 def render(out: str | os.PathLike[str], summary: dict[str, Any], plot: bool = True) -> list[Path]:

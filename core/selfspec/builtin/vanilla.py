@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..plugins import hookimpl
+from ..markers import hookimpl
 from ..types import DecodeState, Draft
 
 

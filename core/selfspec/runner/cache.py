@@ -21,8 +21,8 @@ class CacheError(RuntimeError):
 class KVCache:
     """Per-layer preallocated key/value buffers with valid lengths.
 
-    Operations: :meth:`crop` (per layer range), :meth:`keep` (gather kept slots, for tree and
-    multi-branch acceptance), and, through :meth:`view`, append/overwrite at a slot or attend
+    Operations: :meth:`crop` (per layer range), :meth:`keep` (gather kept slots, for a tree's
+    accepted path), and, through :meth:`view`, append/overwrite at a slot or attend
     read-only without writing.
     """
 

@@ -3,8 +3,7 @@
 Every mask here answers one question per (query, key) pair: may the new token at row ``r``
 attend to the key in column ``c``? Columns are the cached slots ``[0, start)`` followed by the
 block's own tokens. The prefix is visible to every new token; within the block, visibility
-is the ``block`` mask (causal for a chain, ancestors for a tree, one branch for multi-branch
-drafts); a sliding-window layer also hides keys whose *position* is ``window`` or more behind
+is the ``block`` mask (causal for a chain, ancestors for a tree, or any mask a caller builds); a sliding-window layer also hides keys whose *position* is ``window`` or more behind
 the query's position (``kv_pos > q_pos - window``, as Hugging Face's ``sliding_window_overlay``).
 """
 

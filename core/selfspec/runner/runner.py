@@ -1,10 +1,10 @@
 """The layer-level runner: executes a Hugging Face causal LM one sub-block at a time.
 
 One call of :meth:`Runner.forward` runs a block of ``q`` new tokens through layers
-``[a, b)`` of the model, over the KV cache's prefix, with everything the five methods need:
+``[a, b)`` of the model, over the KV cache's prefix, with everything the method plugins need:
 skipped attention/MLP blocks, an early exit (``layers=(0, b)`` then :meth:`Runner.head`),
-a start from given hidden states at layer ``a``, explicit positions and block masks (causal,
-tree, multi-branch), read-only attention (``write=False``), hidden-state capture, and
+a start from given hidden states at layer ``a``, explicit positions and any block mask (causal,
+a tree's ancestors, or one a plugin builds), read-only attention (``write=False``), hidden-state capture, and
 substitute layer modules. A full forward equals the model's own forward (tested in float64);
 with ``weight_layout="transposed"`` or ``"packed"`` it runs faster on CPU and equals it up to rounding
 (see :mod:`.layout`).

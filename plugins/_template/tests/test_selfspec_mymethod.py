@@ -13,8 +13,8 @@ from selfspec.testing import PluginSuite
 
 class TestMyMethod(PluginSuite):
     plugin = "mymethod"
-    option_strategies = {"k": st.integers(0, 6)}  # drafts of up to 6 tokens are enough here
-    reach_options = {"k": 6}  # the deepest drafts, in the suite's fixed long examples
+    option_strategies = {"num_draft": st.integers(0, 6)}  # drafts of up to 6 tokens are enough here
+    reach_options = {"num_draft": 6}  # the deepest drafts, in the suite's fixed long examples
 
 
 # Add your own tests of the mechanics below: proposals on a hand-made history, a policy's

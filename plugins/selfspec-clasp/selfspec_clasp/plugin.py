@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 import selfspec
-from selfspec import DecodeState, Draft, Option, Verdict
+from selfspec import DecodeState, Draft, Option, Verdict, skip_layer_draft
 
-from .draft import draft_chain
 from .search import initial_skip, layer_search
 
 
@@ -28,7 +26,7 @@ class CLaSp:
         self.n_skip = 0
         self.loi = 1
         self.det = 0.7
-        self.max_draft = 1
+        self.num_draft = 1
         self.keep_exit = True
         self.skip: tuple[int, ...] = ()
         self.search_steps: list[int] = []  # decode steps after which the program ran
@@ -48,7 +46,7 @@ class CLaSp:
                         "model gives less than this probability", min=0.0, max=1.0))
         register(Option("keep_exit", bool, True, "draft the token that fails DET too (its forward is paid; "
                         "it is verified with the others) instead of dropping it"))
-        register(Option("max_draft", int, 8, "most tokens drafted in one step", min=1, max=64))
+        register(Option("num_draft", int, 8, "most tokens drafted in one step", min=1, max=64))
         register(Option("backoff", int, 0, "not in the paper: after a step whose draft got nothing "
                         "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
                         min=0, max=64))
@@ -60,7 +58,7 @@ class CLaSp:
         if M > L:
             raise ValueError(f"M={M}: the model has only {L} layers to skip")
         self.runner = runner
-        self.n_skip, self.loi, self.det, self.max_draft = M, options["LOI"], options["DET"], options["max_draft"]
+        self.n_skip, self.loi, self.det, self.num_draft = M, options["LOI"], options["DET"], options["num_draft"]
         self.backoff = options["backoff"]
         self.keep_exit = options["keep_exit"]
 
@@ -76,14 +74,17 @@ class CLaSp:
         # the verifier captures every layer's states only on steps followed by a search
         self._due = state.step % self.loi == 0
         state.capture_layers = tuple(range(self.runner.n_layers + 1)) if self._due else None
-        k = min(self.max_draft, state.max_draft_depth)
+        k = min(self.num_draft, state.max_draft_depth)
         slot = state.length - 1  # the pending token's slot and position
         pending = state.tokens[slot : slot + 1]  # pending: [1]
         self._attempted = k > 0 and self._pause == 0
         if not self._attempted:
             self._pause = max(0, self._pause - 1)
             return Draft.empty(self.runner.device)
-        tokens = draft_chain(self.runner, state.cache, pending, slot, self.skip, k, self.det, self.keep_exit)  # [n]
+        # both sub-blocks of every layer in S are skipped; drafting stops at a token the draft
+        # model gives less than DET (kept and verified with the others when keep_exit)
+        tokens = skip_layer_draft(self.runner, state.cache, pending, slot, max_tokens=k, skip_attn=self.skip,
+                                  skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit).tokens  # [n]
         # the skipped layers wrote no draft slots, the others did: forget the draft slots in
         # every layer so all hold the committed prefix again (verification rewrites them)
         state.cache.crop(slot)
@@ -100,20 +101,12 @@ class CLaSp:
         L = self.runner.n_layers
         if not self._due or state.finished or verdict.hidden is None or any(i not in verdict.hidden for i in range(L + 1)):
             return
-        t0 = time.perf_counter()
         # the last accepted token (the pending one if nothing was accepted): its states are the
         # last captured row, and after the commit it sits at slot length-2 (the bonus is pending)
         states = torch.stack([verdict.hidden[i][-1] for i in range(L + 1)])  # states: [L+1, H]
-        found = layer_search(self.runner, state.cache, states, self.n_skip, state.length - 2)
+        with state.timed("layer_search"):  # its own phase, left out of "update" by the host
+            found = layer_search(self.runner, state.cache, states, self.n_skip, state.length - 2)
         self.skip = found.skip
         self.search_steps.append(state.step - 1)
         self.search_cos.append(found.cosine)
-        if self.runner.device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        self.search_s += dt
-        # phase_s partitions the step time: the search gets its own key and is taken out of
-        # "update" (the host's timing wrapper adds this hook's whole duration to it afterwards)
-        phases = state.stats.phase_s
-        phases["layer_search"] = phases.get("layer_search", 0.0) + dt
-        phases["update"] = phases.get("update", 0.0) - dt
+        self.search_s = state.stats.phase_s["layer_search"]

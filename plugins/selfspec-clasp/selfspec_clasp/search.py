@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec.runner import KVCache, Runner
+from selfspec import KVCache, Runner
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from selfspec_clasp.search import _cos, layer_search, run_layer
 
-from selfspec.runner import Runner
+from selfspec import Runner
 from selfspec.testing import ARCHS, tiny_model
 
 

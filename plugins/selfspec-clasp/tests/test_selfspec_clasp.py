@@ -1,16 +1,12 @@
 """selfspec-clasp: installed, lossless under the kit, drafting, the search schedule."""
 
 import pytest
-import torch
 from hypothesis import strategies as st
 from selfspec_clasp import CLaSp
-from selfspec_clasp.draft import draft_chain
 from selfspec_clasp.search import initial_skip
 
 import selfspec
-from selfspec import Decoder
-from selfspec.plugins import PluginError
-from selfspec.runner import Runner
+from selfspec import Decoder, PluginError
 from selfspec.testing import PluginSuite, assert_lossless, tiny_model
 
 
@@ -21,11 +17,11 @@ class TestCLaSp(PluginSuite):
     option_strategies = {
         "LOI": st.integers(1, 4),
         "DET": st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.95]) | st.floats(0.0, 1.0),
-        "max_draft": st.integers(1, 8),
+        "num_draft": st.integers(1, 8),
         "backoff": st.sampled_from([0, 1, 4]),
     }
     # no exit threshold and a fresh layer set every step: deep drafts every step
-    reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "max_draft": 8}
+    reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 8}
 
     def options_strategy(self, model, declared):
         # a) M ranges over every size the model allows, from no layer skipped to all of them
@@ -38,7 +34,7 @@ def test_drafts_on_every_architecture():
     # (LOI=1), and the output is still exactly greedy's: a plugin that never drafts fails
     for arch in ("llama", "gemma3"):  # the property test covers every architecture
         model = tiny_model(arch)
-        result = assert_lossless(model, "clasp", [5, 9, 17, 3, 5, 9], 24, {"M": 1, "LOI": 1, "DET": 0.0, "max_draft": 4})
+        result = assert_lossless(model, "clasp", [5, 9, 17, 3, 5, 9], 24, {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 4})
         assert result.stats.drafted > 0
         assert result.stats.phase_s["layer_search"] > 0
 
@@ -58,7 +54,7 @@ class _CaptureSpy:
 @pytest.mark.parametrize("loi", [1, 3, 5])
 def test_search_runs_every_loi_steps(loi):
     model = tiny_model("llama", num_hidden_layers=4)
-    dec = Decoder(model, "clasp", {"M": 2, "LOI": loi, "DET": 0.0, "max_draft": 2})
+    dec = Decoder(model, "clasp", {"M": 2, "LOI": loi, "DET": 0.0, "num_draft": 2})
     spy = _CaptureSpy()
     dec.pm.register(spy)
     result = dec.generate([1, 2, 3, 4], max_new_tokens=30)
@@ -68,26 +64,6 @@ def test_search_runs_every_loi_steps(loi):
     assert spy.captured == [s % loi == 0 for s in range(steps)]
     assert dec.plugin.search_steps == [s for s in range(steps - 1) if s % loi == 0]
     assert len(dec.plugin.skip) == 2
-
-
-def test_draft_exit_threshold():
-    model = tiny_model("qwen3")
-    runner = Runner(model)
-    cache = runner.new_cache(32)
-    prompt = torch.tensor([3, 7, 11, 7, 3])
-    runner.forward(prompt[:-1], cache=cache, start=0, logits=None)
-    pending, slot, skip = prompt[-1:], 4, (1,)
-    # d) without a threshold, exactly k tokens; the threshold just above the first token's
-    # draft probability stops at it (dropped, or kept as the last draft with keep_exit), just
-    # below keeps it and goes on
-    assert len(draft_chain(runner, cache, pending, slot, skip, 5, 0.0)) == 5
-    logits = runner.forward(pending, cache=cache, start=slot, skip_attn=skip, skip_mlp=skip, logits="last").logits[-1]
-    p = float(torch.softmax(logits, -1).max())
-    high = min(1.0, p + 1e-6)
-    assert len(draft_chain(runner, cache, pending, slot, skip, 5, high, keep_exit=False)) == 0
-    kept = draft_chain(runner, cache, pending, slot, skip, 5, high, keep_exit=True)
-    assert kept.tolist() == [int(logits.argmax())]
-    assert len(draft_chain(runner, cache, pending, slot, skip, 1, p - 1e-6)) == 1
 
 
 def test_initial_skip():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import selfspec
-from selfspec import Draft, Option
+from selfspec import Draft, Layers, Option, check_layers
 
 from .compress import BACKENDS
 
@@ -37,8 +37,8 @@ class Fractal:
                         "the paper's is a quarter of the layers)", min=0, max=4096))
         register(Option("w", int, 0, "draft window: placeholder tokens appended per pass (the paper's default "
                         "is w = n; 0 measured best on CPU)", min=0, max=64))
-        register(Option("positions", str, "",
-                        "0-based indices of the layers the fractal layers run before, comma-separated "
+        register(Option("positions", Layers, None,
+                        "0-based indices of the layers the fractal layers run before, e.g. '3,7' or '3-5' "
                         "(default: evenly spaced, every L//n-th layer)"))
         register(Option("backend", str, "auto",
                         "compression of the injected copy: auto (dynamic-int8 on CPU, bitsandbytes on CUDA), "
@@ -53,19 +53,12 @@ class Fractal:
         from . import compress, draft
 
         L = runner.n_layers
-        n, w, pos = options["n"], options["w"], options["positions"].strip()
+        n, w = options["n"], options["w"]
+        pos = check_layers(options["positions"], L, "positions")  # sorted, distinct (the host's layers type)
         if pos:
-            try:
-                positions = [int(p) for p in pos.split(",")]
-            except ValueError:
-                raise ValueError(f"positions must be comma-separated layer indices, got {pos!r}") from None
-            if any(not 0 <= p < L for p in positions):
-                raise ValueError(f"positions must lie in [0, {L}) for this {L}-layer model, got {positions}")
-            if len(set(positions)) != len(positions):
-                raise ValueError(f"positions must be distinct, got {positions}")
-            if n is not None and n != len(positions):
-                raise ValueError(f"n={n} but {len(positions)} positions were given")
-            positions = sorted(positions)
+            if n is not None and n != len(pos):
+                raise ValueError(f"n={n} but {len(pos)} positions were given")
+            positions = list(pos)
         else:
             n = min(DEFAULT_N, L) if n is None else n
             if n > L:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from selfspec.reference import greedy
+from selfspec import greedy
 
 from .heads import ExitHeads
 
@@ -68,11 +68,11 @@ def dev_texts(tokenizer: Any, per_kind: dict[str, int], max_tokens: int = 256, m
     """Token ids of development texts, ``per_kind[kind]`` of each kind (``sharegpt``,
     ``humaneval``, ``gsm8k``; the benchmark's dev split only), each cut to its first
     ``max_tokens`` tokens; texts shorter than ``min_tokens`` are skipped."""
-    from selfspec.bench.data import build_corpus_texts
+    from selfspec import corpus_texts
 
     out: list[list[int]] = []
     for kind, want in per_kind.items():
-        for text in build_corpus_texts((kind,)):
+        for text in corpus_texts((kind,)):
             if want <= 0:
                 break
             ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]

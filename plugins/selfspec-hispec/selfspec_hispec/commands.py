@@ -1,6 +1,6 @@
 """``specdec --plugin hispec calibrate`` and ``specdec --plugin hispec rates``.
 
-Both receive the CLI :class:`selfspec.cli.Settings` as ``ctx.obj`` (model, threads, ``-o``
+Both receive the CLI :class:`selfspec.Settings` as ``ctx.obj`` (model, threads, ``-o``
 plugin options). Heavy imports happen inside the commands.
 """
 
@@ -11,12 +11,14 @@ from typing import Any
 
 import click
 
+from selfspec import DataError, Layers, OptionError, Settings, encode_sample, load_task, task_names
+
+from .heads import exit_layers
+
 TASKS = "humaneval,gsm8k,mtbench,sharegpt"
 
 
 def _task_samples(tasks: str, split: str, n: int, seed: int) -> list[Any]:
-    from selfspec.bench.data import DataError, load_task, task_names
-
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     unknown = [t for t in names if t not in task_names()]
     if unknown or not names:
@@ -32,14 +34,12 @@ def _task_samples(tasks: str, split: str, n: int, seed: int) -> list[Any]:
     return out
 
 
-def _layers(spec: str | None, settings: Any, n_layers: int) -> list[int]:
-    from .plugin import exit_layers
-
+def _layers(spec: str | None, settings: Settings, n_layers: int) -> list[int]:
     if spec:
         try:
-            layers = sorted({int(x) for x in spec.split(",") if x.strip()})
-        except ValueError:
-            raise click.BadParameter(f"{spec!r} is not a comma-separated list of layers", param_hint="--layers") from None
+            layers = list(Layers.parse(spec, "--layers"))  # the host's layer-list syntax (3,5,10-12)
+        except OptionError as exc:
+            raise click.BadParameter(str(exc), param_hint="--layers") from None
     else:
         try:
             ld, li = exit_layers(settings.validate_plugin(), n_layers)
@@ -69,14 +69,13 @@ def _layers(spec: str | None, settings: Any, n_layers: int) -> list[int]:
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="Profile path [default: <selfspec cache>/hispec/<model key>.pt, which profile=auto finds].")
 @click.pass_obj
-def calibrate(settings: Any, layers: str | None, tasks: str, n_prompts: int, tokens: int, n_texts: int, vocab_size: int,
+def calibrate(settings: Settings, layers: str | None, tasks: str, n_prompts: int, tokens: int, n_texts: int, vocab_size: int,
               steps: int, seed: int, out: str | None) -> None:
     """Fit exit heads by self-distillation on the model's greedy continuations of dev prompts."""
     import torch
     from tqdm.auto import tqdm
 
     from selfspec import Decoder
-    from selfspec.bench.harness import encode
 
     from . import calibrate as cal
     from .heads import ExitHeads, default_profile_path, save_profile
@@ -90,7 +89,7 @@ def calibrate(settings: Any, layers: str | None, tasks: str, n_prompts: int, tok
 
     sequences = []
     for s in tqdm(samples, desc="greedy continuations", unit="prompt", dynamic_ncols=True):
-        ids = encode(loaded, s)
+        ids = encode_sample(loaded, s)
         res = vanilla.generate(ids, max_new_tokens=tokens)
         sequences.append(ids + res.output_ids)
     # more development text, read (not generated): the targets are still the model's own greedy tokens
@@ -119,7 +118,7 @@ def calibrate(settings: Any, layers: str | None, tasks: str, n_prompts: int, tok
     heads = ExitHeads(maps=maps, vocab=vocab, meta={"layers": chosen, "tasks": tasks, "prompts": n_prompts,
                                                      "tokens": tokens, "texts": n_texts, "steps": steps,
                                                      "report": report})
-    path = save_profile(heads, out or default_profile_path(model), model)
+    path = save_profile(heads, out or default_profile_path(runner), runner)
     click.echo("| layer | positions | plain head | ridge | refined | chosen |")
     click.echo("| ---: | ---: | ---: | ---: | ---: | --- |")
     for layer, r in report.items():
@@ -135,10 +134,10 @@ def _corpus_counts(tokenizer: Any, vocab_size: int, seed: int, max_texts: int = 
     """Token counts over development texts (the vocabulary the model reads and writes)."""
     import torch
 
-    from selfspec.bench.data import build_corpus_texts
+    from selfspec import corpus_texts
 
     counts = torch.zeros(vocab_size, dtype=torch.long)
-    for i, text in enumerate(build_corpus_texts()):
+    for i, text in enumerate(corpus_texts()):
         if i >= max_texts:
             break
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -155,12 +154,10 @@ def _corpus_counts(tokenizer: Any, vocab_size: int, seed: int, max_texts: int = 
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table row.")
 @click.pass_obj
-def rates_command(settings: Any, tasks: str, samples: int, max_new_tokens: int, split: str, seed: int,
+def rates_command(settings: Settings, tasks: str, samples: int, max_new_tokens: int, split: str, seed: int,
                   as_json: bool) -> None:
     """Intermediate and full acceptance rates and tau of the current options (no timing)."""
-    from selfspec.bench.harness import encode
-
-    from .plugin import COUNTERS, rates
+    from .stats import COUNTERS, rates
 
     chosen = _task_samples(tasks, split, samples, seed)
     loaded = settings.load_model()
@@ -171,7 +168,7 @@ def rates_command(settings: Any, tasks: str, samples: int, max_new_tokens: int, 
     total = dict.fromkeys(COUNTERS, 0)
     new = forwards = 0.0
     for s in chosen:
-        res = decoder.generate(encode(loaded, s), max_new_tokens=max_new_tokens)
+        res = decoder.generate(encode_sample(loaded, s), max_new_tokens=max_new_tokens)
         for k in COUNTERS:
             total[k] += plugin.counters[k]
         new += res.stats.new_tokens

@@ -12,12 +12,13 @@ change the output, only the speed.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from selfspec import ArtefactStore, model_identity
 
 PROFILE_VERSION = 1
 
@@ -60,56 +61,63 @@ class ExitHeads:
 
 
 # ------------------------------------------------------------------------------ profiles
-def model_key(model: torch.nn.Module) -> str:
-    """A short identity of a model: architecture, shape and a fingerprint of its weights."""
-    cfg = model.config
-    emb = model.get_input_embeddings().weight.detach()
-    h = hashlib.sha1()
-    h.update(emb[:8].to(torch.float32).cpu().numpy().tobytes())
-    h.update(emb[-8:].to(torch.float32).cpu().numpy().tobytes())
-    norm = getattr(getattr(model, "model", None), "norm", None)
-    if norm is not None and getattr(norm, "weight", None) is not None:
-        h.update(norm.weight.detach().to(torch.float32).cpu().numpy().tobytes())
-    n = int(cfg.num_hidden_layers)
-    return f"{cfg.model_type}-{n}x{emb.shape[1]}-v{emb.shape[0]}-{h.hexdigest()[:10]}"
+STORE = ArtefactStore("hispec")
 
 
-def default_profile_path(model: torch.nn.Module) -> Path:
-    """``<selfspec cache>/hispec/<model key>.pt``."""
-    from selfspec.models import cache_dir
-
-    return cache_dir() / "hispec" / f"{model_key(model)}.pt"
+def default_profile_path(runner: Any) -> Path:
+    """``<selfspec cache>/hispec/<model key>.pt`` (the key of :func:`selfspec.model_identity`)."""
+    return STORE.path(profile_name(runner))
 
 
-def save_profile(heads: ExitHeads, path: Path | str, model: torch.nn.Module) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def profile_name(runner: Any) -> str:
+    """The file name of this model's profile in the store."""
+    return f"{model_identity(runner).key}.pt"
+
+
+def save_profile(heads: ExitHeads, path: Path | str, runner: Any) -> Path:
+    """Write ``heads`` for the runner's model atomically (an interrupted save never looks finished)."""
     blob = {
         "version": PROFILE_VERSION,
-        "model": model_key(model),
+        "model": model_identity(runner).key,
         "maps": {int(k): (w.detach().cpu().float(), b.detach().cpu().float()) for k, (w, b) in heads.maps.items()},
         "vocab": None if heads.vocab is None else heads.vocab.detach().cpu(),
         "meta": dict(heads.meta),
     }
-    tmp = path.with_suffix(path.suffix + ".partial")
-    torch.save(blob, tmp)
-    tmp.replace(path)  # an interrupted save never looks finished
-    return path
+    return ArtefactStore.save(path, lambda tmp: torch.save(blob, tmp))
 
 
-def load_profile(path: Path | str, model: torch.nn.Module | None = None) -> ExitHeads:
-    """Read a profile; with ``model``, refuse one made for another model (``ValueError``)."""
+def load_profile(path: Path | str, runner: Any = None) -> ExitHeads:
+    """Read a profile; with ``runner``, refuse one made for another model (``ValueError``)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no HiSpec profile at {path}")
     blob = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(blob, dict) or blob.get("version") != PROFILE_VERSION:
         raise ValueError(f"{path} is not a HiSpec profile (version {PROFILE_VERSION})")
-    if model is not None and blob["model"] != model_key(model):
-        raise ValueError(f"{path} was calibrated for {blob['model']}, not for this model ({model_key(model)})")
+    key = model_identity(runner).key if runner is not None else None
+    if key is not None and blob["model"] != key:
+        raise ValueError(f"{path} was calibrated for {blob['model']}, not for this model ({key})")
     maps = {int(k): (w, b) for k, (w, b) in blob["maps"].items()}
-    hidden = int(model.get_input_embeddings().weight.shape[1]) if model is not None else None
+    hidden = int(runner.hidden_size) if runner is not None else None
     for k, (w, b) in maps.items():
         if hidden is not None and (w.shape != (hidden, hidden) or b.shape != (hidden,)):
             raise ValueError(f"{path}: the map of layer {k} has shape {tuple(w.shape)}, expected ({hidden}, {hidden})")
     return ExitHeads(maps=maps, vocab=blob.get("vocab"), meta=dict(blob.get("meta") or {}))
+
+
+# ------------------------------------------------------------------------------ exit layers
+def exit_layers(options: dict[str, Any], n: int) -> tuple[int, int]:
+    """``(L_d, L_i)`` from the options for an ``n``-layer model (defaults about L/8 and L/4);
+    ``ValueError`` for a combination HiSpec cannot run (single-exit ignores ``verify_layer``)."""
+    ld = options.get("draft_layer") or max(1, round(n / 8))
+    if options.get("single_exit"):
+        if not 1 <= ld < n:
+            raise ValueError(f"draft_layer must lie in [1, {n - 1}] for a {n}-layer model, got {ld}")
+        return ld, ld
+    if n < 3:
+        raise ValueError(f"HiSpec needs at least 3 layers (L_d < L_i < L); this model has {n}")
+    li = options.get("verify_layer") or max(ld + 1, round(n / 4))
+    if not 1 <= ld < li < n:
+        raise ValueError(f"need 1 <= draft_layer < verify_layer < {n} (the model's layers), "
+                         f"got draft_layer={ld}, verify_layer={li}")
+    return ld, li

@@ -3,16 +3,17 @@
 One decode step (Algorithm 2 of the paper, with the reuse of §3.1):
 
 1. ``selfspec_propose`` builds the *tentatively accepted buffer* ``c_1..c_m`` after the
-   pending token ``c_0`` in rounds: draft ``N_d`` tokens with the exit at ``L_d`` (each runs
+   pending token ``c_0`` in rounds: draft ``N_d`` (``round_size``) tokens with the exit at ``L_d`` (each runs
    layers ``[0, L_d)`` once), run ``[c_m, d_1..d_{N_d-1}]`` from their ``L_d`` states through
    ``[L_d, L_i)`` only, accept the drafts the ``L_i`` exit agrees with, and on the first
    mismatch append the ``L_i`` exit's own token. Rounds repeat until the buffer holds ``N_i``
-   tokens. The buffer is private: it goes to the host as a chain ``Draft`` whose ``meta``
-   holds the ``L_i`` states of ``c_0..c_{m-1}``.
-2. ``selfspec_verify`` finishes the full-model check: ``c_m`` (never run yet) goes through
-   ``[0, L_i)``, then ``[c_0..c_m]`` through ``[L_i, L)`` from the ``L_i`` states; the greedy
-   verdict is the longest matching prefix plus the model's bonus token. Without fresh meta it
-   falls back to the host's full forward (``verify_greedy``).
+   (``num_draft``) tokens. The buffer is private: it goes to the host as a chain ``Draft`` of
+   this plugin (``owner``) whose ``meta`` holds the ``L_i`` states of ``c_0..c_{m-1}``.
+2. ``selfspec_verify`` finishes the full-model check with the host's ``verify_from_layer``:
+   ``c_m`` (never run yet) goes through ``[0, L_i)``, then ``[c_0..c_m]`` through ``[L_i, L)``
+   from the ``L_i`` states; the greedy verdict is the longest matching prefix plus the model's
+   bonus token. For a draft that is not its own, or that the host cut, it falls back to the
+   host's full forward (``verify_greedy``).
 
 KV cache: every write goes to slot ``base + j`` of the token ``c_j`` (``base`` = the pending
 token's slot), so a rejected draft's slot is simply overwritten by its replacement; each layer
@@ -36,12 +37,18 @@ from typing import Any
 import torch
 
 import selfspec
-from selfspec import Draft, Option, Verdict
-from selfspec.builtin.verify import chain_verdict, verify_greedy
+from selfspec import (
+    Draft,
+    Option,
+    Verdict,
+    accepted_length,
+    resolve_profile,
+    verify_from_layer,
+    verify_greedy,
+)
 
-from .heads import ExitHeads, default_profile_path, load_profile
-
-COUNTERS = ("steps", "drafted", "li_accepted", "li_corrections", "buffered", "full_accepted", "fallbacks")
+from .heads import STORE, ExitHeads, exit_layers, load_profile, profile_name
+from .stats import COUNTERS
 
 
 class HiSpec:
@@ -63,10 +70,10 @@ class HiSpec:
         register(Option("draft_layer", int, 0, "exit layer L_d that drafts (0: about L/8)", min=0, max=4096))
         register(Option("verify_layer", int, 0, "exit layer L_i of the intermediate verifier (0: about L/4)",
                         min=0, max=4096))
-        register(Option("num_draft", int, 2, "N_d: tokens drafted per round before intermediate verification",
+        register(Option("round_size", int, 2, "N_d: tokens drafted per round before intermediate verification",
                         min=1, max=64))
-        register(Option("window", int, 4, "N_i: tentatively accepted tokens buffered before the full check",
-                        min=1, max=128))
+        register(Option("num_draft", int, 4, "N_i: most tokens drafted per step (the tentatively accepted "
+                        "buffer the full model checks)", min=1, max=128))
         register(Option("single_exit", bool, False,
                         "LayerSkip-style baseline: draft N_i tokens at L_d, no intermediate verification"))
         register(Option("profile", str, "auto",
@@ -78,12 +85,12 @@ class HiSpec:
         self.single = bool(options["single_exit"])
         ld, li = exit_layers(options, n)
         self.ld, self.li, self.n_layers = ld, (ld if self.single else li), n  # single: verify from L_d
-        self.nd, self.ni = int(options["num_draft"]), int(options["window"])
+        self.nd, self.ni = int(options["round_size"]), int(options["num_draft"])
         self.heads, self.profile_path = _resolve_heads(options["profile"], runner)
 
     @selfspec.hookimpl
     def selfspec_commands(self, register) -> None:
-        from .commands import calibrate, rates_command
+        from .commands import calibrate, rates_command  # click, only for the CLI
 
         register(calibrate)
         register(rates_command)
@@ -126,7 +133,7 @@ class HiSpec:
             hi = runner.forward(hidden=hds[None], cache=cache, start=base + m, layers=(self.ld, self.li),
                                 logits=None).hidden[0]  # [n, H]
             pred = self.heads.predict(runner, self.li, hi)  # [n]: L_i's token after c_m, d_1..
-            a = int((pred == dtok).to(torch.int64).cumprod(0).sum())
+            a = accepted_length(pred, dtok)
             self.counters["li_accepted"] += a
             if a < n:  # first mismatch: L_i's own token replaces d_{a+1}
                 new = dtok[:a].tolist() + [int(pred[a])]
@@ -142,74 +149,29 @@ class HiSpec:
                 break
         states = torch.cat(rows)[:m]  # [m, H]
         self.counters["buffered"] += m
-        key = (id(self), state.step, base)
-        return Draft.chain(buf[1 : m + 1], device=dev, hispec={"key": key, "states": states,
-                                                              "layer": self.li, "tokens": tuple(buf[1 : m + 1])})
+        meta = {"states": states, "layer": self.li, "tokens": tuple(buf[1 : m + 1])}
+        return Draft(torch.tensor(buf[1 : m + 1], dtype=torch.long, device=dev), meta=meta, owner=self)
 
     @selfspec.hookimpl
     def selfspec_verify(self, state: selfspec.DecodeState, draft: Draft) -> Verdict:
-        meta = draft.meta.get("hispec")
-        base = state.length - 1
         if len(draft) == 0:  # no room to draft: a plain greedy step
             return verify_greedy(state, draft)
-        if (meta is None or meta["key"] != (id(self), state.step, base)
-                or tuple(draft.tokens.tolist()) != meta["tokens"] or state.capture_layers):
-            self.counters["fallbacks"] += 1  # stale or foreign meta: verify with a full forward
+        meta = draft.meta
+        if (not draft.is_from(self) or tuple(draft.tokens.tolist()) != meta["tokens"] or state.capture_layers):
+            self.counters["fallbacks"] += 1  # foreign or cut draft: verify with a full forward
             return verify_greedy(state, draft)
-        runner, cache = state.runner, state.cache
-        m, layer = len(draft), meta["layer"]
         # c) c_m has run no layer yet: [0, L_i) at its slot; then [c_0..c_m] through [L_i, L)
-        h_last = runner.forward(draft.tokens[-1:], cache=cache, start=base + m, layers=(0, layer),
-                                logits=None).hidden  # [1, 1, H]
-        h = torch.cat([meta["states"][None], h_last], 1)  # [1, m+1, H]
-        out = runner.forward(hidden=h, cache=cache, start=base, layers=(layer, self.n_layers))
-        verdict = chain_verdict(draft, out.logits, forwards=1.0)  # logits: [m+1, V] after c_0..c_m
+        verdict = verify_from_layer(state, draft, meta["states"], meta["layer"], forwards=1.0)
         self.counters["steps"] += 1
         self.counters["full_accepted"] += len(verdict.accepted)
         return verdict
 
 
 # ------------------------------------------------------------------------------ helpers
-def exit_layers(options: dict[str, Any], n: int) -> tuple[int, int]:
-    """``(L_d, L_i)`` from the options for an ``n``-layer model (defaults about L/8 and L/4);
-    ``ValueError`` for a combination HiSpec cannot run (single-exit ignores ``verify_layer``)."""
-    ld = options.get("draft_layer") or max(1, round(n / 8))
-    if options.get("single_exit"):
-        if not 1 <= ld < n:
-            raise ValueError(f"draft_layer must lie in [1, {n - 1}] for a {n}-layer model, got {ld}")
-        return ld, ld
-    if n < 3:
-        raise ValueError(f"HiSpec needs at least 3 layers (L_d < L_i < L); this model has {n}")
-    li = options.get("verify_layer") or max(ld + 1, round(n / 4))
-    if not 1 <= ld < li < n:
-        raise ValueError(f"need 1 <= draft_layer < verify_layer < {n} (the model's layers), "
-                         f"got draft_layer={ld}, verify_layer={li}")
-    return ld, li
-
-
 def _resolve_heads(spec: str, runner: Any) -> tuple[ExitHeads, str | None]:
     """The exit heads for ``profile=spec``: ``none`` -> shared head, ``auto`` -> this model's
     profile when one exists, else a path (an error if it cannot be read)."""
-    spec = (spec or "auto").strip()
-    if spec.lower() == "none":
+    path = resolve_profile(spec, STORE, profile_name(runner))
+    if path is None:
         return ExitHeads(), None
-    if spec.lower() == "auto":
-        path = default_profile_path(runner.model)
-        if not path.is_file():
-            return ExitHeads(), None
-    else:
-        from pathlib import Path
-
-        path = Path(spec).expanduser()
-    return load_profile(path, runner.model).bind(runner), str(path)
-
-
-def rates(counters: dict[str, int]) -> dict[str, float | None]:
-    """Intermediate acceptance (drafts L_i agrees with / drafts), full acceptance (buffer tokens
-    the full model accepts / buffer tokens), and buffer tokens per full verification."""
-    c = counters
-    return {
-        "intermediate_acceptance": c["li_accepted"] / c["drafted"] if c["drafted"] else None,
-        "full_acceptance": c["full_accepted"] / c["buffered"] if c["buffered"] else None,
-        "buffer_per_step": c["buffered"] / c["steps"] if c["steps"] else None,
-    }
+    return load_profile(path, runner).bind(runner), str(path)

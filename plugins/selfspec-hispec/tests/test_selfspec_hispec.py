@@ -22,12 +22,10 @@ import torch
 from hypothesis import strategies as st
 from selfspec_hispec import HiSpec
 from selfspec_hispec.calibrate import collect, fit_layer, top_vocab
-from selfspec_hispec.heads import ExitHeads, load_profile, model_key, save_profile
+from selfspec_hispec.heads import ExitHeads, default_profile_path, load_profile, save_profile
 
 import selfspec
-from selfspec import Decoder
-from selfspec.plugins import PluginError
-from selfspec.reference import reference_generate
+from selfspec import Decoder, PluginError, Runner, model_identity, reference_generate
 from selfspec.testing import ARCHS, PluginSuite, assert_lossless, tiny_model
 
 PROMPT = [5, 17, 3, 99, 42, 7, 7, 1]
@@ -44,7 +42,7 @@ def _random_profile(model, seed: int, vocab: int | None) -> str:
         maps = {k: (torch.randn(h, h, generator=g) / h**0.5 + torch.eye(h), torch.randn(h, generator=g) * 0.1)
                 for k in range(1, n)}
         sub = None if vocab is None else torch.randperm(model.config.vocab_size, generator=g)[:vocab].sort().values
-        save_profile(ExitHeads(maps=maps, vocab=sub), path, model)
+        save_profile(ExitHeads(maps=maps, vocab=sub), path, Runner(model))
     return str(path)
 
 
@@ -52,8 +50,8 @@ class TestHiSpec(PluginSuite):
     """The kit's standard suite: installed, valid options, lossless (with coverage)."""
 
     plugin = "hispec"
-    option_strategies = {"num_draft": st.integers(1, 4), "window": st.integers(1, 8)}
-    reach_options = {"num_draft": 4, "window": 8, "profile": "none"}  # the longest buffers
+    option_strategies = {"round_size": st.integers(1, 4), "num_draft": st.integers(1, 8)}
+    reach_options = {"round_size": 4, "num_draft": 8, "profile": "none"}  # the longest buffers
 
     def options_strategy(self, model, declared):
         depth = model.config.num_hidden_layers
@@ -75,7 +73,7 @@ def test_lossless_with_eos_inside_the_buffer(arch):
     model = tiny_model(arch)
     ref = reference_generate(model, PROMPT, 24)
     eos = [ref[5], ref[9]]
-    assert_lossless(model, "hispec", PROMPT, 24, {"window": 8, "num_draft": 3}, eos_token_ids=eos)
+    assert_lossless(model, "hispec", PROMPT, 24, {"num_draft": 8, "round_size": 3}, eos_token_ids=eos)
 
 
 class Recording(HiSpec):
@@ -97,7 +95,7 @@ def test_buffers_are_rejected_in_the_middle():
     # intermediate verifier both accepts and corrects drafts
     for arch in ARCHS:
         plugin = Recording()
-        dec = Decoder(tiny_model(arch), "hispec", {"window": 6}, plugin_object=plugin)
+        dec = Decoder(tiny_model(arch), "hispec", {"num_draft": 6}, plugin_object=plugin)
         res = dec.generate(PROMPT, 40, eos_token_ids=())
         assert res.output_ids == reference_generate(dec.model, PROMPT, 40)
         assert res.stats.drafted > 0
@@ -117,8 +115,8 @@ def _identity_after_first_layer(arch: str):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("options", [{"num_draft": 2, "window": 4}, {"num_draft": 3, "window": 7},
-                                     {"single_exit": True, "window": 5}])
+@pytest.mark.parametrize("options", [{"round_size": 2, "num_draft": 4}, {"round_size": 3, "num_draft": 7},
+                                     {"single_exit": True, "num_draft": 5}])
 def test_reuse_no_layer_runs_twice_for_a_token(arch, options):
     model = _identity_after_first_layer(arch)
     depth = model.config.num_hidden_layers
@@ -146,14 +144,14 @@ def test_layer_defaults_follow_the_paper():
     plugin = HiSpec()
     dec = Decoder(tiny_model("llama", num_hidden_layers=16), "hispec", plugin_object=plugin)
     assert (plugin.ld, plugin.li) == (2, 4)  # L/8 and L/4
-    assert dec.options["num_draft"] == 2 and dec.options["window"] == 4
+    assert dec.options["round_size"] == 2 and dec.options["num_draft"] == 4
 
 
 @pytest.mark.parametrize("opts, message", [
     ({"draft_layer": 2, "verify_layer": 2}, "draft_layer < verify_layer"),
     ({"draft_layer": 1, "verify_layer": 3}, "draft_layer < verify_layer"),
     ({"draft_layer": 3, "single_exit": True}, "draft_layer must lie"),
-    ({"profile": "/nonexistent/profile.pt"}, "no HiSpec profile"),
+    ({"profile": "/nonexistent/profile.pt"}, "no profile at"),
 ])
 def test_bad_options_are_refused(opts, message):
     with pytest.raises(PluginError, match=message):
@@ -188,15 +186,16 @@ def test_calibration_improves_the_exit_agreement():
 
 def test_profile_round_trip_and_use(tmp_path):
     model = tiny_model("qwen3")
+    runner = Runner(model)
     path = _random_profile(model, 7, 20)
-    heads = load_profile(path, model)
-    again = load_profile(save_profile(heads, tmp_path / "p.pt", model), model)
+    heads = load_profile(path, runner)
+    again = load_profile(save_profile(heads, tmp_path / "p.pt", runner), runner)
     assert set(again.maps) == set(heads.maps) and torch.equal(again.vocab, heads.vocab)
     for k, (w, b) in heads.maps.items():
         assert torch.equal(again.maps[k][0], w) and torch.equal(again.maps[k][1], b)
     # a profile made for another model is refused
-    other = tiny_model("qwen3", seed=1)
-    assert model_key(other) != model_key(model)
+    other = Runner(tiny_model("qwen3", seed=1))
+    assert model_identity(other).key != model_identity(runner).key
     with pytest.raises(ValueError, match="calibrated for"):
         load_profile(path, other)
     # used by the plugin, with guesses restricted to the subset, and still lossless
@@ -209,19 +208,17 @@ def test_profile_round_trip_and_use(tmp_path):
 
 
 def test_auto_profile_is_found_in_the_cache(tmp_path, monkeypatch):
-    from selfspec import models
-
-    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
     model = tiny_model("mistral")
+    runner = Runner(model)
     plugin = HiSpec()
     Decoder(model, "hispec", plugin_object=plugin)
     assert plugin.profile_path is None  # no profile yet: the shared head
-    from selfspec_hispec.heads import default_profile_path
-
-    save_profile(load_profile(_random_profile(model, 3, None), model), default_profile_path(model), model)
+    save_profile(load_profile(_random_profile(model, 3, None), runner), default_profile_path(runner), runner)
+    assert default_profile_path(runner).parent == tmp_path / "hispec"
     plugin = HiSpec()
     Decoder(model, "hispec", plugin_object=plugin)
-    assert plugin.profile_path == str(default_profile_path(model))
+    assert plugin.profile_path == str(default_profile_path(runner))
     plugin = HiSpec()
     Decoder(model, "hispec", {"profile": "none"}, plugin_object=plugin)
     assert plugin.profile_path is None

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import strategies as st
 from selfspec_lookup import Lookup
 
+from selfspec import NgramIndex
 from selfspec.testing import PluginSuite, tiny_model
 
 
@@ -23,11 +24,9 @@ class TestLookup(PluginSuite):
 
 def _lookup(history, **opts):
     plugin = Lookup()
-    plugin.max_ngram = opts.get("max_ngram", 3)
-    plugin.min_ngram = opts.get("min_ngram", 1)
-    plugin.history = list(history)
-    plugin._index_up_to(len(history) - 1)
-    return plugin._lookup(opts.get("k", 4))
+    plugin.index = NgramIndex(opts.get("max_ngram", 3), opts.get("min_ngram", 1))
+    plugin.index.extend(history)
+    return list(plugin.index.continuation(opts.get("k", 4)))
 
 
 def test_latest_occurrence_of_the_longest_ngram_wins():
@@ -47,19 +46,9 @@ def test_suffix_itself_is_not_a_match():
     assert _lookup([1, 2, 3], max_ngram=1) == []
 
 
-def test_index_is_incremental():
-    plugin = Lookup()
-    plugin.history = [1, 2, 3]
-    plugin._index_up_to(2)
-    plugin.history += [1, 2]
-    plugin._index_up_to(len(plugin.history) - 1)
-    assert plugin._lookup(3) == [3, 1, 2]
-
-
 @pytest.mark.parametrize("opts", [{"min_ngram": 4, "max_ngram": 2}])
 def test_bad_options_are_refused(opts):
-    from selfspec import Decoder
-    from selfspec.plugins import PluginError
+    from selfspec import Decoder, PluginError
 
     with pytest.raises(PluginError, match="min_ngram"):
         Decoder(tiny_model("llama"), "lookup", opts)

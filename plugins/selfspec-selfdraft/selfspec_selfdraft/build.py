@@ -6,7 +6,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from selfspec import ArtefactStore
+
 from .corpus import CorpusCache, tokenizer_key
+
+STORE = ArtefactStore("selfdraft")
 
 #: Tokens of dev-split text the default corpus cache is built from (about a minute here).
 DEFAULT_TOKENS = 3_000_000
@@ -14,24 +18,22 @@ BATCH = 256
 
 
 def default_path(tokenizer: Any, max_tokens: int) -> Path:
-    """Where the default corpus cache of this tokenizer lives (under the selfspec cache dir)."""
-    from selfspec.models import cache_dir
-
-    return Path(cache_dir()) / "selfdraft" / f"corpus-dev-{tokenizer_key(tokenizer)}-{max_tokens}.npz"
+    """Where the default corpus cache of this tokenizer lives (in the plugin's artefact store)."""
+    return STORE.path(f"corpus-dev-{tokenizer_key(tokenizer)}-{max_tokens}.npz")
 
 
 def default_corpus(tokenizer: Any, max_tokens: int = DEFAULT_TOKENS, progress: bool = True) -> CorpusCache:
-    """The default corpus cache: built on first use from ``build_corpus_texts()`` (the dev
+    """The default corpus cache: built on first use from :func:`selfspec.corpus_texts` (the dev
     split of ShareGPT, HumanEval and GSM8K; never a test prompt), then loaded from disk."""
     path = default_path(tokenizer, max_tokens)
     if path.is_file():
         return CorpusCache.load(path)
-    from selfspec.bench.data import build_corpus_texts
+    from selfspec import corpus_texts
 
     # the small code and math dev sets first, so that the token cap only ever trims ShareGPT
-    texts = build_corpus_texts(("humaneval", "gsm8k", "sharegpt"))
+    texts = corpus_texts(("humaneval", "gsm8k", "sharegpt"))
     cache = build_from_texts(texts, tokenizer, max_tokens=max_tokens, progress=progress,
-                             meta={"source": "selfspec.bench.data.build_corpus_texts (dev split)"})
+                             meta={"source": "selfspec.corpus_texts (dev split)"})
     cache.save(path)
     return cache
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from selfspec import Settings
+
 
 @click.command("build-corpus")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -19,7 +21,7 @@ import click
 @click.option("--min-count", type=click.IntRange(1), default=2, show_default=True,
               help="drop n-grams seen fewer times")
 @click.pass_obj
-def build_corpus(settings, files, out, max_tokens, max_prefix, top, min_count) -> None:
+def build_corpus(settings: Settings, files, out, max_tokens, max_prefix, top, min_count) -> None:
     """Count n-grams of FILES (UTF-8 text, one document per file, or per line for .jsonl of
     {"text": ...}) in the model's tokens, and write a corpus cache for ``-o corpus=PATH``."""
     import json
@@ -51,8 +53,8 @@ def build_corpus(settings, files, out, max_tokens, max_prefix, top, min_count) -
     cache = build_from_texts(texts(), tokenizer, max_tokens=max_tokens, max_prefix=max_prefix, top=top,
                              min_count=min_count, meta={"source": [str(f) for f in files]})
     if out is None:
-        from selfspec.models import cache_dir
+        from .build import STORE
 
-        out = Path(cache_dir()) / "selfdraft" / f"corpus-{tokenizer_key(tokenizer)}-files.npz"
+        out = STORE.path(f"corpus-{tokenizer_key(tokenizer)}-files.npz")
     path = cache.save(out)
     click.echo(f"{path}: {cache.meta['tokens']} tokens, {len(cache)} continuations; use -o corpus={path}")

@@ -107,18 +107,15 @@ class CorpusCache:
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        from selfspec import ArtefactStore
+
         arrays: dict[str, np.ndarray] = {}
         for m, (keys, offsets, conts, counts) in self.tables.items():
             arrays[f"keys{m}"], arrays[f"offsets{m}"] = keys, offsets.astype(np.int64)
             arrays[f"conts{m}"], arrays[f"counts{m}"] = conts, counts.astype(np.int32)
         meta = {**self.meta, "cont": self.cont, "bits": self.bits, "prefixes": sorted(self.tables)}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez_compressed(tmp, **arrays)
-        tmp.replace(path)
-        return path
+        return ArtefactStore.save(path, lambda tmp: np.savez_compressed(tmp, **arrays))
 
     @classmethod
     def load(cls, path: str | Path) -> CorpusCache:

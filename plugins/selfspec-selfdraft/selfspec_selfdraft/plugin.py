@@ -3,9 +3,10 @@ forward together with the draft branches, keep exactly the accepted path in the 
 
 One step (paper Algorithm 1): the candidates for the pending token (context cache by the
 pending token, corpus cache by the longest matching suffix, and, beyond the paper, the
-history source: prompt lookup over the prompt and output, see :mod:`.history`) form a trie ``Draft``; the
-verifier runs ``[pending, trie..., branches...]`` in one forward (layout in :mod:`.layout`),
-accepts the longest trie path the model agrees with plus the bonus token, and hands the
+history source: prompt lookup over the prompt and output with the host's ``NgramIndex``) form
+a trie ``Draft``; the verifier runs ``[pending, trie..., branches...]`` in one forward (the host's
+``verify_tree`` with the branches as extra rows, layout in :mod:`.layout`), accepts the longest
+trie path the model agrees with plus the bonus token, and hands the
 branches' predictions to the update hook, which fills the context cache and advances every
 branch by its last prediction. Before the output has ``branch_len`` tokens a step proposes no
 candidates (the first arm): the branches only grow.
@@ -20,13 +21,11 @@ from typing import Any
 import torch
 
 import selfspec
-from selfspec import Draft, Option, Verdict
-from selfspec.reference import greedy
+from selfspec import Draft, NgramIndex, Option, Verdict, verify_tree
 
 from . import layout
 from .context import ContextCache
 from .corpus import CorpusCache
-from .history import HistoryIndex
 
 
 class SelfDraft:
@@ -39,7 +38,7 @@ class SelfDraft:
         self.context = ContextCache()
         self.branches: list[list[int]] = []
         self.history: list[int] = []  # prompt + committed tokens (the history index's own list when it runs)
-        self.hist: HistoryIndex | None = None  # the history source's index (history=true)
+        self.hist: NgramIndex | None = None  # the history source's index (history=true)
         self.rng = random.Random(0)
         self._step: dict[str, Any] | None = None  # what verify left for the update hook
 
@@ -101,7 +100,7 @@ class SelfDraft:
     @selfspec.hookimpl
     def selfspec_start(self, state: selfspec.DecodeState) -> None:
         o = self.opts
-        self.hist = HistoryIndex(o["history_ngram"], o["history_min_ngram"]) if o["history"] else None
+        self.hist = NgramIndex(o["history_ngram"], o["history_min_ngram"]) if o["history"] else None
         self.history = self.hist.tokens if self.hist is not None else []  # one list, never two copies
         self._extend(state.committed.tolist())
         self.context.clear()
@@ -122,42 +121,28 @@ class SelfDraft:
         tokens, parents = layout.trie(cands)
         dev = state.runner.device
         return Draft(torch.tensor(tokens, dtype=torch.long, device=dev),
-                     torch.tensor(parents, dtype=torch.long, device=dev), {"selfdraft": id(self)})
+                     torch.tensor(parents, dtype=torch.long, device=dev), owner=self)
 
     @selfspec.hookimpl
     def selfspec_verify(self, state: selfspec.DecodeState, draft: Draft) -> Verdict | None:
-        if draft.meta.get("selfdraft") != id(self):
+        if not draft.is_from(self):
             return None  # not our draft: let the greedy verifier decide
-        runner, base = state.runner, state.length - 1
-        tokens = draft.tokens.tolist()
-        parents = draft.parents.tolist() if draft.parents is not None else list(range(-1, len(tokens) - 1))
+        base = state.length - 1
         second_arm = state.generated >= self.opts["branch_len"]
         branches = self.branches
-        room = state.cache.capacity - base - 1 - len(tokens)
+        room = state.cache.capacity - base - 1 - len(draft)
         if sum(len(b) for b in branches) > room:
             branches = []  # no room left for the branches this step (only near the capacity)
         first_row = self.opts["gram"] - 2 if second_arm else 1 << 30
-        block = layout.build(state.pending, base, tokens, parents, branches, first_row, runner.device)
-        capture = state.capture_layers or ()
-        out = runner.forward(block.ids, cache=state.cache, start=base, positions=block.positions,
-                             block_mask=block.mask, logits=block.rows, capture=capture)
-        pred = greedy(out.logits).tolist()  # one per row of block.rows
-        tree_pred = pred[: block.n_tree]
-        path = layout.tree_path(parents, tokens, tree_pred)
-        slots = [0] + [n + 1 for n in path]
-        bonus = tree_pred[slots[-1]]
+        laid = layout.branches(branches, base, first_row, state.runner.device)
+        verdict, pred = verify_tree(state, draft, laid.extra)
         # per branch, the model's token after each of its (logit) positions
-        preds, i = [], block.n_tree
-        for local in block.branch_rows:
+        preds, i = [], 0
+        for local in laid.branch_rows:
             preds.append(dict(zip(local, pred[i : i + len(local)])))
             i += len(local)
         self._step = {"branches": branches, "preds": preds, "second_arm": second_arm}
-        hidden = None
-        if capture:
-            idx = torch.tensor(slots, device=runner.device)
-            hidden = {layer: h.index_select(0, idx) for layer, h in out.captured.items()}
-        return Verdict(accepted=tuple(tokens[n] for n in path), bonus=bonus, accepted_nodes=tuple(path),
-                       kv_slots=tuple(slots), hidden=hidden)
+        return verdict
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: Verdict) -> None:

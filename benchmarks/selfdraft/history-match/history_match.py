@@ -8,7 +8,7 @@ the output's suffix matched (3, 2, 1; 0 = no match). Prints, per match length, t
 steps whose candidate is accepted for at least k tokens: the k-th token of a candidate is
 worth verifying when that share beats the cost of one more row in the forward.
 
-    python plugins/selfspec-selfdraft/bench/history_match.py > plugins/selfspec-selfdraft/bench/history_match.txt
+    python benchmarks/selfdraft/history-match/history_match.py > benchmarks/selfdraft/history-match/history_match.txt
 """
 
 from __future__ import annotations
@@ -16,11 +16,8 @@ from __future__ import annotations
 import collections
 
 import torch
-from selfspec_selfdraft.history import HistoryIndex
 
-from selfspec import models
-from selfspec.bench import data
-from selfspec.loop import Decoder
+from selfspec import Decoder, NgramIndex, format_prompt, load_model, load_task
 
 TASKS = ("humaneval", "gsm8k", "mtbench", "sharegpt")
 KS = (1, 2, 3, 4, 6, 8, 10, 12, 16)
@@ -28,14 +25,14 @@ KS = (1, 2, 3, 4, 6, 8, 10, 12, 16)
 
 def main() -> None:
     torch.set_num_threads(2)
-    loaded = models.load()
+    loaded = load_model()
     dec = Decoder(loaded.model, "vanilla", tokenizer=loaded.tokenizer)
     accepted: dict[int, list[int]] = collections.defaultdict(list)
     for task in TASKS:
-        for sample in data.load_task(task, "dev", n=5, seed=3):
-            prompt = models.format_prompt(loaded, sample.text(loaded.chat))
+        for sample in load_task(task, "dev", n=5, seed=3):
+            prompt = format_prompt(loaded, sample.text(loaded.chat))
             out = dec.generate(prompt, 96, eos_token_ids=loaded.eos_token_ids).output_ids
-            h = HistoryIndex(3, 1)
+            h = NgramIndex(3, 1)
             h.extend(prompt)
             i = 0
             while i < len(out):

@@ -1,10 +1,8 @@
-"""The history source: what followed the latest earlier occurrence of the output's last n-gram
-in the prompt and the output so far (prompt lookup decoding's retrieval).
+"""An n-gram suffix index over a growing token list (prompt lookup's retrieval).
 
-Not in the Self-Draft paper, whose context cache holds only the branches' grams. It is the
-"prompt pool" of lookahead decoding (which Self-Draft extends), and it is where a small model's
-branches are weakest: text the output copies from its context (code it edits, names, numbers,
-quoted phrases). Off with ``history=false``.
+Answers one question, fast, every step: where did the list's own last ``n`` tokens occur
+before, and what followed them? Every n-gram (``min_n <= n <= max_n``) is indexed by the
+position right after its latest occurrence whose continuation is known.
 """
 
 from __future__ import annotations
@@ -12,14 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-class HistoryIndex:
-    """Every n-gram (``min_n <= n <= max_n``) of a growing token list, indexed by the position
-    after its latest occurrence. ``extend`` adds tokens; ``continuation`` answers a lookup for
-    the list's own last n-gram, longest n first."""
+class NgramIndex:
+    """Every n-gram of :attr:`tokens`, by the position after its latest occurrence.
+
+    ``extend`` appends tokens and indexes the n-grams whose continuation became known;
+    ``match`` finds the longest suffix that occurred before; ``continuation`` returns what
+    followed it. Invariant: after ``extend``, every n-gram ``tokens[s-n:s]`` with
+    ``s < len(tokens)`` is indexed at its largest such ``s``.
+    """
 
     def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:
-            raise ValueError("history n-grams need 1 <= min_n <= max_n")
+            raise ValueError("n-grams need 1 <= min_n <= max_n")
         self.max_n, self.min_n = max_n, min_n
         self.tokens: list[int] = []
         self.index: dict[tuple[int, ...], int] = {}
@@ -28,8 +30,7 @@ class HistoryIndex:
         return len(self.tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
-        """Append tokens; index every n-gram that ends before the (new) last token, whose
-        continuation is therefore known."""
+        """Append ``tokens``; index every n-gram that ends before the (new) last token."""
         h = self.tokens
         first = len(h)
         h.extend(int(t) for t in tokens)
@@ -56,6 +57,6 @@ class HistoryIndex:
         tokens (at least one): a shorter match is less often followed by what followed it
         before, so fewer of its tokens are worth verifying."""
         n, stop = self.match()
-        if not n:
+        if not n or k <= 0:
             return ()
         return tuple(self.tokens[stop : stop + (max(1, k >> (self.max_n - n)) if halving else k)])

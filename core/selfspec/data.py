@@ -1,4 +1,7 @@
-"""Benchmark tasks from real data shipped in PyPI packages, with a fixed dev/test split.
+"""Tasks from real data shipped in PyPI packages, with a fixed dev/test split.
+
+Plugins read the ``dev`` split (tuning prompts, corpora) and ``specdec bench`` the ``test``
+split, both through this module; a plain decode never imports it.
 
 Tasks (each a list of :class:`Sample`; the prompt is one user turn):
 
@@ -277,3 +280,15 @@ register_task("gsm8k", lambda: list(_gsm8k()))
 register_task("mtbench", lambda: list(_mtbench()))
 register_task("sharegpt", lambda: list(_sharegpt_split()[0]))
 register_task("summarization", lambda: list(_sharegpt_split()[1]))
+
+
+# --------------------------------------------------------------------------- prompts
+def encode_sample(loaded: Any, sample: Sample) -> list[int]:
+    """Token ids of ``sample`` for a loaded model (``loaded.tokenizer``, ``loaded.chat``): the
+    user turn through the chat template for chat models, the bare text otherwise."""
+    tok = loaded.tokenizer
+    if loaded.chat and getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": sample.prompt}], add_generation_prompt=True,
+                                       tokenize=False)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+    return list(tok(sample.text(chat=False))["input_ids"])

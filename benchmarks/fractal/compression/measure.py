@@ -2,7 +2,7 @@
 against the runner's oneDNN-packed float32 layer, the compressed model's argmax agreement
 with the original on real dev text (teacher-forced), and the memory the copy adds.
 
-Run: python results/compression/measure.py > results/compression/compression.md
+Run: python benchmarks/fractal/compression/measure.py > benchmarks/fractal/compression/compression.md
 """
 
 import time
@@ -10,11 +10,10 @@ import time
 import torch
 from selfspec_fractal import compress
 
-from selfspec import Decoder, models
-from selfspec.bench.data import load_task
+from selfspec import Decoder, format_prompt, load_model, load_task
 
 torch.set_num_threads(1)
-loaded = models.load()
+loaded = load_model()
 model = loaded.model
 van = Decoder(model, "vanilla", tokenizer=loaded.tokenizer)
 runner = van.runner
@@ -48,7 +47,7 @@ agree = {b: [0, 0] for b in BACKENDS}
 with torch.inference_mode():
     for task in ("humaneval", "gsm8k", "mtbench", "sharegpt"):
         for s in load_task(task, split="dev", n=1):
-            ids = models.format_prompt(loaded, s.prompt)
+            ids = format_prompt(loaded, s.prompt)
             out = van.generate(ids, 48).output_ids
             seq = torch.tensor(ids + out)
             ref = runner.forward(seq).logits.argmax(-1)

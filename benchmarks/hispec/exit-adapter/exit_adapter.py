@@ -5,7 +5,7 @@ the affine map the ``calibrate`` command fits (ridge, then cross-entropy), again
 MLP adapter ``h -> h @ W + b + silu(norm(h) @ W1) @ W2`` (1024 hidden units, initialised from
 the affine map, trained by cross-entropy over the same 8192-token vocabulary subset).
 Data: 360 dev texts (first 256 tokens each) read teacher-forced; every fifth held out.
-Run: ``python plugins/selfspec-hispec/bench/exit_adapter.py`` (about 15 minutes on 2 cores).
+Run: ``python benchmarks/hispec/exit-adapter/exit_adapter.py > benchmarks/hispec/exit-adapter/exit_adapter.txt`` (about 15 minutes on 2 cores).
 """
 
 import time
@@ -13,8 +13,8 @@ import time
 import torch
 from selfspec_hispec import calibrate as cal
 
-from selfspec.models import load
-from selfspec.runner import Runner
+from selfspec import Runner
+from selfspec import load_model as load
 
 HIDDEN, STEPS, BATCH = 1024, 3000, 512
 

@@ -5,16 +5,16 @@ model and once with blocks skipped, and reports how often the skipped model's to
 full model's on the generated positions (an estimate of the draft acceptance rate; the real
 draft attends to the full model's keys/values of the prefix, so it is only a rough one).
 
-    python plugins/selfspec-selfsd/bench/agreement.py
+    python benchmarks/selfsd/agreement/agreement.py
 """
 
 import torch
 from selfspec_selfsd.tune import TASKS, dev_prompts
 
-from selfspec import Decoder, models
+from selfspec import Decoder, load_model
 
 torch.set_num_threads(1)
-loaded = models.load()
+loaded = load_model()
 van = Decoder(loaded.model, "vanilla")
 runner = van.runner
 seqs = []
