@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 import torch
 
 from ..builtin.verify import verify_greedy
+from ..markers import hookimpl
 from ..options import Option
-from ..plugins import hookimpl
 from ..types import DecodeState, Draft, Verdict
 
 
