@@ -4,8 +4,8 @@ Set-up: a) a 2-layer Llama with random weights and a word-level tokenizer with a
 saved to a temporary directory and loaded in float64, so any divergence from HF greedy is a real
 one (the near-tie tolerance is zero in float64); b) tiny tasks injected with
 ``data.register_task`` and removed after each test; c) the CLI commands are run through
-``CliRunner`` with ``harness._load`` pointed at the plain ``from_pretrained`` loader, so the tests
-do not depend on ``selfspec.models``. No timing is asserted anywhere.
+``CliRunner`` on that directory, loaded by ``selfspec.models.load`` like any model directory.
+No timing is asserted anywhere.
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture()
 def loaded(model_dir):
-    return harness._load_pretrained(model_dir, dtype="float64")
+    from selfspec import models
+
+    return models.load(model_dir, dtype="float64")
 
 
 def _key_in(split: str, stem: str) -> str:
@@ -92,9 +94,8 @@ def tiny_task():
 
 
 @pytest.fixture()
-def cli(monkeypatch, model_dir):
+def cli(model_dir):
     # see c)
-    monkeypatch.setattr(harness, "_load", harness._load_pretrained)
     return CliRunner()
 
 
@@ -192,7 +193,7 @@ def test_interleaving_order(loaded, tiny_task):
     assert [c[0] for c in calls[:4]] == names  # one warm-up call per method first
     body = calls[4:]
     assert len(body) == len(samples) * len(methods)
-    encoded = [tuple(harness.encode(loaded, s)) for s in samples]
+    encoded = [tuple(data.encode_sample(loaded, s)) for s in samples]
     for i, ids in enumerate(encoded):  # every method on prompt i before any on prompt i+1, rotated by i
         block = body[i * 4 : (i + 1) * 4]
         assert {c[1] for c in block} == {ids}
@@ -447,11 +448,10 @@ def test_sweep_needs_a_plugin(cli):
 
 
 @pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
-def test_sweep_takes_the_plugin_given_to_specdec(monkeypatch, model_dir, tiny_task, tmp_path):
+def test_sweep_takes_the_plugin_given_to_specdec(model_dir, tiny_task, tmp_path):
     # `specdec --plugin lookup sweep -o ...`, the form the plugin READMEs use
     from selfspec.cli import cli as specdec
 
-    monkeypatch.setattr(harness, "_load", harness._load_pretrained)
     out = tmp_path / "sw"
     args = ["--plugin", "lookup", "sweep", "--model", model_dir, "--dtype", "float64", "--tasks", "tiny",
             "--samples", "1", "--max-new-tokens", "4", "--threads", "1", "-q", "--no-plot", "-o", "num_draft=1,2",

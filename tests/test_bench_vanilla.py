@@ -1,9 +1,8 @@
-"""``python -m selfspec.bench.vanilla`` on a tiny random model (no timing assertions)."""
+"""``scripts/vanilla_vs_hf.py`` and ``selfspec.bench.vanilla`` on a tiny random model (no timing assertions)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,12 @@ import selfspec
 from selfspec.bench import vanilla as bench
 from selfspec.runner import Runner
 from selfspec.runner.layout import is_transposed
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "vanilla_vs_hf.py"
+sys.path.insert(0, str(SCRIPT.parent))
+
+import vanilla_vs_hf  # noqa: E402
 
 CONFIG = dict(
     vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -45,7 +50,7 @@ def _args(model_dir: Path, out: Path) -> list[str]:
 
 def test_bench_reports_speed_and_equality(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "bench.json"
-    assert bench.main(_args(model_dir, out)) == 0
+    assert vanilla_vs_hf.main(_args(model_dir, out)) == 0
     printed = capsys.readouterr().out
     assert "host[model] tok/s" in printed and "host[transposed] tok/s" in printed and "ratio" in printed
 
@@ -75,21 +80,32 @@ def test_bench_flags_a_different_output(model_dir: Path, tmp_path: Path, monkeyp
 
     monkeypatch.setattr(bench, "reference_generate", shifted)
     out = tmp_path / "bench.json"
-    assert bench.main(_args(model_dir, out)) == 1  # see a)
+    assert vanilla_vs_hf.main(_args(model_dir, out)) == 1  # see a)
     res = json.loads(out.read_text())
     assert res["all_equal"] is False
     row = res["prompts"][0]["host[model]"]
     assert row["equal"] is False and row["first_difference"] == 2 and row["near_tie"] is False
 
 
-def test_bench_runs_as_a_module(model_dir: Path, tmp_path: Path) -> None:
+def test_the_script_runs_from_the_command_line(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    env = dict(os.environ, PYTHONPATH=str(Path(selfspec.__file__).parents[1]))
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(selfspec.__file__).parents[1])}
     args = _args(model_dir, out)
     args[args.index("--repeats") + 1] = "1"
-    proc = subprocess.run([sys.executable, "-m", "selfspec.bench.vanilla", *args], env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["all_equal"] is True
+
+
+def test_the_module_has_no_command_line_of_its_own() -> None:
+    # issue 18: one command line for this measurement (the script); the module is a library
+    assert not hasattr(bench, "main") and not hasattr(bench, "load_model")
+
+
+def test_smoke_prompts_go_through_the_one_encoder(model_dir: Path) -> None:
+    loaded = selfspec.load_model(model_dir, dtype="float64")
+    assert bench.prompt_ids(loaded, 2, 97) == [selfspec.format_prompt(loaded, t) for t in bench.SMOKE_PROMPTS[:2]]
+    assert [len(p) for p in bench.prompt_ids(None, 2, 97)] == [20, 23]
 
 
 def test_transposed_layout_equals_the_model_up_to_rounding() -> None:

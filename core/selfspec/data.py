@@ -284,11 +284,9 @@ register_task("summarization", lambda: list(_sharegpt_split()[1]))
 
 # --------------------------------------------------------------------------- prompts
 def encode_sample(loaded: Any, sample: Sample) -> list[int]:
-    """Token ids of ``sample`` for a loaded model (``loaded.tokenizer``, ``loaded.chat``): the
-    user turn through the chat template for chat models, the bare text otherwise."""
-    tok = loaded.tokenizer
-    if loaded.chat and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": sample.prompt}], add_generation_prompt=True,
-                                       tokenize=False)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
-    return list(tok(sample.text(chat=False))["input_ids"])
+    """Token ids of ``sample`` for a loaded model: :func:`selfspec.models.format_prompt` of the
+    user turn for chat models, of the completion prompt otherwise (one encoder for ``specdec``
+    and ``specdec bench``)."""
+    from .models import format_prompt
+
+    return format_prompt(loaded, sample.text(loaded.chat))

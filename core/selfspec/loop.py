@@ -249,13 +249,10 @@ class Decoder:
                               f"and lie in the {written} slots its forward wrote (step {state.step})")
         return verdict
 
-    def _default_eos(self) -> set[int]:
-        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if eos is None:
-            eos = getattr(self.model.config, "eos_token_id", None)
-        if eos is None:
-            return set()
-        return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+    def _default_eos(self) -> frozenset[int]:
+        from .models import eos_token_ids  # the one EOS rule (generation config, config, tokenizer)
+
+        return eos_token_ids(self.model, self.tokenizer)
 
     def _decode(self, ids: list[int]) -> str | None:
         if self.tokenizer is None:

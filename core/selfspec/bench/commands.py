@@ -65,17 +65,17 @@ def _samples(tasks: Sequence[str], split: str, n: int, seed: int) -> list[Any]:
 def _setup(threads: int, model: str | None, device: str, dtype: str) -> Any:
     import torch
 
-    from .harness import _load
+    from ..models import ModelLoadError, load
 
     torch.set_num_threads(threads)
     try:
-        return _load(model, device=device, dtype=dtype)
-    except (OSError, ValueError) as exc:
+        return load(model, device=device, dtype=dtype)
+    except (ModelLoadError, OSError, ValueError) as exc:
         raise click.ClickException(f"cannot load the model: {exc}") from exc
 
 
 def _config(loaded: Any, model: str | None, **kw: Any) -> dict[str, Any]:
-    return {"model": getattr(loaded, "name", None) or model, "chat": bool(getattr(loaded, "chat", False)), **kw}
+    return {"model": loaded.name or model, "chat": bool(loaded.chat), **kw}
 
 
 def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, dict[str, str]]:

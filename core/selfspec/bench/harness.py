@@ -21,62 +21,10 @@ from typing import Any
 import torch
 
 from ..data import Sample, encode_sample
-
-encode = encode_sample  # bench keeps its short name
+from ..models import Loaded, eos_token_ids
 
 HF_KINDS = ("hf", "hf-pld", "hf-early-exit")
 PLD_TOKENS = 10  # HF's default prompt_lookup_num_tokens in its docs' examples
-
-
-@dataclass
-class Loaded:
-    """What :func:`_load` returns when ``selfspec.models`` is not available."""
-
-    model: Any
-    tokenizer: Any
-    name: str
-    chat: bool
-
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "fp64": torch.float64,
-           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-def _load(model: str | None, device: str = "cpu", dtype: str = "float32") -> Any:
-    """Load a model: ``selfspec.models.load`` when present, else ``from_pretrained(path)``.
-
-    Returns an object with ``.model``, ``.tokenizer``, ``.name`` and ``.chat`` (apply the chat
-    template).
-    """
-    try:
-        from selfspec.models import load
-    except ImportError:
-        load = None
-    if load is not None:
-        return load(model, device=device, dtype=dtype)
-    if model is None:
-        raise ValueError("no model given and selfspec.models is not available: pass --model PATH")
-    return _load_pretrained(model, device, dtype)
-
-
-def _load_pretrained(model: str, device: str = "cpu", dtype: str = "float32") -> Loaded:
-    """``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained(model)``; chat if it has a template."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    m = AutoModelForCausalLM.from_pretrained(model, dtype=_DTYPES.get(dtype, dtype)).to(device).eval()
-    return Loaded(m, tok, model, chat=getattr(tok, "chat_template", None) is not None)
-
-
-# --------------------------------------------------------------------------- prompts
-def eos_ids(model: torch.nn.Module) -> set[int]:
-    """The model's EOS ids (generation config first, then the model config)."""
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
 # --------------------------------------------------------------------------- methods
@@ -207,7 +155,7 @@ Progress = Callable[[dict[str, Any]], None]
 
 
 def run_bench(
-    loaded: Any,
+    loaded: Loaded,
     samples: Sequence[Sample],
     methods: Sequence[Method],
     *,
@@ -234,13 +182,13 @@ def run_bench(
     if baseline not in names:
         raise ValueError(f"the baseline {baseline!r} is not among the methods {names}")
     model = loaded.model
-    eos = eos_ids(model)
+    eos = set(eos_token_ids(model, loaded.tokenizer))  # the rule specdec stops by
     runners = dict(runners or {})
     for m in methods:
         if m.name not in runners:
             runners[m.name] = make_runner(m, model, loaded.tokenizer)
 
-    encoded = [encode(loaded, s) for s in samples]
+    encoded = [encode_sample(loaded, s) for s in samples]
     if warmup and encoded:
         for m in methods:
             for _ in range(warmup):
