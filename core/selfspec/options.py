@@ -91,8 +91,12 @@ class Option:
     """One option a plugin accepts.
 
     ``type`` is ``int``, ``float``, ``str``, ``bool`` or :class:`Layers` (a layer set, parsed
-    into a sorted tuple); ``choices`` restricts the values; ``min``/``max`` bound numbers; ``check`` is an extra validator returning an error message
-    or None. ``default`` may be None (meaning "let the plugin decide").
+    into a sorted tuple); ``choices`` restricts the values; ``min``/``max`` bound numbers;
+    ``check`` is an extra validator returning an error message or None. ``default`` may be
+    None, meaning "the plugin decides" (at setup, e.g. from the model's depth); such an option
+    also accepts an explicit Python ``None`` with the same meaning (``options={"k": None}``),
+    while an option with a real default refuses ``None``. ``choices``, ``min``, ``max`` and
+    ``check`` never see ``None``.
     """
 
     name: str
@@ -114,6 +118,12 @@ class Option:
 
     def convert(self, value: Any) -> Any:
         """Parse/validate ``value`` (a string from the CLI, or a Python value)."""
+        if value is None:
+            if self.default is None:
+                return None  # "the plugin decides", as when the option is not given
+            raise OptionError(f"option {self.name!r}: None means 'the plugin decides', which only an option "
+                              f"whose default is None accepts; give a {_TYPES[self.type]} "
+                              f"(the default is {self.default!r})")
         v = self._parse(value)
         if self.choices is not None and v not in self.choices:
             raise OptionError(f"option {self.name!r}: {v!r} is not one of {list(self.choices)}")
