@@ -16,7 +16,11 @@ the geometric mean over the geo-mean tasks, the same against ``vanilla``, τ, ac
 how many outputs equalled HF greedy's. ``bench-compare``: several runs of the same methods
 side by side (geo-mean against HF greedy and against ``vanilla``, τ), one column group per
 ``LABEL=PATH``. Paths are relative to the repository root. An optional ``geo=a,b,c`` item in
-a marker picks the geo-mean tasks (default: humaneval, gsm8k, mtbench, sharegpt where present).
+a marker picks the geo-mean tasks (default: humaneval, gsm8k, mtbench, sharegpt where present);
+an optional ``rows=a,b`` item keeps the methods named ``a`` or ``a[...]`` (its variants), in the
+summary's order, so a plugin's README shows its own rows of the full bench::
+
+    <!-- bench-table: docs/bench/summary.json rows=hf,vanilla,selfsd -->
 
     python scripts/readme_tables.py            # rewrite every table in place
     python scripts/readme_tables.py --check    # exit 1, naming the file, if any is stale
@@ -56,13 +60,16 @@ def _geo(values: list[float | None]) -> float | None:
 class Run:
     """One bench run's ``summary.json``, indexed for table-making."""
 
-    def __init__(self, path: Path, geo: tuple[str, ...] | None = None) -> None:
+    def __init__(self, path: Path, geo: tuple[str, ...] | None = None, keep: tuple[str, ...] | None = None) -> None:
         self.path = path
         self.summary: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         rows = self.summary["rows"]
         self.by = {(r["task"], r["method"]): r for r in rows}
         self.tasks = [t for t in dict.fromkeys(r["task"] for r in rows) if t != "all"]
-        self.methods = list(dict.fromkeys(r["method"] for r in rows))
+        methods = list(dict.fromkeys(r["method"] for r in rows))
+        self.methods = methods if keep is None else [m for m in methods if m.split("[", 1)[0] in keep]
+        if not self.methods:
+            raise ValueError(f"{path}: no method among {list(keep or ())}")
         self.geo_tasks = [t for t in (geo or GEO_TASKS) if t in self.tasks] or self.tasks
 
     def speedup(self, task: str, method: str) -> float | None:
@@ -111,27 +118,29 @@ def bench_compare(runs: list[tuple[str, Run]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _parse_args(spec: str) -> tuple[list[tuple[str | None, Path]], tuple[str, ...] | None]:
+def _parse_args(spec: str) -> tuple[list[tuple[str | None, Path]], tuple[str, ...] | None, tuple[str, ...] | None]:
     sources: list[tuple[str | None, Path]] = []
-    geo = None
+    geo = keep = None
     for item in spec.split():
         if item.startswith("geo="):
             geo = tuple(item[4:].split(","))
+        elif item.startswith("rows="):
+            keep = tuple(item[5:].split(","))
         elif "=" in item:
             label, path = item.split("=", 1)
             sources.append((label, ROOT / path))
         else:
             sources.append((None, ROOT / item))
-    return sources, geo
+    return sources, geo, keep
 
 
 def render_block(kind: str, spec: str) -> str:
-    sources, geo = _parse_args(spec)
+    sources, geo, keep = _parse_args(spec)
     if kind == "bench-table":
         if len(sources) != 1:
             raise ValueError(f"bench-table takes one summary.json, not {spec!r}")
-        return bench_table(Run(sources[0][1], geo))
-    return bench_compare([(label or path.parent.name, Run(path, geo)) for label, path in sources])
+        return bench_table(Run(sources[0][1], geo, keep))
+    return bench_compare([(label or path.parent.name, Run(path, geo, keep)) for label, path in sources])
 
 
 def render(text: str) -> str:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -49,3 +51,17 @@ def test_tables_are_rendered_from_the_summary(tmp_path, monkeypatch):
     assert readme_tables.render(new) == new  # generated text is a fixed point
     compare = readme_tables.render("<!-- bench-compare: A=summary.json B=summary.json -->\n<!-- /bench-compare -->")
     assert "| `x` | 8.00× | 2.00× | 1.50 | 8.00× | 2.00× | 1.50 |" in compare
+
+
+def test_rows_keep_a_plugin_and_its_variants(tmp_path, monkeypatch):
+    _summary(tmp_path, {"hf": {"a": 1.0}, "vanilla": {"a": 2.0}, "x": {"a": 4.0}, "x[k=1]": {"a": 3.0},
+                        "xy": {"a": 5.0}})
+    monkeypatch.setattr(readme_tables, "ROOT", tmp_path)
+    doc = "<!-- bench-table: summary.json rows=hf,x -->\n<!-- /bench-table -->"
+    methods = [line.split(" | ")[0] for line in readme_tables.render(doc).splitlines() if line.startswith("| `")]
+    assert methods == ["| `x`", "| `x[k=1]`"]  # not vanilla, not xy; hf is labelled in words
+    assert "HF `generate` greedy" in readme_tables.render(doc)
+    x = next(line for line in readme_tables.render(doc).splitlines() if line.startswith("| `x` "))
+    assert "| 2.00× |" in x  # against vanilla, though vanilla's row is not shown
+    with pytest.raises(ValueError, match="no method"):
+        readme_tables.render("<!-- bench-table: summary.json rows=nothing -->\n<!-- /bench-table -->")
