@@ -67,7 +67,8 @@ def selfspec_setup(runner: Runner, options: dict[str, Any], tokenizer: Any) -> N
     always do), else None: a plugin that needs text (an n-gram corpus) must work without it or
     refuse clearly. Load profiles, build compressed layers, allocate buffers here; keep them
     on the plugin instance (one instance per decoder), never in module globals. Raise an
-    exception to refuse the model: the host reports it naming the plugin.
+    exception to refuse the model: the host reports it naming the plugin. Runs when the
+    decoder is built, outside ``torch.inference_mode`` (the hooks of a decode run inside it).
     """
 
 
@@ -78,6 +79,8 @@ def selfspec_start(state: DecodeState) -> None:
     Called once per decode, for every plugin, after prefill: ``state.cache`` holds the prompt
     but its last token (the pending token ``state.pending``), ``state.committed`` is the
     prompt ``[T]``. Reset per-decode state here (n-gram pools from the prompt, thresholds).
+    From here to ``selfspec_end`` every hook runs inside ``Decoder.generate``, under
+    ``torch.inference_mode()``: tensors made there are inference tensors.
     """
 
 
