@@ -26,6 +26,11 @@ summary's order, so a plugin's README shows its own rows of the full bench::
     python scripts/readme_tables.py --check    # exit 1, naming the file, if any is stale
 
 ``tests/test_readme_tables.py`` runs ``--check``: a table cannot disagree with its summary.
+Nor can it show a plugin measured at other option values than today's: a bench records every
+option value each plugin ran with (``resolved_options`` in the summary's ``config.methods``),
+and a row whose values differ from what the installed plugin resolves the same options to
+today (a default changed since) is refused, naming the option; re-run the bench, or leave the
+row out with ``rows=``. Summaries written before the bench recorded them are not checked.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 GEO_TASKS = ("humaneval", "gsm8k", "mtbench", "sharegpt")
 BLOCK = re.compile(r"(<!-- (bench-table|bench-compare): ([^>]*?) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+
+
+class StaleRow(ValueError):
+    """A row was measured with other option values than the plugin uses today."""
 
 
 def _label(method: str) -> str:
@@ -70,7 +79,28 @@ class Run:
         self.methods = methods if keep is None else [m for m in methods if m.split("[", 1)[0] in keep]
         if not self.methods:
             raise ValueError(f"{path}: no method among {list(keep or ())}")
+        self.configs = {m["name"]: m for m in self.summary.get("config", {}).get("methods", [])}
         self.geo_tasks = [t for t in (geo or GEO_TASKS) if t in self.tasks] or self.tasks
+
+    def stale(self, method: str) -> list[str]:
+        """How ``method``'s recorded option values differ from today's (empty: they agree, or
+        nothing was recorded, or the plugin is not installed here)."""
+        entry = self.configs.get(method) or {}
+        recorded = entry.get("resolved_options")
+        if recorded is None or not entry.get("plugin"):
+            return []
+        try:
+            from selfspec.bench.harness import resolved_options
+            from selfspec.plugins import PluginError
+        except ImportError:
+            return []
+        try:
+            today = resolved_options(entry["plugin"], dict(entry.get("options") or {}))
+        except PluginError:  # not installed here
+            return []
+        except ValueError as exc:  # an option it ran with is gone or invalid now
+            return [str(exc)]
+        return [f"{k}={recorded[k]!r} (today {today[k]!r})" for k in recorded if k in today and recorded[k] != today[k]]
 
     def speedup(self, task: str, method: str) -> float | None:
         row = self.by.get((task, method))
@@ -92,6 +122,9 @@ def bench_table(run: Run) -> str:
     head = ["method", *run.tasks, "all", geo_head, "vs vanilla (geo-mean)", "τ", "acceptance", "lossless"]
     lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
     for m in run.methods:
+        if stale := run.stale(m):
+            raise StaleRow(f"{run.path}: `{m}` was measured with other option values than today's: "
+                           f"{', '.join(stale)}; re-run the bench or leave the row out (rows=)")
         a = run.all_row(m)
         ok = f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else "")
         acc = "–" if a.get("acceptance") is None else f"{a['acceptance']:.2f}"
@@ -167,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     stale = []
     for path in documents():
         text = path.read_text(encoding="utf-8")
-        new = render(text)
+        try:
+            new = render(text)
+        except StaleRow as exc:
+            print(f"{path.relative_to(ROOT)}: {exc}", file=sys.stderr)
+            return 1
         if new != text:
             stale.append(path.relative_to(ROOT))
             if not args.check:

@@ -65,3 +65,22 @@ def test_rows_keep_a_plugin_and_its_variants(tmp_path, monkeypatch):
     assert "| 2.00× |" in x  # against vanilla, though vanilla's row is not shown
     with pytest.raises(ValueError, match="no method"):
         readme_tables.render("<!-- bench-table: summary.json rows=nothing -->\n<!-- /bench-table -->")
+
+
+def test_a_row_measured_at_other_defaults_is_refused(tmp_path, monkeypatch):
+    # a) the bench records every option value a plugin ran with; b) today's values come from
+    # the installed plugin, replaced here by a stand-in whose default k is 6
+    from selfspec.bench import harness
+
+    path = _summary(tmp_path, {"hf": {"a": 1.0}, "vanilla": {"a": 2.0}, "x": {"a": 4.0}})
+    summary = json.loads(path.read_text())
+    summary["config"] = {"methods": [{"name": "x", "plugin": "x", "options": {}, "resolved_options": {"k": 10}}]}
+    path.write_text(json.dumps(summary))
+    monkeypatch.setattr(readme_tables, "ROOT", tmp_path)
+    monkeypatch.setattr(harness, "resolved_options", lambda plugin, options: {"k": 6, "new": 1})  # see b)
+    doc = "<!-- bench-table: summary.json -->\n<!-- /bench-table -->"
+    with pytest.raises(readme_tables.StaleRow, match=r"`x` was measured .*k=10 \(today 6\)"):
+        readme_tables.render(doc)
+    assert "`x`" not in readme_tables.render(doc.replace("summary.json", "summary.json rows=hf,vanilla"))
+    monkeypatch.setattr(harness, "resolved_options", lambda plugin, options: {"k": 10})
+    assert "| `x` |" in readme_tables.render(doc)  # see a): the values agree again

@@ -78,6 +78,16 @@ def _config(loaded: Any, model: str | None, **kw: Any) -> dict[str, Any]:
     return {"model": loaded.name or model, "chat": bool(loaded.chat), **kw}
 
 
+def _method_config(m: Any) -> dict[str, Any]:
+    """A method as summary.json records it; a plugin's with every option value it ran with."""
+    from .harness import resolved_options
+
+    entry = {"name": m.name, "kind": m.kind, "plugin": m.plugin, "options": m.options, **m.extra}
+    if m.kind == "plugin":
+        entry["resolved_options"] = resolved_options(m.plugin, m.options, m.plugin_object)
+    return entry
+
+
 def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, dict[str, str]]:
     """Route ``-o [PLUGIN.]KEY=VALUE`` to plugins: scoped to one, or to every one declaring KEY."""
     from ..options import OptionError, parse_pairs
@@ -219,8 +229,7 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     jsonl.write_text("", encoding="utf-8")
     config = _config(loaded, model, device=device, dtype=dtype, threads=threads, tasks=task_list, samples=samples,
                      max_new_tokens=max_new_tokens, seed=seed, split=split, warmup=warmup,
-                     methods=[{"name": m.name, "kind": m.kind, "plugin": m.plugin, "options": m.options, **m.extra}
-                              for m in methods], argv=list(sys.argv))
+                     methods=[_method_config(m) for m in methods], argv=list(sys.argv))
     machine = res.machine_info()  # before the run: the load average says how busy the machine was
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
                f"max {max_new_tokens} new tokens, {threads} threads", err=True)

@@ -47,6 +47,19 @@ class Method:
         return cls(label, "plugin", plugin, options, plugin_object)
 
 
+def resolved_options(plugin: str, options: dict[str, Any], plugin_object: Any = None) -> dict[str, Any]:
+    """Every option value ``plugin`` runs with when given ``options``: the given ones validated,
+    today's defaults for the rest, as JSON values. A bench records it per method, so a table
+    can tell a row measured at other defaults than today's (``scripts/readme_tables.py``)."""
+    import json
+
+    from ..options import resolve
+    from ..plugins import declared_options, make_manager
+
+    values = resolve(declared_options(make_manager(plugin, plugin_object)[0]), options, plugin)
+    return json.loads(json.dumps(values))
+
+
 def peer_methods(early_exit_layer: int) -> list[Method]:
     """The HF peers a user would otherwise pick."""
     return [
