@@ -302,6 +302,9 @@ def test_bench_command_writes_jsonl_summary_table_plot(cli, model_dir, tiny_task
     assert machine["cpu_capability"] == machine["cpu_features"]["label"]
     assert f"[{machine['cpu_capability']}" in (out / results.TABLE).read_text()
     assert summary["baseline"] == "hf" and summary["config"]["max_new_tokens"] == 8
+    # every option value a plugin ran with, so a README table can refuse a row at old defaults
+    entries = {m["name"]: m for m in summary["config"]["methods"]}
+    assert entries["vanilla"]["resolved_options"] == {} and "resolved_options" not in entries["hf"]
     assert {r["task"] for r in summary["rows"]} == {"tiny", "tiny2", "all"}
     table = (out / results.TABLE).read_text()
     assert "| vanilla |" in table and "hf-early-exit[1]" in table
@@ -467,3 +470,12 @@ def test_bar_styles_are_distinct_for_many_methods():
     for n in (3, 10, 17, 20, 45):
         styles = bar_styles(n)
         assert len(styles) == n and len(set(styles)) == n
+
+
+@pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
+def test_resolved_options_are_the_given_values_and_todays_defaults():
+    got = harness.resolved_options("lookup", {"num_draft": "10"})
+    assert got["num_draft"] == 10  # given, parsed
+    assert {"max_ngram", "min_ngram", "adaptive"} <= set(got)  # today's defaults for the rest
+    with pytest.raises(OptionError):
+        harness.resolved_options("lookup", {"no_such_option": "1"})
