@@ -80,11 +80,15 @@ def _config(loaded: Any, model: str | None, **kw: Any) -> dict[str, Any]:
 
 def _method_config(m: Any) -> dict[str, Any]:
     """A method as summary.json records it; a plugin's with every option value it ran with."""
+    from ..options import OptionError
     from .harness import resolved_options
 
     entry = {"name": m.name, "kind": m.kind, "plugin": m.plugin, "options": m.options, **m.extra}
     if m.kind == "plugin":
-        entry["resolved_options"] = resolved_options(m.plugin, m.options, m.plugin_object)
+        try:
+            entry["resolved_options"] = resolved_options(m.plugin, m.options, m.plugin_object)
+        except OptionError as exc:
+            raise click.ClickException(f"{m.name}: {exc}") from exc
     return entry
 
 
