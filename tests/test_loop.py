@@ -344,6 +344,21 @@ def test_default_eos_comes_from_the_model(tiny_model_factory):
     assert res.output_ids == ref[: ref.index(ref[4]) + 1]
 
 
+def test_default_eos_includes_the_tokenizers(tiny_model_factory):
+    # the one EOS rule (selfspec.models.eos_token_ids) that specdec and specdec bench stop by
+    m = tiny_model_factory("llama")  # no EOS in its configs
+    ref = ref_of(m)
+
+    class Tok:
+        eos_token_id = ref[4]
+
+        def decode(self, ids, skip_special_tokens=True):
+            return ""
+
+    assert Decoder(m).generate(PROMPT, 30).output_ids == ref
+    assert Decoder(m, tokenizer=Tok()).generate(PROMPT, 30).output_ids == ref[: ref.index(ref[4]) + 1]
+
+
 @pytest.mark.parametrize("budget", [0, 1, 2])
 def test_budget_edges(model, budget):
     ref = ref_of(model, n=budget) if budget else []
