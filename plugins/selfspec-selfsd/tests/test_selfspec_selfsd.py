@@ -33,7 +33,7 @@ class TestSelfSD(PluginSuite):
 
         # a) random skip sets of both kinds, empty and "everything" included
         def layers(name):
-            return st.sets(st.integers(0, n_layers - 1)).map(lambda c: profiles.format_layers(sorted(c)))
+            return st.sets(st.integers(0, n_layers - 1)).map(lambda c: format_layers(sorted(c)))
 
         rest = {k: v for k, v in declared.items() if k not in ("skip_attn", "skip_mlp")}
         skips = st.fixed_dictionaries({"skip_attn": layers("skip_attn"), "skip_mlp": layers("skip_mlp")})
