@@ -15,7 +15,7 @@ A table lives between two markers; everything between them is this script's outp
 the geometric mean over the geo-mean tasks, the same against ``vanilla``, τ, acceptance, and
 how many outputs equalled HF greedy's. ``bench-compare``: several runs of the same methods
 side by side (geo-mean against HF greedy and against ``vanilla``, τ), one column group per
-``LABEL=PATH``. Paths are relative to the repository root. An optional ``geo=a,b,c`` item in
+``LABEL=PATH`` (with the item ``common``, only the methods every run measured). Paths are relative to the repository root. An optional ``geo=a,b,c`` item in
 a marker picks the geo-mean tasks (default: humaneval, gsm8k, mtbench, sharegpt where present).
 
     python scripts/readme_tables.py            # rewrite every table in place
@@ -94,12 +94,14 @@ def bench_table(run: Run) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bench_compare(runs: list[tuple[str, Run]]) -> str:
+def bench_compare(runs: list[tuple[str, Run]], common: bool = False) -> str:
     head = ["method"]
     for label, _ in runs:
         head += [f"{label}: vs HF greedy", f"{label}: vs vanilla", f"{label}: τ"]
     lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
     methods = list(dict.fromkeys(m for _, run in runs for m in run.methods))
+    if common:  # only the methods every run measured
+        methods = [m for m in methods if all(m in run.methods for _, run in runs)]
     for m in methods:
         cells = [_label(m)]
         for _, run in runs:
@@ -111,27 +113,30 @@ def bench_compare(runs: list[tuple[str, Run]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _parse_args(spec: str) -> tuple[list[tuple[str | None, Path]], tuple[str, ...] | None]:
+def _parse_args(spec: str) -> tuple[list[tuple[str | None, Path]], tuple[str, ...] | None, bool]:
     sources: list[tuple[str | None, Path]] = []
     geo = None
+    common = False
     for item in spec.split():
-        if item.startswith("geo="):
+        if item == "common":
+            common = True
+        elif item.startswith("geo="):
             geo = tuple(item[4:].split(","))
         elif "=" in item:
             label, path = item.split("=", 1)
             sources.append((label, ROOT / path))
         else:
             sources.append((None, ROOT / item))
-    return sources, geo
+    return sources, geo, common
 
 
 def render_block(kind: str, spec: str) -> str:
-    sources, geo = _parse_args(spec)
+    sources, geo, common = _parse_args(spec)
     if kind == "bench-table":
         if len(sources) != 1:
             raise ValueError(f"bench-table takes one summary.json, not {spec!r}")
         return bench_table(Run(sources[0][1], geo))
-    return bench_compare([(label or path.parent.name, Run(path, geo)) for label, path in sources])
+    return bench_compare([(label or path.parent.name, Run(path, geo)) for label, path in sources], common)
 
 
 def render(text: str) -> str:

@@ -49,3 +49,5 @@ def test_tables_are_rendered_from_the_summary(tmp_path, monkeypatch):
     assert readme_tables.render(new) == new  # generated text is a fixed point
     compare = readme_tables.render("<!-- bench-compare: A=summary.json B=summary.json -->\n<!-- /bench-compare -->")
     assert "| `x` | 8.00× | 2.00× | 1.50 | 8.00× | 2.00× | 1.50 |" in compare
+    assert "`x`" in readme_tables.render("<!-- bench-compare: A=summary.json B=summary.json common -->\n"
+                                         "<!-- /bench-compare -->")
