@@ -15,10 +15,11 @@ A table lives between two markers; everything between them is this script's outp
 the geometric mean over the geo-mean tasks, the same against ``vanilla``, τ, acceptance, and
 how many outputs equalled HF greedy's. ``bench-compare``: several runs of the same methods
 side by side (geo-mean against HF greedy and against ``vanilla``, τ), one column group per
-``LABEL=PATH``. Paths are relative to the repository root. An optional ``geo=a,b,c`` item in
-a marker picks the geo-mean tasks (default: humaneval, gsm8k, mtbench, sharegpt where present);
-an optional ``rows=a,b`` item keeps the methods named ``a`` or ``a[...]`` (its variants), in the
-summary's order, so a plugin's README shows its own rows of the full bench::
+``LABEL=PATH`` (with the item ``common``, only the methods every run measured). Paths are
+relative to the repository root. An optional ``geo=a,b,c`` item in a marker picks the geo-mean
+tasks (default: humaneval, gsm8k, mtbench, sharegpt where present); an optional ``rows=a,b``
+item keeps the methods named ``a`` or ``a[...]`` (its variants), in the summary's order, so a
+plugin's README shows its own rows of the full bench::
 
     <!-- bench-table: docs/bench/summary.json rows=hf,vanilla,selfsd -->
 
@@ -134,12 +135,14 @@ def bench_table(run: Run) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bench_compare(runs: list[tuple[str, Run]]) -> str:
+def bench_compare(runs: list[tuple[str, Run]], common: bool = False) -> str:
     head = ["method"]
     for label, _ in runs:
         head += [f"{label}: vs HF greedy", f"{label}: vs vanilla", f"{label}: τ"]
     lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
     methods = list(dict.fromkeys(m for _, run in runs for m in run.methods))
+    if common:  # only the methods every run measured
+        methods = [m for m in methods if all(m in run.methods for _, run in runs)]
     for m in methods:
         cells = [_label(m)]
         for _, run in runs:
@@ -151,11 +154,16 @@ def bench_compare(runs: list[tuple[str, Run]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _parse_args(spec: str) -> tuple[list[tuple[str | None, Path]], tuple[str, ...] | None, tuple[str, ...] | None]:
+def _parse_args(
+    spec: str,
+) -> tuple[list[tuple[str | None, Path]], tuple[str, ...] | None, tuple[str, ...] | None, bool]:
     sources: list[tuple[str | None, Path]] = []
     geo = keep = None
+    common = False
     for item in spec.split():
-        if item.startswith("geo="):
+        if item == "common":
+            common = True
+        elif item.startswith("geo="):
             geo = tuple(item[4:].split(","))
         elif item.startswith("rows="):
             keep = tuple(item[5:].split(","))
@@ -164,16 +172,16 @@ def _parse_args(spec: str) -> tuple[list[tuple[str | None, Path]], tuple[str, ..
             sources.append((label, ROOT / path))
         else:
             sources.append((None, ROOT / item))
-    return sources, geo, keep
+    return sources, geo, keep, common
 
 
 def render_block(kind: str, spec: str) -> str:
-    sources, geo, keep = _parse_args(spec)
+    sources, geo, keep, common = _parse_args(spec)
     if kind == "bench-table":
         if len(sources) != 1:
             raise ValueError(f"bench-table takes one summary.json, not {spec!r}")
         return bench_table(Run(sources[0][1], geo, keep))
-    return bench_compare([(label or path.parent.name, Run(path, geo, keep)) for label, path in sources])
+    return bench_compare([(label or path.parent.name, Run(path, geo, keep)) for label, path in sources], common)
 
 
 def render(text: str) -> str:

@@ -21,14 +21,16 @@ def markdown_files() -> list[Path]:
     return [ROOT / p for p in out.stdout.split()]
 
 
-def broken_links(md: Path) -> list[str]:
+def broken_links(md: Path, root: Path = ROOT) -> list[str]:
     text = FENCE.sub("", md.read_text(encoding="utf-8"))  # code blocks are not links
     bad = []
     for target in LINK.findall(text):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             continue
         path = target.split("#", 1)[0]
-        if path and not (md.parent / path).exists():
+        # a link must land inside the repository: a clone has nothing beside it
+        resolved = (md.parent / path).resolve()
+        if path and (not resolved.exists() or not resolved.is_relative_to(root)):
             bad.append(f"{md.relative_to(ROOT) if md.is_relative_to(ROOT) else md.name}: {target}")
     return bad
 
@@ -43,6 +45,7 @@ def test_relative_links_resolve():
 def test_the_checker_sees_a_broken_link(tmp_path):
     md = tmp_path / "a.md"
     (tmp_path / "here.md").write_text("x")
+    (tmp_path.parent / "beside.md").write_text("x")  # exists, but outside the "repository"
     md.write_text("[ok](here.md) [ok too](here.md#part) [web](https://x.org) [gone](missing/sweep.md)\n"
-                  "```\n[in code](not/checked.md)\n```\n")
-    assert [b.split(": ")[1] for b in broken_links(md)] == ["missing/sweep.md"]
+                  "[outside](../beside.md)\n```\n[in code](not/checked.md)\n```\n")
+    assert [b.split(": ")[1] for b in broken_links(md, root=tmp_path)] == ["missing/sweep.md", "../beside.md"]

@@ -51,6 +51,8 @@ def test_tables_are_rendered_from_the_summary(tmp_path, monkeypatch):
     assert readme_tables.render(new) == new  # generated text is a fixed point
     compare = readme_tables.render("<!-- bench-compare: A=summary.json B=summary.json -->\n<!-- /bench-compare -->")
     assert "| `x` | 8.00× | 2.00× | 1.50 | 8.00× | 2.00× | 1.50 |" in compare
+    assert "`x`" in readme_tables.render("<!-- bench-compare: A=summary.json B=summary.json common -->\n"
+                                         "<!-- /bench-compare -->")
 
 
 def test_rows_keep_a_plugin_and_its_variants(tmp_path, monkeypatch):
