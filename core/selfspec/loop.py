@@ -31,7 +31,10 @@ class Decoder:
     the default ``"auto"`` runs oneDNN-prepacked copies on CPU in float32/bf16/fp16 (equal to
     the model up to rounding; measurements in ``docs/performance.md``) where this CPU can run them
     for the dtype, and the model's own weights otherwise (bitwise, e.g. float64); ``"model"``
-    forces the latter. ``audit`` (default: the ``SELFSPEC_AUDIT`` environment variable) checks
+    forces the latter. ``adopt_weights=True`` applies the layout to ``model`` in place instead of
+    to copies beside it (one copy of each weight in memory; the model's own forward then runs
+    the new layout too; see :func:`selfspec.runner.layout.adopt_layout`): what ``specdec``
+    does. ``audit`` (default: the ``SELFSPEC_AUDIT`` environment variable) checks
     every step against the full model (``selfspec.audit``); the last decode's
     :class:`~selfspec.audit.Auditor` is ``self.auditor``.
     """
@@ -48,12 +51,13 @@ class Decoder:
         trace: bool | None = None,
         weight_layout: str = "auto",
         audit: bool | None = None,
+        adopt_weights: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.plugin_name = plugin
         self.draft_slack = draft_slack
-        self.runner = Runner(model, weight_layout=weight_layout)
+        self.runner = Runner(model, weight_layout=weight_layout, adopt=adopt_weights)
         self.pm, self.plugin = plugins.make_manager(plugin, plugin_object, trace=trace)
         self.declared = plugins.declared_options(self.pm)
         from .options import resolve

@@ -12,7 +12,7 @@ Bad input ends with a one-line message and a non-zero exit status, never a trace
 
 from __future__ import annotations
 
-from . import check, plugins, run  # noqa: F401  (each registers its command on the group)
+from . import check, models, plugins, run  # noqa: F401  (each registers its command on the group)
 from .group import cli
 from .run import Streamer, summary_line
 from .settings import (

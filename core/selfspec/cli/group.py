@@ -20,7 +20,7 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Load an unpackaged .py module as the plugin."),
         click.option("--model", "-m", metavar="M", default=None,
                      help="Model directory, .gguf file, hub id, or embedded alias "
-                          "(smollm2-135m-instruct [default], gemma3-270m)."),
+                          "(smollm2-135m-instruct [default], gemma3-270m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b; `specdec models`)."),
         click.option("--device", metavar="D", default=None, help="cpu (default), cuda or cuda:N."),
         click.option("--dtype", metavar="T", default=None,
                      help="float32 (default), bf16/bfloat16, fp16/float16, float64."),
@@ -103,6 +103,7 @@ def cli(ctx: click.Context, **params: Any) -> None:
     \b
       specdec [OPTIONS] "prompt"            decode and stream the answer
       specdec plugins [--json]              list installed plugins
+      specdec models [install NAME]         embedded models (SmolLM2, Gemma 3, Qwen2.5-Coder)
       specdec check --plugin NAME           compare a plugin with plain greedy decoding
       specdec bench / sweep / report        measure methods side by side on real data
       specdec --plugin NAME COMMAND ...     a command the plugin adds

@@ -35,7 +35,7 @@ def run_command(ctx: click.Context, prompt: tuple[str, ...], **params: Any) -> N
             prompt_ids = models.format_prompt(loaded, text)
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-        decoder = settings.decoder(loaded)
+        decoder = settings.decoder(loaded, adopt_weights=True)  # nothing else needs the model's weights as they were
         max_new = settings.max_new_tokens if settings.max_new_tokens is not None else RUN_MAX_NEW_TOKENS
         streamer = None if settings.json or settings.no_stream else Streamer(loaded.tokenizer)
         try:

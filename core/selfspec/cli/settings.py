@@ -28,7 +28,7 @@ DEFAULT_CHECK_PROMPTS: tuple[str, ...] = (
 )
 RUN_MAX_NEW_TOKENS = 128
 CHECK_MAX_NEW_TOKENS = 32
-BUILTIN_COMMANDS = ("run", "plugins", "check", "bench", "sweep", "report")
+BUILTIN_COMMANDS = ("run", "plugins", "check", "models", "bench", "sweep", "report")
 
 
 class CliError(click.ClickException):
@@ -139,13 +139,15 @@ class Settings:
         return models.load(self.model, device=self.device or "cpu", dtype=self.dtype or "float32",
                            device_map=device_map, chat=self.chat)
 
-    def decoder(self, loaded: Loaded) -> Decoder:
-        """A :class:`selfspec.Decoder` for ``loaded`` with the selected plugin and options."""
+    def decoder(self, loaded: Loaded, adopt_weights: bool = False) -> Decoder:
+        """A :class:`selfspec.Decoder` for ``loaded`` with the selected plugin and options.
+        ``adopt_weights``: lay the model's own weights out in place (one copy in memory) when
+        nothing else needs them as they were."""
         from ..loop import Decoder
 
         name, obj = self.plugin_object()
         return Decoder(loaded.model, name, self.parsed_options(), tokenizer=loaded.tokenizer, plugin_object=obj,
-                       weight_layout=self.weight_layout or "auto")
+                       weight_layout=self.weight_layout or "auto", adopt_weights=adopt_weights)
 
 
 @contextlib.contextmanager

@@ -56,25 +56,42 @@ def _digest(path: Path, st: os.stat_result) -> str:
     return digest
 
 
-def _converted(gguf: Path) -> Path:
-    """The converted float32 copy of ``gguf``, made on first use (atomically)."""
+#: Dtypes that get their own converted copy when no float32 copy exists yet: a 1.5B model run
+#: in bfloat16 then needs a 3 GB file, not a 7 GB one. Every other dtype reads the float32 copy.
+_LOW_PRECISION = {torch.bfloat16: "bf16"}
+
+
+def _converted(gguf: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """A converted copy of ``gguf`` to load in ``dtype``, made on first use (atomically).
+
+    The float32 copy serves every dtype (``from_pretrained`` casts while loading). A bfloat16
+    load uses the float32 copy when there is one, else a bfloat16 copy made for it: the same
+    values, since both are the GGUF's dequantized float32 weights rounded to bfloat16 once.
+    """
     root = cache_dir() / "models"
-    target = root / _cache_key(gguf)
+    key = _cache_key(gguf)
+    target = root / key
     if (target / _MARKER).is_file():
         return target
+    suffix = _LOW_PRECISION.get(dtype)
+    if suffix is not None:
+        target = root / f"{key}-{suffix}"
+        if (target / _MARKER).is_file():
+            return target
+    save_dtype = dtype if suffix is not None else torch.float32
     root.mkdir(parents=True, exist_ok=True)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _say(f"first use of {gguf.name}: dequantizing the GGUF (this takes a while, once); "
-         f"the converted copy goes to {target}")
+    _say(f"first use of {gguf.name}: dequantizing the GGUF to {str(save_dtype).removeprefix('torch.')} "
+         f"(this takes a while, once); the converted copy goes to {target}")
     t0 = time.perf_counter()
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=save_dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as exc:
         raise ModelLoadError(f"transformers could not read the GGUF file {str(gguf)!r}: {exc}") from exc
     _check_runner(model, str(gguf))
-    # The weights are plain float32 now: drop the GGUF quantizer so they are saved as they are.
+    # The weights are plain floats now: drop the GGUF quantizer so they are saved as they are.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -96,3 +113,12 @@ def _converted(gguf: Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
     _say(f"converted in {time.perf_counter() - t0:.1f} s; later loads read {target}")
     return target
+
+
+def converted_copies(gguf: Path) -> list[str]:
+    """Which converted copies of ``gguf`` the cache holds: ``"float32"`` and/or ``"bf16"``."""
+    root = cache_dir() / "models"
+    key = _cache_key(gguf)
+    found = ["float32"] if (root / key / _MARKER).is_file() else []
+    found += [suffix for suffix in _LOW_PRECISION.values() if (root / f"{key}-{suffix}" / _MARKER).is_file()]
+    return found

@@ -33,7 +33,7 @@ def load(
     """Load a causal LM and its tokenizer.
 
     ``model``: None (the embedded default), an embedded alias (``smollm2-135m-instruct``,
-    ``gemma3-270m``), a Hugging Face model directory, a ``.gguf`` file, or a hub id already in
+    ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``; see ``specdec models``), a Hugging Face model directory, a ``.gguf`` file, or a hub id already in
     the local hub cache. ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (ignored when
     ``device_map`` is given, e.g. ``"auto"`` to spread a large model over GPUs with
     accelerate). ``dtype``: ``float32``, ``bf16``/``bfloat16``, ``fp16``/``float16`` or
@@ -48,15 +48,15 @@ def load(
     if spec in EMBEDDED:
         emb = EMBEDDED[spec]
         gguf = _embedded_gguf(spec, emb)
-        directory, source, default_chat = _converted(gguf), str(gguf), emb.chat
+        directory, source, default_chat = _converted(gguf, torch_dtype), str(gguf), emb.chat
     else:
         path = Path(spec).expanduser()
         if path.suffix.lower() == ".gguf":
             if not path.is_file():
                 raise ModelLoadError(f"GGUF file {str(path)!r} does not exist")
-            directory, source, default_chat = _converted(path.resolve()), str(path), None
+            directory, source, default_chat = _converted(path.resolve(), torch_dtype), str(path), None
         elif path.is_dir():
-            directory, source, default_chat = _model_dir(path), str(path), None
+            directory, source, default_chat = _model_dir(path, torch_dtype), str(path), None
         elif path.exists():
             raise ModelLoadError(f"{spec!r} is a file but not a .gguf file; give a model directory or a .gguf file")
         elif _looks_like_hub_id(spec):
@@ -118,14 +118,14 @@ def eos_token_ids(model: torch.nn.Module, tokenizer: Any = None) -> frozenset[in
     return frozenset(found)
 
 
-def _model_dir(path: Path) -> Path | str:
+def _model_dir(path: Path, dtype: torch.dtype = torch.float32) -> Path | str:
     if (path / "config.json").is_file():
         return path
     if (path / "snapshots").is_dir():  # a hub cache entry: models--org--name/
-        return _model_dir(_snapshot(path))
+        return _model_dir(_snapshot(path), dtype)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return _converted(ggufs[0].resolve())
+        return _converted(ggufs[0].resolve(), dtype)
     if ggufs:
         raise ModelLoadError(f"{str(path)!r} holds several .gguf files; give the one to load")
     raise ModelLoadError(f"{str(path)!r} is not a model directory (no config.json or .gguf file in it)")

@@ -22,7 +22,14 @@
 
 The layout is applied to *copies* of the layer modules that share every other parameter and
 buffer with the model; the model itself is never modified, and each copy runs its own
-``forward`` (no modeling code is copied).
+``forward`` (no modeling code is copied). The copy sits beside the model's own weights, which
+costs their size again: fine for a benchmark that also runs the model's own forward, too much
+for a 1.5B model on a 24 GB machine. :func:`adopt_layout` therefore applies the layout to the
+model *in place* instead: the model's linear modules are replaced by the packed ones (or their
+weights by the transposed ones), the original weights are released, and the model holds one
+copy of each weight. The model's own ``forward`` (and ``generate``) still works, through the
+new layout, so it equals the original up to the same rounding. ``specdec`` (the CLI) adopts;
+the library and ``specdec bench``/``check`` keep the copies (``Decoder(adopt_weights=...)``).
 """
 
 from __future__ import annotations
@@ -88,6 +95,39 @@ def check_layout(layout: str, device: torch.device, dtype: torch.dtype) -> str:
     return choose_layout(layout, device.type, dtype, cpu)
 
 
+def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, layout: str) -> nn.Module:
+    """Apply ``layout`` to ``model`` itself: no copy, the original weights are released.
+
+    ``"packed"``: every ``nn.Linear`` inside ``layers``, and ``lm_head``, is replaced in its
+    parent module by a :class:`PackedLinear` (which still answers ``.weight``, unpacked on
+    demand, so code that reads a weight once keeps working). ``"transposed"``: each such
+    weight is replaced by its ``[in, out]``-contiguous version. ``"model"``: nothing. Returns
+    the LM head module now in the model. Idempotent. Tied weights (an LM head that is the
+    embedding matrix) are not released: the embedding still holds them.
+    """
+    if layout == "model":
+        return lm_head
+    if layout == "transposed":
+        for module in [*layers, lm_head]:
+            for sub in module.modules():
+                if isinstance(sub, nn.Linear) and not isinstance(sub, PackedLinear) and not is_transposed(sub.weight):
+                    sub.weight = nn.Parameter(sub.weight.detach().t().contiguous().t(), requires_grad=False)
+        return lm_head
+    for layer in layers:
+        for sub in list(layer.modules()):
+            for name, child in list(sub.named_children()):
+                if isinstance(child, nn.Linear) and not isinstance(child, PackedLinear):
+                    setattr(sub, name, PackedLinear(child))
+    if isinstance(lm_head, PackedLinear):
+        return lm_head
+    packed_head = PackedLinear(lm_head)
+    for parent in model.modules():
+        for name, child in list(parent.named_children()):
+            if child is lm_head:
+                setattr(parent, name, packed_head)
+    return packed_head
+
+
 def layout_copy(module: nn.Module, layout: str) -> nn.Module:
     """``module`` itself for ``"model"``, else a copy with the layout (see the module doc)."""
     if layout == "model":
@@ -143,7 +183,7 @@ def transposed_copy(module: nn.Module) -> nn.Module:
     """
     memo = _shared_memo(module)
     for sub in module.modules():
-        if isinstance(sub, nn.Linear):
+        if isinstance(sub, nn.Linear) and not isinstance(sub, PackedLinear):
             w = sub.weight.detach()
             # w_t: [out, in] with strides (1, out), a view of a contiguous [in, out] matrix
             w_t = w.t().contiguous().t()
@@ -155,19 +195,27 @@ def packed_copy(module: nn.Module) -> nn.Module:
     """A copy of ``module`` (sharing every parameter and buffer) whose ``nn.Linear``
     submodules are replaced by :class:`PackedLinear` (a plain ``nn.Linear`` module itself
     becomes one)."""
+    if isinstance(module, PackedLinear):
+        return module
     if isinstance(module, nn.Linear):
         return PackedLinear(module)
     twin = copy.deepcopy(module, _shared_memo(module))
     for sub in list(twin.modules()):
         for child_name, child in list(sub.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, nn.Linear) and not isinstance(child, PackedLinear):
                 setattr(sub, child_name, PackedLinear(child))
     return twin
 
 
-class PackedLinear(nn.Module):
+class PackedLinear(nn.Linear):
     """``nn.Linear`` computed by oneDNN on a weight prepacked once. Inputs ``[..., in]`` ->
     ``[..., out]``.
+
+    It holds the packed weight only (a non-persistent buffer, so layer copies share it);
+    ``.weight`` unpacks it on demand (exactly: a reorder back, no arithmetic), a temporary copy
+    for code that reads a weight once, such as a plugin compressing the layers. It is an
+    ``nn.Linear`` subclass for that code's ``isinstance`` checks; ``state_dict`` does not hold
+    the weight, so a model that adopted packed weights is for decoding, not for saving.
 
     The weight is reordered with no batch-size hint (oneDNN's generic blocked format), not for
     one row: a one-row hint picks a format that is no faster for one token and makes every
@@ -175,11 +223,17 @@ class PackedLinear(nn.Module):
     ``docs/performance.md``, "Prepacking for one row or for any width"."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
         w = linear.weight.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w)  # opaque oneDNN layout, any width
+        # opaque oneDNN layout, any width
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w), persistent=False)
         self.bias = linear.bias
+
+    @property
+    def weight(self) -> torch.Tensor:  # type: ignore[override]
+        """The ``[out, in]`` weight, unpacked (a new tensor on every access)."""
+        return self.packed.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -21,7 +21,7 @@ from torch import nn
 from . import masks
 from .adapters import Adapter, adapter_for
 from .cache import KVCache
-from .layout import check_layout, shared_layout_copies
+from .layout import adopt_layout, check_layout, shared_layout_copies
 
 
 @dataclass
@@ -43,18 +43,24 @@ class Runner:
     ``"transposed"`` / ``"packed"`` (runner-side copies of the linear weights laid out for
     faster CPU products: equal up to rounding, one extra copy of those weights; see
     :mod:`.layout`). ``layers`` stays the model's own modules whatever the layout.
+    ``adopt=True`` applies the layout to the model in place instead of to copies
+    (:func:`.layout.adopt_layout`): one copy of each weight in memory, and the model's own
+    forward then runs the new layout too.
     """
 
-    def __init__(self, model: nn.Module, adapter: Adapter | None = None, *, weight_layout: str = "auto") -> None:
+    def __init__(self, model: nn.Module, adapter: Adapter | None = None, *, weight_layout: str = "auto",
+                 adopt: bool = False) -> None:
         self.model = model.eval()
         self.adapter = adapter or adapter_for(model)
         self.config = model.config
         self.layers = self.adapter.layers
         self.weight_layout = check_layout(weight_layout, self.device, self.dtype)
+        if adopt:
+            self.adapter.lm_head = adopt_layout(model, list(self.layers), self.adapter.lm_head, self.weight_layout)
         # the modules forward() executes: the model's own, or copies with another weight layout
         # (shared by every runner over this model: copies are stateless and made once)
         self._run_layers, self.adapter.lm_head = shared_layout_copies(  # the runner's own adapter
-            model, list(self.layers), self.adapter.lm_head, self.weight_layout)
+            model, list(self.layers), self.adapter.lm_head, "model" if adopt else self.weight_layout)
         self.n_layers = len(self.layers)
         self.windows = self.adapter.windows
         self._rope_keys = self.adapter.rope_keys()
