@@ -154,20 +154,49 @@ def _check_inline(variants: Sequence[tuple[str, str, dict[str, str]]]) -> None:
                                          f"(it declares: {', '.join(sorted(declared)) or 'none'})", param_hint="--plugin")
 
 
-def _peers(spec: str | None, no_peers: bool, layer: int) -> list[Any]:
-    from .harness import peer_methods
+def _peers(spec: str | None, no_peers: bool, layer: int, assistant: Any = None, *,
+           assistant_given: bool | None = None) -> list[Any]:
+    """The peers to run. ``hf-assisted`` runs when an assistant model is given (always then,
+    unless ``--peers`` leaves it out); asking for it without one is an error."""
+    from .harness import HF_KINDS, peer_methods
 
     if no_peers:
         return []
-    peers = peer_methods(layer)
+    has_assistant = assistant is not None if assistant_given is None else assistant_given
+    peers = peer_methods(layer, assistant)
     if spec is None:
         return peers
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
-    kinds = {m.kind: m for m in peers}
-    unknown = [w for w in wanted if w not in kinds]
+    known = [k for k in HF_KINDS if k != "hf"]
+    unknown = [w for w in wanted if w not in known]
     if unknown:
-        raise click.BadParameter(f"unknown peer(s) {unknown} (known: {', '.join(kinds)})", param_hint="--peers")
-    return [kinds[w] for w in dict.fromkeys(wanted)]
+        raise click.BadParameter(f"unknown peer(s) {unknown} (known: {', '.join(known)})", param_hint="--peers")
+    if "hf-assisted" in wanted and not has_assistant:
+        raise click.BadParameter("hf-assisted needs --assistant-model (e.g. qwen2.5-coder-0.5b for "
+                                 "qwen2.5-coder-1.5b)", param_hint="--peers")
+    kinds = {m.kind: m for m in peers}
+    return [kinds[w] for w in dict.fromkeys(wanted) if w in kinds]
+
+
+def _model_facts(model: Any) -> dict[str, Any]:
+    """Parameter count, layers and width: what a scaling comparison needs of the model."""
+    cfg = getattr(model.config, "get_text_config", lambda: model.config)()
+    return {"model_params": int(sum(p.numel() for p in model.parameters())),
+            "model_layers": int(cfg.num_hidden_layers), "model_hidden": int(cfg.hidden_size)}
+
+
+def _measure_memory(specs: Sequence[tuple[str, dict[str, Any] | None]], model: str | None, dtype: str,
+                    device: str, threads: int, prompt_ids: list[int], quiet: bool) -> dict[str, Any]:
+    """Per method, peak RSS and load time in a fresh process (:mod:`.memory`)."""
+    from tqdm.auto import tqdm
+
+    from .memory import measure
+
+    out: dict[str, Any] = {}
+    for name, spec in tqdm(specs, desc="memory (one process per method)", unit="method", disable=quiet):
+        out[name] = measure(spec, model=model, dtype=dtype, device=device, threads=threads,
+                            prompt_ids=prompt_ids) if spec else {"error": "a plugin object: not measured"}
+    return out
 
 
 def _finish(records: list[dict[str, Any]], allow: bool) -> None:
@@ -196,12 +225,18 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
               help="Which HF peers to run (comma-separated) [default: all].")
 @click.option("--early-exit-layer", type=click.IntRange(1), default=None,
               help="Exit layer of HF's assistant_early_exit peer [default: a quarter of the layers].")
+@click.option("--assistant-model", default=None, metavar="M",
+              help="A smaller model with the same tokenizer for the hf-assisted peer (HF assisted generation: "
+                   "classic two-model speculative decoding), e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b.")
+@click.option("--memory", "memory", is_flag=True,
+              help="After the timed runs, measure each method's peak resident memory and load time, each in a "
+                   "fresh process loading the model as specdec does.")
 @click.option("--split", type=click.Choice(["test", "dev"]), default="test", show_default=True)
 @click.option("--out", "out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
 def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int, max_new_tokens: int,
           seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool, plugins: tuple[str, ...],
-          options: tuple[str, ...], no_peers: bool, peer_spec: str | None, early_exit_layer: int | None, split: str,
-          out: str) -> None:
+          options: tuple[str, ...], no_peers: bool, peer_spec: str | None, early_exit_layer: int | None,
+          assistant_model: str | None, memory: bool, split: str, out: str) -> None:
     """Measure HF greedy, vanilla, the HF peers and plugins side by side on real prompts.
 
     Every method runs on the same prompts in one process, interleaved prompt by prompt, and
@@ -220,10 +255,19 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     names = list(dict.fromkeys(name for _, name, _ in variants))
     routed = _plugin_options(names, options)
     _check_inline(variants)
-    _peers(peer_spec, no_peers, 1)  # validate before the (slow) model load
+    _peers(peer_spec, no_peers, 1, assistant_given=assistant_model is not None)  # before the (slow) load
     loaded = _setup(threads, model, device, dtype)
+    assistant = None
+    if assistant_model is not None and not no_peers:
+        from .harness import check_assistant
+
+        assistant = _setup(threads, assistant_model, device, dtype)
+        try:
+            check_assistant(loaded.model, assistant.model, (loaded.name, assistant.name))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--assistant-model") from None
     layer = early_exit_layer or max(1, n_layers(loaded.model) // 4)
-    methods = [Method("hf", "hf"), Method.of_plugin(BUILTIN_METHOD), *_peers(peer_spec, no_peers, layer)]
+    methods = [Method("hf", "hf"), Method.of_plugin(BUILTIN_METHOD), *_peers(peer_spec, no_peers, layer, assistant)]
     methods += [Method.of_plugin(name, {**routed[name], **inline}, name=spec if inline else None)
                 for spec, name, inline in variants]
 
@@ -233,7 +277,8 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     jsonl.write_text("", encoding="utf-8")
     config = _config(loaded, model, device=device, dtype=dtype, threads=threads, tasks=task_list, samples=samples,
                      max_new_tokens=max_new_tokens, seed=seed, split=split, warmup=warmup,
-                     methods=[_method_config(m) for m in methods], argv=list(sys.argv))
+                     methods=[_method_config(m) for m in methods], argv=list(sys.argv),
+                     assistant_model=assistant.name if assistant else None, **_model_facts(loaded.model))
     machine = res.machine_info()  # before the run: the load average says how busy the machine was
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
                f"max {max_new_tokens} new tokens, {threads} threads", err=True)
@@ -248,6 +293,17 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
         raise
     machine["load_avg_end"] = res.load_avg()
     summary = res.build_summary(records, baseline="hf", config=config, machine=machine)
+    if memory:  # in fresh processes, after this one let go of its models
+        from ..data import encode_sample
+        from .memory import method_spec
+
+        prompt_ids = encode_sample(loaded, prompts[0])
+        specs = [(m.name, method_spec(m)) for m in methods]
+        del loaded, assistant, methods
+        import gc
+
+        gc.collect()
+        summary["memory"] = _measure_memory(specs, model, dtype, device, threads, prompt_ids, quiet)
     res.render(outdir, summary, plot=not no_plot)
     click.echo(res.markdown(summary))
     click.echo(f"wrote {outdir}/{{{res.RECORDS},{res.SUMMARY},{res.TABLE}" + ("" if no_plot else f",{res.PLOT}") + "}",

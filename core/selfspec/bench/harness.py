@@ -2,7 +2,8 @@
 
 A :class:`Method` is one way to decode: Hugging Face ``generate`` greedy (``hf``, the baseline
 users know), HF prompt lookup decoding (``hf-pld``), HF early-exit self-speculation
-(``hf-early-exit``), or a selfspec plugin with options (``vanilla`` included). :func:`run_bench`
+(``hf-early-exit``), HF assisted generation with a smaller model of the same tokenizer drafting
+(``hf-assisted``, the classic two-model speculative decoding), or a selfspec plugin with options (``vanilla`` included). :func:`run_bench`
 runs every method on prompt 1, then every method on prompt 2, ... (the order of methods rotates
 by one each prompt), so machine drift hits all methods alike, and checks every output against
 the baseline's with :func:`selfspec.reference.compare` (exact, or the near-tie rule).
@@ -23,7 +24,7 @@ import torch
 from ..data import Sample, encode_sample
 from ..models import Loaded, eos_token_ids
 
-HF_KINDS = ("hf", "hf-pld", "hf-early-exit")
+HF_KINDS = ("hf", "hf-pld", "hf-early-exit", "hf-assisted")
 PLD_TOKENS = 10  # HF's default prompt_lookup_num_tokens in its docs' examples
 
 
@@ -38,6 +39,7 @@ class Method:
     options: dict[str, Any] = field(default_factory=dict, hash=False)
     plugin_object: Any = field(default=None, hash=False, compare=False)
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
+    assistant: Any = field(default=None, hash=False, compare=False)  # hf-assisted: the Loaded drafter
 
     @classmethod
     def of_plugin(cls, plugin: str, options: dict[str, Any] | None = None, name: str | None = None,
@@ -60,12 +62,32 @@ def resolved_options(plugin: str, options: dict[str, Any], plugin_object: Any = 
     return json.loads(json.dumps(values))
 
 
-def peer_methods(early_exit_layer: int) -> list[Method]:
-    """The HF peers a user would otherwise pick."""
-    return [
+def peer_methods(early_exit_layer: int, assistant: Loaded | None = None) -> list[Method]:
+    """The HF peers a user would otherwise pick; ``hf-assisted`` when an assistant model is
+    given (a loaded model sharing the target's tokenizer)."""
+    peers = [
         Method("hf-pld", "hf-pld", extra={"prompt_lookup_num_tokens": PLD_TOKENS}),
         Method(f"hf-early-exit[{early_exit_layer}]", "hf-early-exit", extra={"assistant_early_exit": early_exit_layer}),
     ]
+    if assistant is not None:
+        peers.append(Method(f"hf-assisted[{assistant.name}]", "hf-assisted",
+                            extra={"assistant_model": assistant.name}, assistant=assistant))
+    return peers
+
+
+def check_assistant(model: torch.nn.Module, assistant: torch.nn.Module, names: tuple[str, str]) -> None:
+    """ValueError unless ``assistant`` can draft for ``model`` in HF assisted generation: the
+    same vocabulary (HF's universal assisted decoding across tokenizers is out of scope here),
+    dtype and device."""
+    def vocab(m: torch.nn.Module) -> int:
+        return int(m.get_output_embeddings().weight.shape[0])
+
+    if vocab(model) != vocab(assistant):
+        raise ValueError(f"the assistant {names[1]!r} has a vocabulary of {vocab(assistant)} tokens and the model "
+                         f"{names[0]!r} {vocab(model)}: assisted generation needs the same tokenizer")
+    p, q = next(model.parameters()), next(assistant.parameters())
+    if (p.dtype, p.device) != (q.dtype, q.device):
+        raise ValueError(f"the assistant runs in {q.dtype} on {q.device}, the model in {p.dtype} on {p.device}")
 
 
 def n_layers(model: torch.nn.Module) -> int:
@@ -135,12 +157,18 @@ def _hf_runner(method: Method, model: torch.nn.Module) -> RunFn:
 
     device = next(model.parameters()).device
     layer = _last_layer(model)
+    extra = dict(method.extra)
+    assistant = None
+    if method.kind == "hf-assisted":
+        extra.pop("assistant_model", None)
+        assistant = method.assistant.model
+    gen_kwargs = {"assistant_model": assistant} if assistant is not None else {}
 
     def run(prompt_ids: list[int], max_new_tokens: int, eos: set[int]) -> Run:
         eos_list = sorted(eos)
         cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0,
                                eos_token_id=eos_list or None, pad_token_id=eos_list[0] if eos_list else 0,
-                               num_beams=1, **method.extra)
+                               num_beams=1, **extra)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
         count = [0]
         handle = layer.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
@@ -148,7 +176,7 @@ def _hf_runner(method: Method, model: torch.nn.Module) -> RunFn:
             with torch.inference_mode():
                 _sync(model)
                 t0 = time.perf_counter()
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg, **gen_kwargs)
                 _sync(model)
                 wall = time.perf_counter() - t0
         finally:

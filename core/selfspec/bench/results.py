@@ -199,7 +199,27 @@ def markdown(summary: dict[str, Any]) -> str:
             f"| {r['task']} | {r['method']} | {r['samples']} | {r['new_tokens']} | {_f(r['tokens_per_s'], '.1f')} | "
             f"{_f(r['speedup'])} | {_f(r['tau'])} | {_f(r['acceptance'])} | {ok} | {_phases(r['phase_s'])} |"
         )
+    lines += memory_markdown(summary)
     return "\n".join(lines) + "\n"
+
+
+def memory_markdown(summary: dict[str, Any]) -> list[str]:
+    """The "Memory and load time" table of ``specdec bench --memory`` (no lines without it)."""
+    mem = summary.get("memory")
+    if not mem:
+        return []
+    lines = ["", "**Memory and load time** (each method alone in a fresh process, as `specdec` runs it; "
+             "peak RSS includes the Python runtime and libraries)", "",
+             "| method | peak RSS GB | × weights | model load s | method setup s |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, m in mem.items():
+        if "error" in m:
+            lines.append(f"| {name} | – | – | – | – ({m['error']}) |")
+            continue
+        gb = m["peak_rss_bytes"] / 1e9
+        lines.append(f"| {name} | {gb:.2f} | {m['peak_rss_bytes'] / m['weights_bytes']:.2f} | "
+                     f"{m['load_s']:.1f} | {m['setup_s']:.1f} |")
+    return lines
 
 
 def render(out: str | os.PathLike[str], summary: dict[str, Any], plot: bool = True) -> list[Path]:
