@@ -5,6 +5,7 @@ Nothing heavy is imported until a command runs.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -314,12 +315,28 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
 # --------------------------------------------------------------------------- report
 @click.command("report")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("more", nargs=-1, metavar="[DIRECTORY]...", type=click.Path(exists=True, file_okay=False))
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
-def report(directory: str, no_plot: bool) -> None:
-    """Re-render the table and plot of a bench (or sweep) directory from its saved JSONL."""
+@click.option("--scaling", is_flag=True,
+              help="Put two or more bench directories (one model size each) side by side, with a projection.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="With --scaling: output directory [default: scaling-results].")
+def report(directory: str, more: tuple[str, ...], no_plot: bool, scaling: bool, out: str | None) -> None:
+    """Re-render the table and plot of a bench (or sweep) directory from its saved JSONL.
+
+    With --scaling, every DIRECTORY is a bench of one model size: writes scaling.json,
+    scaling.md and scaling.png (speedup and τ over model size, and a labelled projection
+    for a 7B model) to --out.
+    """
     from . import results as res
     from . import sweep as sw
 
+    if scaling:
+        _report_scaling([directory, *more], out or "scaling-results", plot=not no_plot)
+        return
+    if more or out is not None:
+        raise click.UsageError("several directories and --out go with --scaling; "
+                               "specdec report DIRECTORY re-renders one bench or sweep")
     d = Path(directory)
     done = False
     if (d / res.RECORDS).is_file():
@@ -343,6 +360,30 @@ def report(directory: str, no_plot: bool) -> None:
         done = True
     if not done:
         raise click.ClickException(f"{d} holds neither {res.RECORDS} nor {sw.SWEEP_RECORDS}")
+
+
+def _report_scaling(directories: Sequence[str], out: str, plot: bool) -> None:
+    from . import scaling as sc
+
+    if len(directories) < 2:
+        raise click.UsageError("--scaling needs at least two bench directories (one per model size)")
+    try:
+        summaries = [sc.load_summary(d) for d in directories]
+        names = [str(s["config"].get("model")) for s in summaries]
+        for j, i in itertools.combinations(range(len(names)), 2):
+            if names[i] == names[j]:
+                raise sc.ScalingError(f"{directories[j]} and {directories[i]} are both benches of {names[i]}; "
+                                      "--scaling needs one directory per model size")
+        table = sc.scaling_table(summaries)
+        proj = sc.projection(table)
+    except sc.ScalingError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        written = sc.render_scaling(out, table, proj, plot=plot)
+    except RuntimeError as exc:  # matplotlib missing
+        raise click.ClickException(f"{exc} (or pass --no-plot)") from exc
+    click.echo(sc.scaling_markdown(table, proj))
+    click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
 
 
 def _write_sweep(d: Path, sweep: dict[str, Any], plot: bool) -> None:

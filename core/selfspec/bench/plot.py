@@ -105,6 +105,41 @@ def sweep_plot(sweep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     plt.close(fig)
 
 
+def scaling_plot(table: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Two panels over model size (parameters, log scale): geo-mean speedup over HF greedy on the
+    left, τ on the right; one line per method (a :func:`scaling.scaling_table`)."""
+    from .scaling import format_params
+
+    plt = _plt()
+    models, methods = table["models"], table["methods"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 5.0))
+    styles = bar_styles(len(methods))
+    markers = "osD^v<>ph*"
+    for j, (label, entries) in enumerate(methods.items()):
+        color = styles[j][0]
+        ls = ["-", "--", ":", "-."][(j // 10) % 4]
+        for ax, key in ((left, "speedup"), (right, "tau")):
+            pts = [(e["params"], e[key]) for e in entries if e[key] is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker=markers[j % len(markers)], color=color, ls=ls, label=label)
+    left.axhline(1.0, color="black", lw=0.8, ls="--")
+    ticks = [m["params"] for m in models]
+    for ax, ylabel in ((left, "geo-mean speedup over HF greedy (×)"), (right, "τ (tokens per full-model forward)")):
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, [format_params(x) for x in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("model parameters")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    big = models[-1]
+    fig.suptitle(f"Scaling across model sizes: {', '.join(m['name'] for m in models)}\n"
+                 f"{big['cpu']}, {big['dtype']}, max {big['max_new_tokens']} new tokens", fontsize=9)
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_title(summary: dict[str, Any], what: str) -> str:
     cfg, mach = summary.get("config", {}), summary.get("machine", {})
     model = Path(str(cfg.get("model", "?"))).name or str(cfg.get("model"))
