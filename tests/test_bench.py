@@ -343,6 +343,7 @@ def test_bench_command_measures_variants_and_chosen_peers(cli, model_dir, tiny_t
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--peers", "hf-nope"), "unknown peer"),
+    (("--peers", "hf-assisted"), "needs --assistant-model"),
     (("-p", "lookup[bogus=1]"), "has no option"),
     (("-p", "lookup[num_draft=2"), "closing"),
     (("-p", "lookup[num_draft]"), "not key=value"),
@@ -351,6 +352,36 @@ def test_bench_command_measures_variants_and_chosen_peers(cli, model_dir, tiny_t
 def test_bench_command_rejects_bad_variants_and_peers(cli, model_dir, tiny_task, tmp_path, args, message):
     res = cli.invoke(bench, _bench_args(model_dir, tmp_path / "run", *args))
     assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_bench_command_runs_hf_assisted_and_measures_memory(cli, model_dir, tiny_task, tmp_path):
+    out = tmp_path / "run"
+    # the tiny model drafts for itself: every draft is accepted, so tau > 1 and the output is exact
+    res = cli.invoke(bench, _bench_args(model_dir, out, "--assistant-model", model_dir, "--peers", "hf-assisted",
+                                        "-p", "none", "--memory", "--no-plot"))
+    assert res.exit_code == 0, res.output + str(res.exception)
+    summary = json.loads((out / results.SUMMARY).read_text())
+    assisted = f"hf-assisted[{model_dir}]"
+    assert [m["name"] for m in summary["config"]["methods"]] == ["hf", "vanilla", assisted]
+    assert summary["config"]["assistant_model"] == model_dir
+    assert summary["config"]["model_params"] > 0 and summary["config"]["model_layers"] == 2
+    recs = [r for r in results.read_jsonl(out / results.RECORDS) if r["method"] == assisted]
+    assert recs and all(r["lossless"] for r in recs) and all(r["tau"] > 1 for r in recs)
+    mem = summary["memory"]
+    assert set(mem) == {"hf", "vanilla", assisted}
+    for name, m in mem.items():
+        assert "error" not in m, (name, m)
+        assert m["peak_rss_bytes"] > m["weights_bytes"] > 0 and m["load_s"] > 0 and m["new_tokens"] > 0
+    assert "Memory and load time" in (out / results.TABLE).read_text()
+
+
+def test_an_assistant_with_another_vocabulary_is_refused(loaded):
+    from selfspec.bench.harness import check_assistant
+    from selfspec.testing import tiny_model
+
+    other = tiny_model("llama", dtype=torch.float64, vocab_size=80)
+    with pytest.raises(ValueError, match="same tokenizer"):
+        check_assistant(loaded.model, other, ("big", "small"))
 
 
 def test_parse_variant():
