@@ -50,9 +50,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--prefix", type=int, default=150)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default=None, help="model to load (default: the embedded default)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model = models.load().model
+    model = models.load(args.model).model
     variants = args.variants.split(",")
     widths = [int(w) for w in args.widths.split(",")]
     gen = torch.Generator().manual_seed(0)
@@ -73,11 +74,23 @@ def main() -> None:
                 t = time.perf_counter()
                 r.forward(block, cache=cache, start=args.prefix, block_mask=mask, logits="all")
                 times[(v, q)].append(time.perf_counter() - t)
+    # one token without the LM head: how much of a forward the head is (drafts that exit early
+    # still pay it; the head of an untied 150k vocabulary is a large share of a small model)
+    head_free: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(args.repeats):
+        for v in variants:
+            r, cache = setups[v]
+            t = time.perf_counter()
+            r.forward(prompt[:1], cache=cache, start=args.prefix, logits=None)
+            head_free[v].append(time.perf_counter() - t)
     print("ms, median of", args.repeats, "| width:", " ".join(f"{q:>6}" for q in widths))
     for v in variants:
         med = [sorted(times[(v, q)])[args.repeats // 2] * 1000 for q in widths]
         print(f"{v:>12}", " ".join(f"{m:6.1f}" for m in med), "| x one token:",
               " ".join(f"{m / med[0]:.2f}" for m in med))
+        layers_only = sorted(head_free[v])[args.repeats // 2] * 1000
+        print(f"{'':>12} one token without the LM head {layers_only:.1f} ms: the head is "
+              f"{1 - layers_only / med[0]:.0%} of a one-token forward")
 
 
 if __name__ == "__main__":
