@@ -113,11 +113,13 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
                 if isinstance(sub, nn.Linear) and not isinstance(sub, PackedLinear) and not is_transposed(sub.weight):
                     sub.weight = nn.Parameter(sub.weight.detach().t().contiguous().t(), requires_grad=False)
         return lm_head
+    mapped = _file_mappings()
     for layer in layers:
         for sub in list(layer.modules()):
             for name, child in list(sub.named_children()):
                 if isinstance(child, nn.Linear) and not isinstance(child, PackedLinear):
                     setattr(sub, name, PackedLinear(child))
+                    _release_file_pages(child.weight, mapped)
     if isinstance(lm_head, PackedLinear):
         return lm_head
     packed_head = PackedLinear(lm_head)
@@ -125,7 +127,50 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
         for name, child in list(parent.named_children()):
             if child is lm_head:
                 setattr(parent, name, packed_head)
+    _release_file_pages(lm_head.weight, mapped)
     return packed_head
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """``[(start, end)]`` of this process's file-backed memory mappings (Linux; else ``[]``)."""
+    ranges = []
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 6 and parts[4] != "0" and not parts[5].startswith("["):
+                    lo, hi = parts[0].split("-")
+                    ranges.append((int(lo, 16), int(hi, 16)))
+    except OSError:
+        return []
+    return ranges
+
+
+def _release_file_pages(weight: torch.Tensor, mapped: list[tuple[int, int]]) -> None:
+    """Drop from the resident set the pages of a replaced weight that lie in a mapped file.
+
+    Transformers loads safetensors weights as views of a memory-mapped file; a weight that a
+    packed copy replaced is freed, but its pages stay mapped (and resident) while any other
+    tensor of that file lives. ``madvise(MADV_DONTNEED)`` on the weight's whole pages drops
+    them: for a clean file mapping that is always safe (a later access reads the file again).
+    Done only when nothing else shares the weight's storage, only on Linux, and only for
+    pages inside a file mapping; anything else is left alone.
+    """
+    if not mapped or weight.device.type != "cpu" or not hasattr(torch._C, "_storage_Use_Count"):
+        return
+    if torch._C._storage_Use_Count(weight.untyped_storage()._cdata) > 2:  # ours + this query
+        return
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    start = weight.data_ptr()
+    end = start + weight.numel() * weight.element_size()
+    lo, hi = -(-start // page) * page, end // page * page
+    if hi <= lo or not any(a <= lo and hi <= b for a, b in mapped):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
 
 
 def layout_copy(module: nn.Module, layout: str) -> nn.Module:
