@@ -9,6 +9,11 @@ from typing import Any
 from ..machine import capability_note
 
 
+def format_params(n: float) -> str:
+    """``134_515_008`` -> ``"135M"``, ``494e6`` -> ``"0.5B"``, ``1.54e9`` -> ``"1.5B"``."""
+    return f"{n / 1e6:.0f}M" if n < 3e8 else f"{n / 1e9:.1f}B"
+
+
 def _plt() -> Any:
     try:
         import matplotlib
@@ -108,7 +113,6 @@ def sweep_plot(sweep: dict[str, Any], path: str | os.PathLike[str]) -> None:
 def scaling_plot(table: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Two panels over model size (parameters, log scale): geo-mean speedup over HF greedy on the
     left, τ on the right; one line per method (a :func:`scaling.scaling_table`)."""
-    from .scaling import format_params
 
     plt = _plt()
     models, methods = table["models"], table["methods"]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..machine import capability_note
+from .plot import format_params
 from .results import SUMMARY, geomean_speedups
 
 SCALING_JSON = "scaling.json"
@@ -67,11 +68,6 @@ def method_label(name: str) -> str:
     """The name a method is lined up by across models: ``hf-early-exit[7]`` -> ``hf-early-exit``
     (each model exits at its own layer); every other name unchanged."""
     return "hf-early-exit" if _EARLY_EXIT.match(name) else name
-
-
-def format_params(n: float) -> str:
-    """``134_515_008`` -> ``"135M"``, ``494e6`` -> ``"0.5B"``, ``1.54e9`` -> ``"1.5B"``."""
-    return f"{n / 1e6:.0f}M" if n < 3e8 else f"{n / 1e9:.1f}B"
 
 
 def scaling_table(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
