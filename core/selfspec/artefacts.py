@@ -53,7 +53,7 @@ def model_identity(runner: Any) -> ModelIdentity:
     """
     cfg = runner.config
     h = hashlib.sha256()
-    tensors = [runner.adapter.base.embed_tokens.weight, *runner.layers[-1].parameters()]
+    tensors = [runner.embedding.weight, *runner.layers[-1].parameters()]
     for t in tensors:
         flat = t.detach().reshape(-1)
         step = max(1, flat.numel() // 2048)

@@ -64,17 +64,17 @@ class Runner:
         self.n_layers = len(self.layers)
         self.windows = self.adapter.windows
         self._rope_keys = self.adapter.rope_keys()
-        emb = self.adapter.base.embed_tokens
+        emb = self.embedding
         self.vocab_size = int(getattr(self.config, "vocab_size", emb.num_embeddings))
         self.hidden_size = int(emb.embedding_dim)
 
     @property
     def device(self) -> torch.device:
-        return self.adapter.base.embed_tokens.weight.device
+        return self.embedding.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.adapter.base.embed_tokens.weight.dtype
+        return self.embedding.weight.dtype
 
     def new_cache(self, capacity: int) -> KVCache:
         """A cache for up to ``capacity`` positions (prompt + output + the largest draft block)."""
@@ -84,10 +84,48 @@ class Runner:
         """ids ``[q]`` or ``[1, q]`` -> ``[1, q, H]``."""
         return self.adapter.embed(ids.reshape(1, -1))
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head on any hidden state (an early exit when taken mid-model).
-        ``[..., H]`` -> ``[..., V]``."""
-        return self.adapter.head(hidden)
+    def head(self, hidden: torch.Tensor, *, lm_head: nn.Module | None = None) -> torch.Tensor:
+        """Final norm + LM head (+ the model's logit soft-capping) on any hidden state: an
+        early exit when taken mid-model. ``[..., H]`` -> ``[..., V]``. ``lm_head``: another
+        module with the head's contract (``[..., H]`` -> ``[..., V']``, e.g. a compressed copy
+        or a row subset of the head) in place of the runner's own."""
+        if lm_head is None:
+            return self.adapter.head(hidden)
+        return self.softcap(lm_head(self.norm(hidden)))
+
+    # ------------------------------------------------------------------ model-wide parts
+    # The pieces of head() and embed() a plugin needs to build its own variants of them
+    # (exit heads, compressed copies, a draft vocabulary). Plugins use these, never the adapter.
+    @property
+    def final_norm(self) -> nn.Module:
+        """The model's final norm module (the one :meth:`head` applies before the LM head)."""
+        return self.adapter.final_norm
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm alone: ``[..., H]`` -> ``[..., H]``."""
+        return self.adapter.final_norm(hidden)
+
+    @property
+    def logit_softcap(self) -> float | None:
+        """The model's final logit soft-capping constant (Gemma), or ``None``."""
+        return self.adapter.softcap or None
+
+    def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """Apply the model's final logit soft-capping (``tanh(x / c) * c``); identity without."""
+        c = self.logit_softcap
+        return torch.tanh(logits / c) * c if c else logits
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The model's own LM head module (``[..., H]`` -> ``[..., V]``, before soft-capping);
+        its ``weight`` is ``[V, H]``. Not the runner's layout copy: read it, never modify it."""
+        return self.model.get_output_embeddings()
+
+    @property
+    def embedding(self) -> nn.Module:
+        """The model's own token embedding module (``ids -> [.., H]``, any ``embed_scale``
+        applied inside it, as Gemma's does); ``weight`` is ``[V, H]``. Read it, never modify it."""
+        return self.adapter.base.embed_tokens
 
     @torch.inference_mode()
     def forward(

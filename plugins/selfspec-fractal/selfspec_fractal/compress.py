@@ -249,9 +249,9 @@ def build(runner, backend: str) -> CompressedModel:
         return cm
     with torch.inference_mode(False), torch.no_grad():
         cm.layers = {i: compressed_layer(layer, backend) for i, layer in enumerate(runner.layers)}
-        head = runner.model.get_output_embeddings()
+        head = runner.lm_head
         cm.head_linear = compress_linear(head, backend)
-        emb = runner.adapter.base.embed_tokens
+        emb = runner.embedding
         w = emb.weight.detach().float()
         scale = (w.abs().amax(1, keepdim=True) / 127.0).clamp_min(1e-12)  # [V, 1]
         cm.emb_q = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
@@ -276,11 +276,7 @@ def head(cm: CompressedModel, runner, hidden: torch.Tensor) -> torch.Tensor:
     """Final norm (shared) + compressed LM head (+ soft-capping): ``[..., H]`` -> ``[..., V]``."""
     if cm.head_linear is None:
         return runner.head(hidden)
-    adapter = runner.adapter
-    logits = cm.head_linear(adapter.final_norm(hidden))
-    if adapter.softcap:
-        logits = torch.tanh(logits / adapter.softcap) * adapter.softcap
-    return logits
+    return runner.head(hidden, lm_head=cm.head_linear)
 
 
 def _nbytes(cm: CompressedModel) -> int:

@@ -134,7 +134,7 @@ def _refine(runner: Any, x: torch.Tensor, t: torch.Tensor, vocab: torch.Tensor |
             b0: torch.Tensor, *, steps: int, batch: int, lr: float, seed: int,
             progress: Callable[[Iterable[Any]], Iterable[Any]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Adam on the cross-entropy of the exit logits (over ``vocab``) against the greedy targets."""
-    head = runner.model.get_output_embeddings()
+    head = runner.lm_head
     emb = head.weight.detach()
     if vocab is not None:
         pos = torch.full((emb.shape[0],), -1, dtype=torch.long)
@@ -147,7 +147,7 @@ def _refine(runner: Any, x: torch.Tensor, t: torch.Tensor, vocab: torch.Tensor |
         tv = t
     if steps <= 0 or x.shape[0] == 0:
         return w0, b0
-    norm = runner.adapter.final_norm
+    norm = runner.final_norm
     flags = [p.requires_grad for p in norm.parameters()]
     for p in norm.parameters():
         p.requires_grad_(False)

@@ -40,7 +40,7 @@ class ExitHeads:
         self.maps = {int(k): (w.to(dev, dt).contiguous(), b.to(dev, dt)) for k, (w, b) in self.maps.items()}
         if self.vocab is not None:
             self.vocab = self.vocab.to(dev, torch.long)
-            head = runner.model.get_output_embeddings()
+            head = runner.lm_head
             self._sub = head.weight.detach().index_select(0, self.vocab).to(dt).contiguous()  # [K, H]
             bias = getattr(head, "bias", None)
             self._sub_bias = None if bias is None else bias.detach().index_select(0, self.vocab).to(dt)
@@ -55,7 +55,7 @@ class ExitHeads:
         if self._sub is None:
             return runner.head(h).to(torch.float32).argmax(-1)
         # soft-capping is monotonic: the argmax of the capped logits is the argmax of these
-        x = runner.adapter.final_norm(h)
+        x = runner.norm(h)
         logits = x @ self._sub.T if self._sub_bias is None else torch.addmm(self._sub_bias, x, self._sub.T)
         return self.vocab.index_select(0, logits.to(torch.float32).argmax(-1))  # type: ignore[union-attr]
 
