@@ -65,7 +65,7 @@ def test_float64_is_exact_whatever_the_tolerance(tiny_model_factory):
 
 def test_near_tie_rule_in_float32(tiny_model_factory):
     model = tiny_model_factory("qwen3", dtype=torch.float32)
-    with pytest.raises(LosslessError, match="tolerance 0.001"):
+    with pytest.raises(LosslessError, match="bound 0.001"):
         assert_lossless(model, "lossy", [1, 2, 3], 10, plugin_object=Lossy)
     # a tolerance above the margin makes the same divergence a reported near-tie
     with pytest.warns(NearTieWarning, match=r"(?s)near-tie.*margin there: [0-9.e+-]+ "):

@@ -17,7 +17,7 @@ checks, at the step where a plugin goes wrong:
 
 A failure raises :class:`~selfspec.plugins.PluginError` naming the hook at fault, the step and
 the token. float64 is exact; in float32/bf16/float16 a different token is allowed only at a
-near-tie (the shadow's top-1/top-2 margin within ``selfspec.reference.NEAR_TIE_TOLERANCE``),
+near-tie (the shadow's top-1/top-2 margin within ``selfspec.tiebound.tie_bound``),
 counted in :attr:`Auditor.near_ties`, after which the shadow follows the plugin's tokens.
 
 A plugin that implements neither ``selfspec_verify`` nor ``selfspec_cache`` has its verdicts
@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from .plugins import PluginError
-from .reference import NEAR_TIE_TOLERANCE, greedy
+from .reference import greedy
+from .tiebound import explain, tie_bound
 from .types import DecodeState, Draft, Verdict
 
 #: (rtol, atol) of the KV comparison per dtype: forwards of different block shapes round
@@ -77,7 +78,7 @@ class Auditor:
 
     def __init__(self, plugin_name: str, plugin_hooks: list[str], tolerance: float | None = None) -> None:
         self.plugin_name = plugin_name
-        self.tolerance = tolerance  # near-tie tolerance; None: the dtype's NEAR_TIE_TOLERANCE
+        self.tolerance = tolerance  # near-tie tolerance; None: tiebound.tie_bound
         self.hooks = set(plugin_hooks)
         self.trusted = not self.hooks & {"selfspec_verify", "selfspec_cache"}  # host-made verdicts
         self.steps: list[StepRecord] = []
@@ -120,7 +121,7 @@ class Auditor:
                 continue
             top = torch.topk(logits[i], 2).values
             margin = float(top[0] - top[1])
-            tol = NEAR_TIE_TOLERANCE.get(self.dtype, 0.0) if self.tolerance is None else self.tolerance
+            tol = tie_bound(self.dtype, logits[i]) if self.tolerance is None else self.tolerance
             tol = 0.0 if self.dtype == torch.float64 else tol
             what = "bonus token" if i == len(committed) - 1 else f"accepted draft token {i}"
             if tol > 0 and margin <= tol and float(logits[i, got]) >= float(top[0]) - tol:
@@ -129,7 +130,7 @@ class Auditor:
             raise AuditError(self.plugin_name, (
                 f"selfspec_verify is lossy at step {state.step} (output token {state.generated + i}, "
                 f"{state.length + i} tokens in): its {what} is {got}, the full model's greedy token "
-                f"is {want} (margin {margin:.3g}, tolerance {tol:g}); verdict accepted {list(verdict.accepted)} + "
+                f"is {want} ({explain(self.dtype, margin, tol)}); verdict accepted {list(verdict.accepted)} + "
                 f"bonus {verdict.bonus} of draft {draft.tokens.tolist()}"
                 f"{' (a tree)' if draft.is_tree else ''}"))
 

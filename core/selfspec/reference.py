@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-#: Largest top-1/top-2 logit margin at which a float32/bf16 divergence counts as a near-tie.
-#: Verifying k tokens in one forward and decoding one at a time use different matmul shapes;
-#: the logits then differ by rounding (~1e-5 relative in float32, ~1e-2 in bf16).
+from .tiebound import tie_bound
+
+#: The fixed near-tie tolerances used before the bound became principled; superseded by
+#: :func:`selfspec.tiebound.tie_bound` (which every check uses: float32 1e-3 and float64 0 as
+#: here, bf16/float16 a few ulps at the logits' magnitude). Kept for code that imports it.
 NEAR_TIE_TOLERANCE: dict[torch.dtype, float] = {
     torch.float64: 0.0,
     torch.float32: 1e-3,
@@ -70,6 +72,7 @@ class Comparison:
     index: int | None = None  # first differing position in the new tokens
     margin: float | None = None  # reference top-1/top-2 logit margin there
     near_tie: bool = False
+    bound: float | None = None  # the near-tie bound the margin was judged against
 
     @property
     def ok(self) -> bool:
@@ -77,11 +80,15 @@ class Comparison:
 
 
 @torch.inference_mode()
+def next_logits(model: torch.nn.Module, ids: Sequence[int]) -> torch.Tensor:
+    """The model's next-token logits after ``ids``: ``[V]`` float32."""
+    device = next(model.parameters()).device
+    return model(torch.tensor([list(ids)], device=device)).logits[0, -1].to(torch.float32)
+
+
 def top2_margin(model: torch.nn.Module, ids: Sequence[int]) -> float:
     """Top-1/top-2 logit margin of the model's next-token prediction after ``ids``."""
-    device = next(model.parameters()).device
-    logits = model(torch.tensor([list(ids)], device=device)).logits[0, -1].to(torch.float32)
-    top = torch.topk(logits, 2).values
+    top = torch.topk(next_logits(model, ids), 2).values
     return float(top[0] - top[1])
 
 
@@ -97,15 +104,16 @@ def compare(
     Equal sequences pass. Otherwise find the first difference ``i`` (a length difference
     counts: one stopped, the other did not) and the reference model's top-1/top-2 margin after
     ``prompt + reference[:i]``; a margin at or below ``tolerance`` (default: the model dtype's
-    entry of :data:`NEAR_TIE_TOLERANCE`; zero in float64, so any difference fails there) is a
-    near-tie. Never retried.
+    bound :func:`selfspec.tiebound.tie_bound` at those logits; zero in float64, so any
+    difference fails there) is a near-tie. Never retried.
     """
     output, reference = list(output), list(reference)
     if output == reference:
         return Comparison(True)
     i = next((j for j, (a, b) in enumerate(zip(output, reference)) if a != b), min(len(output), len(reference)))
+    logits = next_logits(model, list(prompt_ids) + reference[:i])  # [V]
     if tolerance is None:
-        dtype = next(model.parameters()).dtype
-        tolerance = NEAR_TIE_TOLERANCE.get(dtype, 0.0)
-    margin = top2_margin(model, list(prompt_ids) + reference[:i])
-    return Comparison(False, i, margin, near_tie=tolerance > 0 and margin <= tolerance)
+        tolerance = tie_bound(next(model.parameters()).dtype, logits)
+    top = torch.topk(logits, 2).values
+    margin = float(top[0] - top[1])
+    return Comparison(False, i, margin, near_tie=tolerance > 0 and margin <= tolerance, bound=tolerance)

@@ -204,7 +204,7 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
     bad = [r for r in records if not (r["lossless"] or r["near_tie"])]
     ties = sum(1 for r in records if r["near_tie"])
     if ties:
-        click.secho(f"{ties} output(s) differ from the baseline at a near-tie (within the dtype tolerance).", fg="yellow")
+        click.secho(f"{ties} output(s) differ from the baseline at a near-tie (within the dtype's rounding: selfspec.tiebound).", fg="yellow")
     if bad:
         click.secho(f"{len(bad)} output(s) DIVERGED from the baseline: "
                     + ", ".join(sorted({f"{r['method']} on {r['task']}/{r['question_id']}" for r in bad})),

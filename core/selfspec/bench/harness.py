@@ -266,7 +266,7 @@ def run_bench(
                     on_record(rec)
                 if not (rec["lossless"] or rec["near_tie"]):
                     _warn(f"DIVERGENCE {m.name} on {sample.task}/{sample.id}: differs from {baseline} at new token "
-                          f"{rec['diverged_at']} (top-1/top-2 margin {rec['margin']}, above the near-tie tolerance)", bar)
+                          f"{rec['diverged_at']} (top-1/top-2 margin {rec['margin']}, above the near-tie bound {rec['bound']})", bar)
     finally:
         if bar is not None:
             bar.close()
@@ -305,6 +305,7 @@ def make_record(sample: Sample, method: Method, run: Run, prompt_ids: list[int],
         "lossless": cmp is None or bool(cmp.equal),
         "near_tie": bool(cmp is not None and cmp.near_tie),
         "margin": None if cmp is None else cmp.margin,
+        "bound": None if cmp is None else cmp.bound,
         "diverged_at": None if cmp is None else cmp.index,
         "sample_index": index,
         "order": order,

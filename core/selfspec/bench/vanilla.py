@@ -112,7 +112,7 @@ def run(
             }
             if not equal[name][p]:
                 c = compare(model, ids, outputs[name][p], outputs["hf"][p])
-                m.update(first_difference=c.index, margin=c.margin, near_tie=c.near_tie)
+                m.update(first_difference=c.index, margin=c.margin, near_tie=c.near_tie, bound=c.bound)
             row[name] = m
         rows.append(row)
     summary = {}

@@ -10,7 +10,8 @@ import torch
 
 from ..audit import AuditError, Auditor
 from ..loop import Decoder
-from ..reference import NEAR_TIE_TOLERANCE, compare, reference_generate
+from ..reference import compare, reference_generate
+from ..tiebound import explain
 from ..types import Result
 
 
@@ -42,7 +43,8 @@ def assert_lossless(
     float64: any difference raises :class:`LosslessError` naming the first differing index,
     both continuations from there, and the reference's top-1/top-2 logit margin at it.
     float32/bf16/float16: a first difference is allowed only where that margin is at most
-    ``tolerance`` (default :data:`selfspec.reference.NEAR_TIE_TOLERANCE` of the model's dtype);
+    ``tolerance`` (default :func:`selfspec.tiebound.tie_bound` of the model's dtype at the
+    reference's logits there: 1e-3 in float32, 4 ulps of the logits' magnitude in bf16/float16);
     it is then a *near-tie*: the returned result has ``near_ties == 1`` and a
     :class:`NearTieWarning` gives the margin. Nothing is ever retried.
 
@@ -74,8 +76,6 @@ def assert_lossless(
     if record is not None:
         record(result, auditor)
     reference = reference_generate(model, prompt, max_new_tokens, eos)
-    if tolerance is None:
-        tolerance = NEAR_TIE_TOLERANCE.get(dtype, 0.0)
     if dtype == torch.float64:
         tolerance = 0.0  # exact in float64, whatever was asked
     cmp = compare(model, prompt, result.output_ids, reference, tolerance=tolerance)
@@ -83,13 +83,13 @@ def assert_lossless(
         return result
     name = decoder.plugin_name
     i = cmp.index
-    assert i is not None
+    assert i is not None and cmp.margin is not None and cmp.bound is not None
     where = (
         f"plugin {name!r} diverges from greedy decoding at new token {i} "
         f"(prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, {dtype}):\n"
         f"  plugin:    {result.output_ids[:i]} | {result.output_ids[i:i + 12]}\n"
         f"  reference: {reference[:i]} | {reference[i:i + 12]}\n"
-        f"  reference top-1/top-2 logit margin there: {cmp.margin:.3g} (tolerance {tolerance:g})"
+        f"  reference top-1/top-2 logit margin there: {cmp.margin:.3g} ({explain(dtype, cmp.margin, cmp.bound)})"
     )
     if not cmp.near_tie:
         raise LosslessError(where)

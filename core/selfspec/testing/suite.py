@@ -56,6 +56,10 @@ class PluginSuite:
     coverage_exempt: ClassVar[dict[str, str]] = {}
     #: Config overrides of the tiny models (``tiny_model_factory(arch, **model_overrides)``).
     model_overrides: ClassVar[dict[str, Any]] = {}
+    #: dtype of the tiny models: ``None`` is float64 (exact equality); ``torch.bfloat16`` or
+    #: ``torch.float32`` run the same property under the near-tie bound
+    #: (:func:`selfspec.tiebound.tie_bound`), each difference within it reported.
+    model_dtype: ClassVar[Any] = None
     #: Drawn examples per architecture and device, besides the reach examples; None: the
     #: profile's ``max_examples`` left after the reach set, spread over the architectures (2
     #: each under ``selfspec-ci``, 15 examples in all; 11 under ``selfspec-dev``). Hypothesis
@@ -123,7 +127,8 @@ class PluginSuite:
 
         cov = self.coverage()
         _, declared = self._manager()
-        model = tiny_model_factory(suite_arch, device=selfspec_device, **self.model_overrides)
+        dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
+        model = tiny_model_factory(suite_arch, device=selfspec_device, **dtype, **self.model_overrides)
         opts = self.options_strategy(model, declared)
         base = settings.get_profile(self.hypothesis_profile) if self.hypothesis_profile else settings.default
         n = self.examples_per_arch
