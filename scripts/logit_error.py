@@ -18,6 +18,9 @@ are compared. Per position it records:
 
 ``--head fp32`` computes the final norm and the LM head in float32 (a float32 copy of the head)
 for both the reference and the block, to see how much of the error the head's rounding is.
+``--rowwise`` (an experiment towards a batch-invariant verifier) makes every ``nn.Linear`` of
+the block forwards compute its rows one at a time (``w`` single-row products instead of one
+``w``-row product), and also times a block of each width both ways, interleaved.
 
     python scripts/logit_error.py --dtypes float32,bf16,fp16 --layouts model,packed \\
         --widths 1,2,4,8,16,32 --samples 2 --tokens 32 --out results/<model>/logit-error-<cpu>-<date>
@@ -98,6 +101,24 @@ def blocks(runner: Runner, prompt: list[int], cont: list[int], w: int, head32) -
     return torch.stack(rows[:n])
 
 
+class rowwise:
+    """While active, ``nn.Linear`` computes a ``[.., q, in]`` input row by row (each row as a
+    one-token forward computes it): the products no longer depend on the block width."""
+
+    def __enter__(self) -> None:
+        self.forward = torch.nn.Linear.forward
+
+        def fwd(mod: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+            flat = x.reshape(-1, x.shape[-1])
+            rows = [torch.nn.functional.linear(flat[i : i + 1], mod.weight, mod.bias) for i in range(flat.shape[0])]
+            return torch.cat(rows).reshape(*x.shape[:-1], -1)
+
+        torch.nn.Linear.forward = fwd
+
+    def __exit__(self, *exc: object) -> None:
+        torch.nn.Linear.forward = self.forward
+
+
 def runner_for(model: torch.nn.Module, layout: str) -> Runner:
     L._COPIES.pop(model, None)  # its own copies
     return Runner(model, weight_layout=layout)
@@ -119,9 +140,13 @@ def measure(args: argparse.Namespace, dtype_name: str, prompts: list[tuple[str, 
     for task, prompt in prompts:
         t0 = time.perf_counter()
         cont, ref = reference(ref_runner, prompt, args.tokens, head32)
-        for lay, runner in runners.items():
+        for runner in runners.values():
             for w in widths:
-                got = blocks(runner, prompt, cont, w, head32)
+                if args.rowwise:
+                    with rowwise():
+                        got = blocks(runner, prompt, cont, w, head32)
+                else:
+                    got = blocks(runner, prompt, cont, w, head32)
                 for i in range(len(cont)):
                     r, g = ref[i], got[i]
                     top = torch.topk(r, 2)
@@ -132,11 +157,38 @@ def measure(args: argparse.Namespace, dtype_name: str, prompts: list[tuple[str, 
                     margin_got = float(g[t1] - g[t2])
                     max_abs = float((g - r).abs().max())
                     flip = int(g.argmax()) != t1
-                    out.append({"dtype": dtype_name, "layout": runner.weight_layout, "width": w, "task": task,
+                    out.append({"dtype": dtype_name, "layout": runner.weight_layout + ("+rowwise" if args.rowwise else ""), "width": w, "task": task,
                                 "pos": i, "top1": float(top.values[0]), "scale": scale, "ulp": u,
                                 "max_abs": max_abs, "margin_err": abs(margin_ref - margin_got),
                                 "margin": margin_ref, "flip": flip, "head": args.head})
         print(f"{dtype_name} {task}: {len(prompt)}-token prompt, {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+@torch.inference_mode()
+def time_rowwise(loaded, prompt: list[int], widths: list[int], out_dir: Path, dtype_name: str, reps: int = 5) -> None:
+    """Median time of a block forward of each width, plain and row-wise, interleaved."""
+    runner = runner_for(loaded.model, "model")
+    cache = runner.new_cache(len(prompt) + max(widths) + 1)
+    runner.forward(torch.tensor(prompt[:-1]), cache=cache, start=0, logits=None)
+    base = len(prompt) - 1
+    times: dict[tuple[int, str], list[float]] = {}
+    for _ in range(reps):
+        for w in widths:
+            ids = torch.tensor((prompt * 2)[base : base + w])
+            for mode in ("plain", "rowwise"):
+                t0 = time.perf_counter()
+                if mode == "rowwise":
+                    with rowwise():
+                        runner.forward(ids, cache=cache, start=base)
+                else:
+                    runner.forward(ids, cache=cache, start=base)
+                times.setdefault((w, mode), []).append(time.perf_counter() - t0)
+    lines = ["| width | plain ms | row-wise ms | row-wise / plain |", "| ---: | ---: | ---: | ---: |"]
+    for w in widths:
+        a, b = sorted(times[(w, "plain")])[reps // 2], sorted(times[(w, "rowwise")])[reps // 2]
+        lines.append(f"| {w} | {a * 1000:.1f} | {b * 1000:.1f} | {b / a:.2f}x |")
+    (out_dir / f"rowwise-time-{dtype_name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -194,6 +246,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2, help="prompts per task (test split)")
     ap.add_argument("--tokens", type=int, default=32, help="positions compared per prompt")
     ap.add_argument("--head", choices=("model", "fp32"), default="model")
+    ap.add_argument("--rowwise", action="store_true", help="block forwards with row-by-row linears")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -206,16 +259,19 @@ def main() -> None:
         prompts = [(task, data.encode_sample(loaded, s)) for task in args.tasks.split(",")
                    for s in data.load_task(task, "test", n=args.samples)]
         measure(args, dtype_name, prompts, loaded, records)
+        if args.rowwise:
+            time_rowwise(loaded, prompts[0][1], [int(w) for w in args.widths.split(",")], out_dir, dtype_name)
         del loaded
-    with open(out_dir / f"records-{args.head}.jsonl", "w") as f:
+    tag = args.head + ("-rowwise" if args.rowwise else "")
+    with open(out_dir / f"records-{tag}.jsonl", "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
     rows = summarize(records)
-    (out_dir / f"summary-{args.head}.json").write_text(json.dumps(rows, indent=1))
+    (out_dir / f"summary-{tag}.json").write_text(json.dumps(rows, indent=1))
     import sys
 
-    write_summary(rows, out_dir / f"summary-{args.head}.md", "python " + " ".join(sys.argv))
-    print((out_dir / f"summary-{args.head}.md").read_text())
+    write_summary(rows, out_dir / f"summary-{tag}.md", "python " + " ".join(sys.argv))
+    print((out_dir / f"summary-{tag}.md").read_text())
 
 
 if __name__ == "__main__":

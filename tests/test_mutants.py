@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from selfspec.plugins import PluginError
 from selfspec.testing import LosslessError, PluginSuite
@@ -23,9 +24,10 @@ from selfspec.testing.pytest_plugin import CI_PROFILE
 DOC = Path(__file__).resolve().parents[1] / "docs" / "testing-plugins.md"
 
 
-def run_suite(plugin_object, factory) -> tuple[int | None, str]:
-    """Run the standard property test of ``plugin_object``; (examples to the first failure, its
-    message), or (None, "") when every example passed."""
+def run_suite(plugin_object, factory, dtype=None) -> tuple[int | None, str]:
+    """Run the standard property test of ``plugin_object`` (tiny models in ``dtype``, float64
+    by default); (examples to the first failure, its message), or (None, "") when every
+    example passed."""
     calls = []
 
     class Suite(PluginSuite):  # see a)
@@ -38,6 +40,7 @@ def run_suite(plugin_object, factory) -> tuple[int | None, str]:
             return super().check_example(*args, **kwargs)
 
     Suite.plugin_object = plugin_object
+    Suite.model_dtype = dtype
     Suite.coverage().__init__(Suite.suite_name())  # fresh counters for each run
     suite = Suite()
     for arch in Suite.archs:
@@ -60,6 +63,17 @@ def test_the_ci_profile_catches_every_mutant(mutant, tiny_model_factory):
     assert "selfspec_" in message  # the error names the hook at fault
     assert documented_score().get(mutant.__name__) == n, (  # see b)
         f"{mutant.__name__} was caught after {n} examples; update the table in {DOC.name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.__name__)
+def test_the_ci_profile_catches_every_mutant_in_bf16(mutant, tiny_model_factory):
+    """c) The same suite on bf16 tiny models, where differences within the near-tie bound
+    (selfspec.tiebound) are allowed: every mutant is still caught, at a margin above it or by
+    the audit's KV check. (The number of examples may differ from float64's: not asserted.)"""
+    n, message = run_suite(mutant, tiny_model_factory, dtype=torch.bfloat16)
+    assert n is not None, f"{mutant.__name__} ({mutant.bug}; {mutant.trigger}) escaped in bf16:\n{message}"
+    assert "selfspec_" in message
 
 
 def test_the_correct_control_passes_with_full_coverage(tiny_model_factory):

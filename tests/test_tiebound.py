@@ -12,13 +12,12 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from test_kit import Lossy  # tests/ is on sys.path (rootdir-relative imports)
 
 from selfspec.cli.check import _check_line
 from selfspec.reference import compare, reference_generate
 from selfspec.testing import LosslessError, assert_lossless
 from selfspec.tiebound import ROUNDING_ULPS, explain, tie_bound, ulp
-
-from test_kit import Lossy  # tests/ is on sys.path (rootdir-relative imports)
 
 
 def test_bounds_per_dtype():
