@@ -19,8 +19,9 @@ are compared. Per position it records:
 ``--head fp32`` computes the final norm and the LM head in float32 (a float32 copy of the head)
 for both the reference and the block, to see how much of the error the head's rounding is.
 ``--rowwise`` (an experiment towards a batch-invariant verifier) makes every ``nn.Linear`` of
-the block forwards compute its rows one at a time (``w`` single-row products instead of one
-``w``-row product), and also times a block of each width both ways, interleaved.
+every forward (the reference's prefill and steps too) compute its rows one at a time (``w``
+single-row products instead of one ``w``-row product), and also times a block of each width
+both ways, interleaved.
 
     python scripts/logit_error.py --dtypes float32,bf16,fp16 --layouts model,packed \\
         --widths 1,2,4,8,16,32 --samples 2 --tokens 32 --out results/<model>/logit-error-<cpu>-<date>
@@ -142,11 +143,7 @@ def measure(args: argparse.Namespace, dtype_name: str, prompts: list[tuple[str, 
         cont, ref = reference(ref_runner, prompt, args.tokens, head32)
         for runner in runners.values():
             for w in widths:
-                if args.rowwise:
-                    with rowwise():
-                        got = blocks(runner, prompt, cont, w, head32)
-                else:
-                    got = blocks(runner, prompt, cont, w, head32)
+                got = blocks(runner, prompt, cont, w, head32)
                 for i in range(len(cont)):
                     r, g = ref[i], got[i]
                     top = torch.topk(r, 2)
@@ -258,7 +255,11 @@ def main() -> None:
         loaded = models.load(args.model, dtype=dtype_name)
         prompts = [(task, data.encode_sample(loaded, s)) for task in args.tasks.split(",")
                    for s in data.load_task(task, "test", n=args.samples)]
-        measure(args, dtype_name, prompts, loaded, records)
+        if args.rowwise:  # every forward, the reference's too: a batch-invariant mode
+            with rowwise():
+                measure(args, dtype_name, prompts, loaded, records)
+        else:
+            measure(args, dtype_name, prompts, loaded, records)
         if args.rowwise:
             time_rowwise(loaded, prompts[0][1], [int(w) for w in args.widths.split(",")], out_dir, dtype_name)
         del loaded

@@ -75,6 +75,11 @@ def test_compare_judges_with_the_scaled_bound_in_bf16(tiny_model_factory):
     assert c.near_tie == (c.margin <= c.bound)
     # an explicit tolerance still wins
     assert compare(model, prompt, wrong, ref, tolerance=1e9).near_tie
+    # a margin within the bound is not enough: the output's token must be one of the tied ones
+    low = int(logits.float().argmin())
+    far = ref[:2] + [low] + ref[3:]
+    c = compare(model, prompt, far, ref, tolerance=max(c.margin, 1e-6))
+    assert c.margin <= c.bound and not c.near_tie
 
 
 def test_a_lossy_plugin_still_fails_in_bf16(tiny_model_factory):  # see b)

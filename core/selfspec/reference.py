@@ -105,7 +105,8 @@ def compare(
     counts: one stopped, the other did not) and the reference model's top-1/top-2 margin after
     ``prompt + reference[:i]``; a margin at or below ``tolerance`` (default: the model dtype's
     bound :func:`selfspec.tiebound.tie_bound` at those logits; zero in float64, so any
-    difference fails there) is a near-tie. Never retried.
+    difference fails there), with the output's token there within ``tolerance`` of the
+    reference's top-1 logit, is a near-tie. Never retried.
     """
     output, reference = list(output), list(reference)
     if output == reference:
@@ -116,4 +117,7 @@ def compare(
         tolerance = tie_bound(next(model.parameters()).dtype, logits)
     top = torch.topk(logits, 2).values
     margin = float(top[0] - top[1])
-    return Comparison(False, i, margin, near_tie=tolerance > 0 and margin <= tolerance, bound=tolerance)
+    near = tolerance > 0 and margin <= tolerance
+    if near and i < len(output):  # and the output's token is itself one of the near-tied ones
+        near = float(logits[output[i]]) >= float(top[0]) - tolerance
+    return Comparison(False, i, margin, near_tie=near, bound=tolerance)
