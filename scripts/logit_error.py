@@ -188,6 +188,32 @@ def time_rowwise(loaded, prompt: list[int], widths: list[int], out_dir: Path, dt
     print("\n".join(lines))
 
 
+@torch.inference_mode()
+def time_head(loaded, prompt: list[int], out_dir: Path, dtype_name: str, steps: int = 48) -> None:
+    """One-token decode steps with the model's head against a float32 head, interleaved step by
+    step (the same cache, the same tokens): the cost of float32 logits."""
+    runner = runner_for(loaded.model, "auto")
+    head32 = fp32_head(runner)
+    cache = runner.new_cache(len(prompt) + steps + 2)
+    runner.forward(torch.tensor(prompt), cache=cache, start=0, logits=None)
+    pos = len(prompt)
+    times: dict[str, list[float]] = {"model head": [], "float32 head": []}
+    for i in range(steps):
+        for mode in (("model head", "float32 head") if i % 2 else ("float32 head", "model head")):
+            t0 = time.perf_counter()
+            out = runner.forward(torch.tensor(prompt[i % len(prompt) : i % len(prompt) + 1]), cache=cache,
+                                 start=pos, logits=None)
+            logits_of(runner, out.hidden[0], head32 if mode == "float32 head" else None)
+            times[mode].append(time.perf_counter() - t0)
+        pos += 1
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    text = (f"one-token step, {runner.weight_layout} layout, {dtype_name}, median of {steps} interleaved: "
+            f"model head {med['model head'] * 1000:.1f} ms, float32 head {med['float32 head'] * 1000:.1f} ms "
+            f"({med['float32 head'] / med['model head']:.2f}x)\n")
+    (out_dir / f"head-time-{dtype_name}.md").write_text(text)
+    print(text)
+
+
 def pct(xs: list[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -244,6 +270,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="positions compared per prompt")
     ap.add_argument("--head", choices=("model", "fp32"), default="model")
     ap.add_argument("--rowwise", action="store_true", help="block forwards with row-by-row linears")
+    ap.add_argument("--time-head", action="store_true", help="only time decode steps with a float32 head")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -255,6 +282,9 @@ def main() -> None:
         loaded = models.load(args.model, dtype=dtype_name)
         prompts = [(task, data.encode_sample(loaded, s)) for task in args.tasks.split(",")
                    for s in data.load_task(task, "test", n=args.samples)]
+        if args.time_head:
+            time_head(loaded, prompts[0][1], out_dir, dtype_name)
+            continue
         if args.rowwise:  # every forward, the reference's too: a batch-invariant mode
             with rowwise():
                 measure(args, dtype_name, prompts, loaded, records)
@@ -263,6 +293,8 @@ def main() -> None:
         if args.rowwise:
             time_rowwise(loaded, prompts[0][1], [int(w) for w in args.widths.split(",")], out_dir, dtype_name)
         del loaded
+    if args.time_head:
+        return
     tag = args.head + ("-rowwise" if args.rowwise else "")
     with open(out_dir / f"records-{tag}.jsonl", "w") as f:
         for r in records:
