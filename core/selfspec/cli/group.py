@@ -1,7 +1,9 @@
-"""The ``specdec`` group: shared options, the default ``run`` command, plugin commands."""
+"""The ``specdec`` group: shared options, the default ``run`` command, plugin commands (which
+receive a :class:`~selfspec.cli.context.CommandContext` as ``ctx.obj``)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -64,7 +66,7 @@ class SpecdecGroup(click.Group):
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None:
             return cmd
-        return _plugin_commands(ctx).get(cmd_name)
+        return _with_command_context(ctx, _plugin_commands(ctx).get(cmd_name))
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = list(super().list_commands(ctx))
@@ -89,6 +91,19 @@ def _root_settings(root: click.Context) -> Settings:
 def _plugin_commands(ctx: click.Context) -> dict[str, click.Command]:
     """Commands the plugin selected on the group registers through ``selfspec_commands``."""
     return plugin_commands(_root_settings(ctx.find_root()))
+
+
+def _with_command_context(ctx: click.Context, command: click.Command | None) -> click.Command | None:
+    """A copy of a plugin's ``command`` whose ``ctx.obj`` is a :class:`CommandContext` (the
+    plugin's narrow view of the command line), not the CLI's own settings."""
+    if command is None:
+        return None
+    from .context import CommandContext
+
+    command = copy.copy(command)  # the plugin's object is shared; its copy carries this invocation
+    command.context_settings = {**command.context_settings,
+                                "obj": CommandContext(_root_settings(ctx.find_root()))}
+    return command
 
 
 @click.group(cls=SpecdecGroup, invoke_without_command=True, no_args_is_help=True,
