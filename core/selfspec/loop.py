@@ -254,7 +254,7 @@ class Decoder:
         return verdict
 
     def _default_eos(self) -> frozenset[int]:
-        from .models import eos_token_ids  # the one EOS rule (generation config, config, tokenizer)
+        from .eos import eos_token_ids  # the one EOS rule (generation config, config, tokenizer)
 
         return eos_token_ids(self.model, self.tokenizer)
 

@@ -180,7 +180,7 @@ def machine_info() -> dict[str, Any]:
         info["forced_isa"] = forced_isa()
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
-    from . import __version__
+    from .version import __version__
 
     info["selfspec"] = __version__
     return info
