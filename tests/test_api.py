@@ -179,6 +179,14 @@ def test_plugin_modules_stay_small():
     assert not big, big
 
 
+def test_host_modules_stay_small():
+    # the same rule for the host, bench/ and cli/ included
+    core = ROOT / "core" / "selfspec"
+    big = {str(p.relative_to(ROOT)): n for p in core.rglob("*.py")
+           if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
+    assert not big, big
+
+
 def test_a_plain_decode_never_imports_the_benchmark_package():
     code = (
         "import sys\n"
@@ -186,7 +194,8 @@ def test_a_plain_decode_never_imports_the_benchmark_package():
         "from selfspec.testing import tiny_model\n"
         "for name in ('vanilla', 'lookup'):\n"
         "    Decoder(tiny_model('llama'), name).generate([1, 2, 3, 1, 2], 4)\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('selfspec.bench', 'selfspec.data'))))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('selfspec.bench', 'selfspec.data', 'selfspec.cli', "
+        "'selfspec.models', 'selfspec.app'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
