@@ -5,7 +5,7 @@ model and once with blocks skipped, and reports how often the skipped model's to
 full model's on the generated positions (an estimate of the draft acceptance rate; the real
 draft attends to the full model's keys/values of the prefix, so it is only a rough one).
 
-    python benchmarks/selfsd/agreement/agreement.py
+    python scripts/selfsd_agreement.py
 """
 
 import torch

@@ -5,7 +5,7 @@ the affine map the ``calibrate`` command fits (ridge, then cross-entropy), again
 MLP adapter ``h -> h @ W + b + silu(norm(h) @ W1) @ W2`` (1024 hidden units, initialised from
 the affine map, trained by cross-entropy over the same 8192-token vocabulary subset).
 Data: 360 dev texts (first 256 tokens each) read teacher-forced; every fifth held out.
-Run: ``python benchmarks/hispec/exit-adapter/exit_adapter.py > benchmarks/hispec/exit-adapter/exit_adapter.txt`` (about 15 minutes on 2 cores).
+Run: ``python scripts/hispec_exit_adapter.py > results/smollm2-135m-instruct/hispec-exit-adapter-zen4-avx512-2026-11-23/exit_adapter.txt`` (about 15 minutes on 2 cores).
 """
 
 import time

@@ -8,7 +8,7 @@ the output's suffix matched (3, 2, 1; 0 = no match). Prints, per match length, t
 steps whose candidate is accepted for at least k tokens: the k-th token of a candidate is
 worth verifying when that share beats the cost of one more row in the forward.
 
-    python benchmarks/selfdraft/history-match/history_match.py > benchmarks/selfdraft/history-match/history_match.txt
+    python scripts/selfdraft_history_match.py > results/smollm2-135m-instruct/selfdraft-history-match-zen4-avx512-2026-11-24/history_match.txt
 """
 
 from __future__ import annotations

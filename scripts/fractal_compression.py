@@ -2,7 +2,7 @@
 against the runner's oneDNN-packed float32 layer, the compressed model's argmax agreement
 with the original on real dev text (teacher-forced), and the memory the copy adds.
 
-Run: python benchmarks/fractal/compression/measure.py > benchmarks/fractal/compression/compression.md
+Run: python scripts/fractal_compression.py > results/smollm2-135m-instruct/fractal-compression-zen4-avx512-2026-11-24/compression.md
 """
 
 import time
