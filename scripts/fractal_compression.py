@@ -10,7 +10,8 @@ import time
 import torch
 from selfspec_fractal import compress
 
-from selfspec import Decoder, format_prompt, load_model, load_task
+from selfspec import Decoder
+from selfspec.app import format_prompt, load_model, load_task
 
 torch.set_num_threads(1)
 loaded = load_model()

@@ -14,7 +14,7 @@ import torch
 from selfspec_hispec import calibrate as cal
 
 from selfspec import Runner
-from selfspec import load_model as load
+from selfspec.app import load_model as load
 
 HIDDEN, STEPS, BATCH = 1024, 3000, 512
 

@@ -17,7 +17,8 @@ import collections
 
 import torch
 
-from selfspec import Decoder, NgramIndex, format_prompt, load_model, load_task
+from selfspec import Decoder, NgramIndex
+from selfspec.app import format_prompt, load_model, load_task
 
 TASKS = ("humaneval", "gsm8k", "mtbench", "sharegpt")
 KS = (1, 2, 3, 4, 6, 8, 10, 12, 16)

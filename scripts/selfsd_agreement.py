@@ -11,7 +11,8 @@ draft attends to the full model's keys/values of the prefix, so it is only a rou
 import torch
 from selfspec_selfsd.tune import TASKS, dev_prompts
 
-from selfspec import Decoder, load_model
+from selfspec import Decoder
+from selfspec.app import load_model
 
 torch.set_num_threads(1)
 loaded = load_model()
