@@ -51,7 +51,9 @@ def selfspec_commands(register: Callable[[Any], None]) -> None:
     Called when the CLI resolves a sub-command for the selected plugin. Call
     ``register(command)`` with a :class:`click.Command`; its name must not clash with a
     built-in command. Every plugin's implementation is called; return nothing. Import heavy
-    modules inside the command, not here.
+    modules inside the command, not here. The command receives a
+    :class:`selfspec.app.CommandContext` as ``ctx.obj`` (``@click.pass_obj``): the user's
+    model, decoders for it, the plugin's ``-o`` options.
     """
 
 
