@@ -23,8 +23,8 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--device", default="cpu", show_default=True, help="torch device."),
         click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16, float16 or float64."),
         click.option("--threads", type=click.IntRange(1), default=None,
-                     help="torch.set_num_threads for the run [default: the physical cores; 1 when the "
-                          "load average at the start is at least that]."),
+                     help="torch.set_num_threads for the run [default: the physical cores; on a busy "
+                          "machine see specdec's busy-machine rule, docs/cli.md]."),
         click.option("--tasks", default=DEFAULT_TASKS, show_default=True, help="Comma-separated task names."),
         click.option("--samples", "-n", type=click.IntRange(1), default=2, show_default=True, help="Prompts per task."),
         click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True),
@@ -65,7 +65,7 @@ def _samples(tasks: Sequence[str], split: str, n: int, seed: int) -> list[Any]:
 
 
 def _threads(threads: int | None) -> Any:
-    """The run's :class:`selfspec.machine.ThreadChoice` (one thread on a busy machine, said on stderr)."""
+    """The run's :class:`selfspec.machine.ThreadChoice` (the busy-machine rule, said on stderr)."""
     from ..machine import choose_threads
 
     choice = choose_threads(threads)

@@ -136,7 +136,7 @@ class Settings:
         from .. import models
         from ..machine import choose_threads
 
-        self.thread_choice = choose_threads(self.threads)  # one thread when the machine is busy
+        self.thread_choice = choose_threads(self.threads)  # the busy-machine rule (docs/cli.md)
         torch.set_num_threads(self.thread_choice.threads)
         if self.thread_choice.reason == "busy" and not self.json:
             click.echo(self.thread_choice.note(), err=True)
