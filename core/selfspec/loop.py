@@ -137,6 +137,7 @@ class Decoder:
             self._call("selfspec_update_policy", state=state, verdict=verdict)
             if audit:
                 audit.updated(state)
+            del draft, verdict  # the step is over: free the verify block's logits before the next forward
 
         self._sync()
         stats.wall_time_s = time.perf_counter() - t_start

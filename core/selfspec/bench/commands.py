@@ -23,8 +23,9 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--model", "-m", default=None, help="Model path or name (default: the embedded default model)."),
         click.option("--device", default="cpu", show_default=True, help="torch device."),
         click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16, float16 or float64."),
-        click.option("--threads", type=click.IntRange(1), default=2, show_default=True,
-                     help="torch.set_num_threads for the run."),
+        click.option("--threads", type=click.IntRange(1), default=None,
+                     help="torch.set_num_threads for the run [default: the physical cores; on a busy "
+                          "machine see specdec's busy-machine rule, docs/cli.md]."),
         click.option("--tasks", default=DEFAULT_TASKS, show_default=True, help="Comma-separated task names."),
         click.option("--samples", "-n", type=click.IntRange(1), default=2, show_default=True, help="Prompts per task."),
         click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True),
@@ -62,6 +63,16 @@ def _samples(tasks: Sequence[str], split: str, n: int, seed: int) -> list[Any]:
             raise click.ClickException(f"task {t!r} has no {split} samples")
         out.extend(got)
     return out
+
+
+def _threads(threads: int | None) -> Any:
+    """The run's :class:`selfspec.machine.ThreadChoice` (the busy-machine rule, said on stderr)."""
+    from ..machine import choose_threads
+
+    choice = choose_threads(threads)
+    if choice.reason == "busy":
+        click.echo(choice.note(), err=True)
+    return choice
 
 
 def _setup(threads: int, model: str | None, device: str, dtype: str) -> Any:
@@ -258,6 +269,8 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     routed = _plugin_options(names, options)
     _check_inline(variants)
     _peers(peer_spec, no_peers, 1, assistant_given=assistant_model is not None)  # before the (slow) load
+    choice = _threads(threads)
+    threads = choice.threads
     loaded = _setup(threads, model, device, dtype)
     assistant = None
     if assistant_model is not None and not no_peers:
@@ -277,7 +290,7 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     outdir.mkdir(parents=True, exist_ok=True)
     jsonl = outdir / res.RECORDS
     jsonl.write_text("", encoding="utf-8")
-    config = _config(loaded, model, device=device, dtype=dtype, threads=threads, tasks=task_list, samples=samples,
+    config = _config(loaded, model, device=device, dtype=dtype, **choice.as_dict(), tasks=task_list, samples=samples,
                      max_new_tokens=max_new_tokens, seed=seed, split=split, warmup=warmup,
                      methods=[_method_config(m) for m in methods], argv=list(sys.argv),
                      assistant_model=assistant.name if assistant else None, **_model_facts(loaded.model))
@@ -349,7 +362,8 @@ def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
         raise click.ClickException(str(exc)) from exc
     task_list = _tasks(tasks)
     prompts = _samples(task_list, split, samples, seed)
-    loaded = _setup(threads, model, device, dtype)
+    choice = _threads(threads)
+    loaded = _setup(choice.threads, model, device, dtype)
     points = sw.grid_methods(plugin, fixed_t, axes_t)
     methods = [Method.of_plugin(BUILTIN_METHOD), *(m for _, m in points)]
     outdir = Path(out or f"sweep-{plugin}")
@@ -364,7 +378,7 @@ def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     except PluginError as exc:
         raise click.ClickException(str(exc)) from exc
     result = sw.summarize_sweep(records, plugin, fixed_t, axes_t, points, BUILTIN_METHOD)
-    result.update(config=_config(loaded, model, device=device, dtype=dtype, threads=threads, tasks=task_list,
+    result.update(config=_config(loaded, model, device=device, dtype=dtype, **choice.as_dict(), tasks=task_list,
                                  samples=samples, max_new_tokens=max_new_tokens, seed=seed, split=split),
                   machine=res.machine_info())
     write_sweep(outdir, result, plot=not no_plot)

