@@ -35,7 +35,8 @@ def test_code_included_in_docs_matches_the_real_files():
 _VARS = {"state": "DecodeState", "verdict": "Verdict", "draft": "Draft", "result": "Result", "stats": "Stats",
          "runner": "Runner"}
 _LINKS = {("DecodeState", "runner"): "Runner", ("DecodeState", "stats"): "Stats", ("Result", "stats"): "Stats"}
-_CHAIN = re.compile(r"(?<![\w.])(" + "|".join(_VARS) + r")((?:\.[A-Za-z_]\w*)+)")
+# a module's file name (`runner.py`) is not an attribute chain
+_CHAIN = re.compile(r"(?<![\w./])(" + "|".join(_VARS) + r")((?:\.[A-Za-z_]\w*)+)(?!\w)(?<!\.py)")
 
 
 def _public_attributes(name: str) -> set[str]:
