@@ -10,7 +10,7 @@ and the measured cost of a draft token and of a verification pass, each relative
     r = drafted per step × draft-token cost + verify-pass cost + other phases
     speedup over vanilla ≈ τ / r   (prefill excluded; the measured column includes it)
 
-    python scripts/cost_breakdown.py docs/bench-qwen1.5b
+    python scripts/cost_breakdown.py results/qwen2.5-coder-1.5b/bench-zen3-avx2-2026-11-24
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 
 A table lives between two markers; everything between them is this script's output::
 
-    <!-- bench-table: docs/bench/summary.json -->
+    <!-- bench-table: results/smollm2-135m-instruct/bench-zen4-avx512-2026-11-23/summary.json -->
     ...
     <!-- /bench-table -->
 
-    <!-- bench-compare: AVX-512=docs/bench/summary.json AVX2=docs/bench-avx2/summary.json -->
+    <!-- bench-compare: AVX-512=results/smollm2-135m-instruct/bench-zen4-avx512-2026-11-23/summary.json AVX2=results/smollm2-135m-instruct/bench-zen3-avx2-2026-11-24/summary.json -->
     ...
     <!-- /bench-compare -->
 
@@ -21,7 +21,7 @@ tasks (default: humaneval, gsm8k, mtbench, sharegpt where present); an optional 
 item keeps the methods named ``a`` or ``a[...]`` (its variants), in the summary's order, so a
 plugin's README shows its own rows of the full bench::
 
-    <!-- bench-table: docs/bench/summary.json rows=hf,vanilla,selfsd -->
+    <!-- bench-table: results/smollm2-135m-instruct/bench-zen4-avx512-2026-11-23/summary.json rows=hf,vanilla,selfsd -->
 
     python scripts/readme_tables.py            # rewrite every table in place
     python scripts/readme_tables.py --check    # exit 1, naming the file, if any is stale

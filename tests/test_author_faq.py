@@ -161,8 +161,8 @@ def test_plugin_file_is_named_after_its_module(tmp_path: Path):
     path.write_text("from selfspec import Draft\n\n"
                     "def selfspec_propose(state):\n    return Draft.empty(state.runner.device)\n")
     # [start:plugin-file]
-    assert selfspec.Settings(plugin_file=str(path)).plugin_name == "my_guess"  # the file's stem
-    assert selfspec.Settings(plugin="mine", plugin_file=str(path)).plugin_name == "mine"  # --plugin wins
+    assert selfspec.app.Settings(plugin_file=str(path)).plugin_name == "my_guess"  # the file's stem
+    assert selfspec.app.Settings(plugin="mine", plugin_file=str(path)).plugin_name == "mine"  # --plugin wins
     # [end:plugin-file]
 
 

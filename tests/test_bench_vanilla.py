@@ -103,8 +103,8 @@ def test_the_module_has_no_command_line_of_its_own() -> None:
 
 
 def test_smoke_prompts_go_through_the_one_encoder(model_dir: Path) -> None:
-    loaded = selfspec.load_model(model_dir, dtype="float64")
-    assert bench.prompt_ids(loaded, 2, 97) == [selfspec.format_prompt(loaded, t) for t in bench.SMOKE_PROMPTS[:2]]
+    loaded = selfspec.app.load_model(model_dir, dtype="float64")
+    assert bench.prompt_ids(loaded, 2, 97) == [selfspec.app.format_prompt(loaded, t) for t in bench.SMOKE_PROMPTS[:2]]
     assert [len(p) for p in bench.prompt_ids(None, 2, 97)] == [20, 23]
 
 

@@ -292,28 +292,61 @@ def test_check_reports_a_broken_plugin(model_dir, tmp_path):
 
 
 def test_plugin_subcommand(tmp_path, model_dir):
+    # a plugin command receives a CommandContext (selfspec.app), not the CLI's Settings
     path = plugin_file(tmp_path, "cmdplug", """
         import click
-        from selfspec import hookimpl
+        from selfspec import hookimpl, Option
+        from selfspec.app import CommandContext
+
+        @hookimpl
+        def selfspec_options(register):
+            register(Option("k", int, 3, "a number"))
 
         @hookimpl
         def selfspec_commands(register):
             @click.command("hello")
             @click.option("--times", type=int, default=1)
             @click.pass_obj
-            def hello(settings, times):
+            def hello(command, times):
                 '''Say hello.'''
-                loaded = settings.load_model()
-                click.echo(f"hello from {settings.plugin_name} x{times} on {loaded.model.config.model_type}")
+                assert isinstance(command, CommandContext), type(command)
+                loaded = command.load_model()
+                mine, base = command.decoder(loaded), command.decoder(loaded, "vanilla")
+                click.echo(f"hello from {command.plugin} x{times} on {loaded.model.config.model_type}; "
+                           f"k={command.options()['k']} given={command.given_options()} "
+                           f"{mine.options['k']} {base.options} {command.weight_layout} {mine.runner.weight_layout}")
 
             register(hello)
         """)
-    r = invoke("--plugin-file", path, "-m", model_dir, "hello", "--times", 3)
-    assert r.stdout.strip() == "hello from cmdplug x3 on llama"
+    r = invoke("--plugin-file", path, "-m", model_dir, "-o", "k=5", "--weight-layout", "model", "hello", "--times", 3)
+    assert r.stdout.strip() == "hello from cmdplug x3 on llama; k=5 given={'k': '5'} 5 {} model model"
     assert "hello" in invoke("--plugin-file", path, "--help").stdout
     # without the plugin selected, "hello" is just a prompt
     r2 = invoke("-m", model_dir, "-n", 2, "--json", "hello")
     assert "output_ids" in json.loads(r2.stdout)
+
+
+def test_a_plugin_command_written_for_settings_still_works_with_a_warning(tmp_path, model_dir):
+    path = plugin_file(tmp_path, "oldcmd", """
+        import warnings
+        import click
+        from selfspec import hookimpl
+
+        @hookimpl
+        def selfspec_commands(register):
+            @click.command("old")
+            @click.pass_obj
+            def old(settings):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    name, pairs = settings.plugin_name, settings.parsed_options()
+                kinds = sorted({w.category.__name__ for w in caught})
+                click.echo(f"{name} {pairs} {kinds}")
+
+            register(old)
+        """)
+    r = invoke("--plugin-file", path, "-m", model_dir, "-o", "x=1", "old")
+    assert r.stdout.strip() == "oldcmd {'x': '1'} ['DeprecationWarning']"
 
 
 def test_plugin_command_clash(tmp_path):

@@ -1,5 +1,6 @@
 """Docs that are generated from code must match it."""
 
+import re
 from pathlib import Path
 
 from selfspec import hooksdoc
@@ -27,3 +28,84 @@ def test_code_included_in_docs_matches_the_real_files():
     for md in sorted((ROOT / "docs").rglob("*.md")):
         text = md.read_text(encoding="utf-8")
         assert docsync["render"](text) == text, f"{md} is stale: run python scripts/docsync.py"
+
+
+# --------------------------------------------------------------------------- attributes in docs
+#: the variable names docs use for the host's types, and the attributes that lead from one to another
+_VARS = {"state": "DecodeState", "verdict": "Verdict", "draft": "Draft", "result": "Result", "stats": "Stats",
+         "runner": "Runner"}
+_LINKS = {("DecodeState", "runner"): "Runner", ("DecodeState", "stats"): "Stats", ("Result", "stats"): "Stats"}
+# a module's file name (`runner.py`) is not an attribute chain
+_CHAIN = re.compile(r"(?<![\w./])(" + "|".join(_VARS) + r")((?:\.[A-Za-z_]\w*)+)(?!\w)(?<!\.py)")
+
+
+def _public_attributes(name: str) -> set[str]:
+    import dataclasses
+
+    import selfspec
+
+    cls = getattr(selfspec, name)
+    names = set(vars(cls)) - {"__dataclass_fields__"}
+    if dataclasses.is_dataclass(cls):
+        names |= {f.name for f in dataclasses.fields(cls)}
+    else:  # the Runner: what its constructor sets too
+        from selfspec.testing import tiny_model
+
+        names |= set(vars(cls(tiny_model("llama"))))
+    return {n for n in names if not n.startswith("_")}
+
+
+def _api_section(name: str) -> str:
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    start = text.index(f"### `{name}`\n")
+    end = text.find("\n#", start + 1)
+    return text[start:end]
+
+
+def _mentioned(section: str, attr: str) -> bool:
+    return re.search(rf"`[^`\n]*\b{re.escape(attr)}\b[^`\n]*`", section) is not None
+
+
+def _attributes_used_in_docs() -> dict[tuple[str, str], str]:
+    """``{(class, attribute): file}`` for every ``state.x``, ``verdict.x``, ``state.runner.x``, ...
+    in the docs, the README and the plugins' READMEs."""
+    files = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md", *sorted((ROOT / "plugins").glob("*/README.md"))]
+    used: dict[tuple[str, str], str] = {}
+    for path in files:
+        for m in _CHAIN.finditer(path.read_text(encoding="utf-8")):
+            cls: str | None = _VARS[m[1]]
+            for attr in m[2].split(".")[1:]:
+                if cls is None:
+                    break
+                used.setdefault((cls, attr), str(path.relative_to(ROOT)))
+                cls = _LINKS.get((cls, attr))
+    return used
+
+
+def test_every_attribute_the_docs_use_exists_and_is_documented_in_the_api_page():
+    used = _attributes_used_in_docs()
+    assert ("DecodeState", "committed") in used and ("Runner", "n_layers") in used  # the scan finds them
+    unknown = sorted(f"{c}.{a} ({f})" for (c, a), f in used.items() if a not in _public_attributes(c))
+    assert not unknown, f"the docs use attributes that do not exist: {unknown}"
+    missing = sorted(f"{c}.{a} ({f})" for (c, a), f in used.items() if not _mentioned(_api_section(c), a))
+    assert not missing, f"docs/api.md does not document attributes the docs use: {missing}"
+
+
+def test_every_public_attribute_of_the_hook_types_is_documented_in_the_api_page():
+    missing = sorted(f"{c}.{a}" for c in sorted(set(_VARS.values())) for a in _public_attributes(c)
+                     if not _mentioned(_api_section(c), a))
+    assert not missing, f"docs/api.md does not document {missing}"
+
+
+def test_the_attribute_checks_can_fail():
+    assert not _mentioned("### `Verdict`\nWhat `selfspec_verify` returns: `accepted`", "bonus")
+    assert _mentioned("`(*accepted, bonus)`", "bonus")
+    assert "no_such_attribute" not in _public_attributes("Verdict")
+
+
+def test_the_kits_tools_are_one_extra_away_and_the_docs_say_so():
+    line = re.search(r"^test = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)  # the extra
+    assert line and {re.split(r"[<>=!~ ]", r.strip(' "'))[0] for r in line[1].split(",")} >= {"pytest", "hypothesis"}
+    for page in ("docs/tutorial-first-plugin.md", "docs/testing-plugins.md", "plugins/_template/README.md"):
+        assert "pip install -e '.[test]'" in (ROOT / page).read_text(encoding="utf-8"), page
+    assert "-e '.[bench,test]'" in (ROOT / "scripts" / "demo.sh").read_text(encoding="utf-8")

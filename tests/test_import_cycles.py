@@ -124,3 +124,38 @@ def test_no_import_cycles_in_plugin_packages():
         if cycles(graph):
             found[pkg.parent.name] = cycles(graph)
     assert not found, f"import cycles in plugins: {found}"
+
+
+# ------------------------------------------------------------------------------ the two layers
+#: The app: the command line, the benchmarks, the data splits, model loading, and the namespace
+#: that exposes them (selfspec.app). Every other module of the package is the engine.
+APP_PACKAGES = ("selfspec.app", "selfspec.cli", "selfspec.bench", "selfspec.data", "selfspec.models",
+                "selfspec.__main__")
+
+
+def is_app(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in APP_PACKAGES)
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from an engine module up into the app."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if not is_app(m) for t in targets if is_app(t))
+
+
+def test_the_engine_imports_nothing_from_the_app():
+    graph = import_graph(CORE)
+    engine = [m for m in graph if not is_app(m)]
+    assert {"selfspec.loop", "selfspec.runner.runner", "selfspec.verification", "selfspec.artefacts"} <= set(engine)
+    assert {"selfspec.cli.settings", "selfspec.bench.harness", "selfspec.models.load", "selfspec.data"} <= set(graph) - set(engine)
+    bad = layer_violations(graph)
+    assert not bad, "engine modules import the app:\n" + "\n".join(bad)
+
+
+def test_the_layer_rule_itself(tmp_path):
+    pkg = tmp_path / "selfspec"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "__init__.py").write_text("")
+    (pkg / "loop.py").write_text("def eos():\n    from .models import x\n")  # function-local counts
+    (pkg / "cli.py").write_text("from . import loop\n")  # the app may import the engine
+    assert layer_violations(import_graph(tmp_path)) == ["selfspec.loop -> selfspec.models"]

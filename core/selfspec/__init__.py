@@ -1,9 +1,10 @@
 """selfspec: a plugin host for lossless self-speculative decoding of Hugging Face causal LMs.
 
-Every name in ``__all__`` is the public API, documented in ``docs/api.md``: plugins import the
-host only from here (``from selfspec import Draft, verify_greedy``), never from a submodule,
-and their tests may also use :mod:`selfspec.testing`. Nothing heavy is imported until a name
-is used: ``import selfspec`` is cheap.
+Every name in ``__all__`` is the plugin contract, documented in ``docs/api.md``: plugins import
+the engine only from here (``from selfspec import Draft, verify_greedy``), never from a
+submodule; their tests may also use :mod:`selfspec.testing`, and their commands
+(``selfspec_commands``) the app namespace :mod:`selfspec.app` (model loading, data, the CLI's
+command context). Nothing heavy is imported until a name is used: ``import selfspec`` is cheap.
 """
 
 from __future__ import annotations
@@ -55,18 +56,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ArtefactError": ("artefacts", "ArtefactError"),
     "resolve_profile": ("artefacts", "resolve_profile"),
     "cache_dir": ("artefacts", "cache_dir"),
-    # data splits and models (for plugin commands)
-    "Sample": ("data", "Sample"),
-    "DataError": ("data", "DataError"),
-    "load_task": ("data", "load_task"),
-    "task_names": ("data", "task_names"),
-    "corpus_texts": ("data", "build_corpus_texts"),
-    "encode_sample": ("data", "encode_sample"),
-    "load_model": ("models", "load"),
-    "format_prompt": ("models", "format_prompt"),
-    "Settings": ("cli", "Settings"),
-    "user_errors": ("cli", "user_errors"),
 }
+
+# names that moved to the app namespace (selfspec.app): they still work from here, with a
+# DeprecationWarning, for one release (0.2 removes them)
+_MOVED_TO_APP: tuple[str, ...] = (
+    "Sample", "DataError", "load_task", "task_names", "corpus_texts", "encode_sample",
+    "load_model", "format_prompt", "Settings", "user_errors",
+)
 
 __all__ = [
     "__version__",
@@ -105,16 +102,6 @@ __all__ = [
     "ArtefactError",
     "resolve_profile",
     "cache_dir",
-    "Sample",
-    "DataError",
-    "load_task",
-    "task_names",
-    "corpus_texts",
-    "encode_sample",
-    "load_model",
-    "format_prompt",
-    "Settings",
-    "user_errors",
 ]  # the names of _LAZY, spelled out for tools (tests/test_api.py checks they agree)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,12 +113,7 @@ if TYPE_CHECKING:  # pragma: no cover
         model_identity,
         resolve_profile,
     )
-    from .cli import Settings, user_errors
-    from .data import DataError, Sample, encode_sample, load_task, task_names
-    from .data import build_corpus_texts as corpus_texts
     from .loop import Decoder
-    from .models import format_prompt
-    from .models import load as load_model
     from .ngram import NgramIndex
     from .options import Layers, Option, OptionError, check_layers, format_layers
     from .plugins import PluginError
@@ -159,6 +141,17 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(f".{module}", __name__), attr)
         globals()[name] = value  # once resolved, a plain attribute
         return value
+    if name == "app":  # the app namespace, a submodule: ``selfspec.app.load_model``
+        import importlib
+
+        return importlib.import_module(".app", __name__)
+    if name in _MOVED_TO_APP:
+        import importlib
+        import warnings
+
+        warnings.warn(f"selfspec.{name} moved to selfspec.app.{name} (the app namespace); the old name "
+                      "is removed in selfspec 0.2", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(".app", __name__), name)  # not cached: warns every time
     raise AttributeError(f"module 'selfspec' has no attribute {name!r}")
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from .paths import cache_dir
+
 
 class ArtefactError(ValueError):
     """A profile path that does not exist, or an artefact made for another model."""
@@ -67,13 +69,6 @@ def model_identity(runner: Any) -> ModelIdentity:
         vocab_size=int(runner.vocab_size),
         fingerprint=h.hexdigest()[:16],
     )
-
-
-def cache_dir() -> Path:
-    """The selfspec cache directory (``$SELFSPEC_CACHE_DIR``, else ``~/.cache/selfspec``)."""
-    from .models import cache_dir as _cache_dir
-
-    return Path(_cache_dir())
 
 
 class ArtefactStore:

@@ -51,7 +51,9 @@ def selfspec_commands(register: Callable[[Any], None]) -> None:
     Called when the CLI resolves a sub-command for the selected plugin. Call
     ``register(command)`` with a :class:`click.Command`; its name must not clash with a
     built-in command. Every plugin's implementation is called; return nothing. Import heavy
-    modules inside the command, not here.
+    modules inside the command, not here. The command receives a
+    :class:`selfspec.app.CommandContext` as ``ctx.obj`` (``@click.pass_obj``): the user's
+    model, decoders for it, the plugin's ``-o`` options.
     """
 
 
@@ -134,7 +136,9 @@ def selfspec_verify(state: DecodeState, draft: Draft) -> Verdict | None:
     decoding of the full model would produce: ``accepted`` is a path of the draft, ``bonus``
     the full model's argmax after it; ``kv_slots`` names the cache slots (relative to the
     pending token's slot) holding the full model's keys/values of ``[pending, accepted...]``
-    in every layer. Losslessness of the whole system rests on this hook.
+    in every layer. Losslessness of the whole system rests on this hook. A verifier that
+    has the full model's logits of ``[pending, nodes...]`` passes them on as
+    ``Verdict.logits`` (the host's building blocks do), for plugins that learn from them.
     """
 
 
@@ -159,4 +163,11 @@ def selfspec_update_policy(state: DecodeState, verdict: Verdict) -> None:
     the newly committed tokens (``state.length`` updated). ``verdict`` is this step's
     :class:`~selfspec.types.Verdict` (``verdict.committed`` may be longer than what was
     committed when EOS or the budget cut it). Nothing returned.
+
+    To learn from the full model's predictions (a drafter, a confidence-based policy), read
+    ``verdict.logits`` (``[1 + len(draft), V]``, row 0 after the pending token, row ``i + 1``
+    after node ``i``; ``None`` from a verifier that gives none), ``verdict.logit_rows`` (the
+    committed positions' rows) or ``verdict.top_k(k)`` here, instead of overriding
+    ``selfspec_verify``. The block is the verifying forward's own (no copy) and is freed when
+    the step ends: keep what you learn, not the tensor.
     """

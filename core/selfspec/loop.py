@@ -137,6 +137,7 @@ class Decoder:
             self._call("selfspec_update_policy", state=state, verdict=verdict)
             if audit:
                 audit.updated(state)
+            del draft, verdict  # the step is over: free the verify block's logits before the next forward
 
         self._sync()
         stats.wall_time_s = time.perf_counter() - t_start
@@ -254,7 +255,7 @@ class Decoder:
         return verdict
 
     def _default_eos(self) -> frozenset[int]:
-        from .models import eos_token_ids  # the one EOS rule (generation config, config, tokenizer)
+        from .eos import eos_token_ids  # the one EOS rule (generation config, config, tokenizer)
 
         return eos_token_ids(self.model, self.tokenizer)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -143,6 +144,79 @@ def default_threads() -> int:
     return max(1, min(physical_cores(), torch.get_num_threads()))
 
 
+#: Whether ``OMP_WAIT_POLICY=PASSIVE`` was in the environment before torch (and its OpenMP
+#: runtime, which reads the variable once) was loaded; set by :func:`prefer_passive_wait`.
+_passive_before_torch = False
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """How many torch threads a run uses, and why. ``reason``: ``"asked"`` (``--threads``),
+    ``"default"`` (the physical cores, at most torch's default) or ``"busy"``: the 1-minute
+    load average at the start was at least the physical core count. OpenMP threads spinning
+    at barriers on shared cores then slow a decode about 10× (docs/performance.md, "A busy
+    machine"), so a busy run keeps its threads with ``OMP_WAIT_POLICY=PASSIVE`` when that was
+    set before torch loaded (what the CLI does, :func:`prefer_passive_wait`), else runs on one
+    thread. ``wait_policy`` is the ``OMP_WAIT_POLICY`` in effect (``None``: OpenMP's default)."""
+
+    threads: int
+    reason: str
+    load_average: float | None
+    physical_cores: int
+    wait_policy: str | None = None
+
+    def note(self) -> str:
+        """The one line the CLI prints on stderr when it chose for a busy machine."""
+        how = (f"{self.threads} threads with OMP_WAIT_POLICY=PASSIVE" if self.wait_policy == "PASSIVE"
+               else f"{self.threads} thread")
+        return (f"specdec: the machine is busy (load average {self.load_average:.1f} on {self.physical_cores} "
+                f"cores): running on {how} (--threads N to override)")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"threads": self.threads, "threads_reason": self.reason, "omp_wait_policy": self.wait_policy,
+                "load_average_start": self.load_average}
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, or None where the OS does not say."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # pragma: no cover - not on Unix
+        return None
+
+
+def is_busy(load: float | None, cores: int) -> bool:
+    """A load average of at least the physical core count (on more than one core)."""
+    return load is not None and cores > 1 and load >= cores
+
+
+def prefer_passive_wait(load: float | None = None) -> bool:
+    """On a busy machine (:func:`is_busy`), set ``OMP_WAIT_POLICY=PASSIVE`` in the environment
+    unless the user set the variable or torch is already loaded (it would come too late).
+    Call it first thing in a process (the CLI does). Returns whether PASSIVE is now in effect."""
+    global _passive_before_torch
+    if "torch" in sys.modules:
+        return _passive_before_torch
+    if not os.environ.get("OMP_WAIT_POLICY") and is_busy(load_average() if load is None else load, physical_cores()):
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    _passive_before_torch = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+    return _passive_before_torch
+
+
+def choose_threads(requested: int | None = None, load: float | None = None) -> ThreadChoice:
+    """The :class:`ThreadChoice` of a run: ``requested`` when given; else, on a busy machine
+    (``load``, default: the load average now), the physical cores when ``OMP_WAIT_POLICY=PASSIVE``
+    was set before torch loaded, one thread when it was not; else :func:`default_threads`."""
+    cores = physical_cores()
+    load = load_average() if load is None else load
+    policy = "PASSIVE" if _passive_before_torch else None
+    if requested:
+        return ThreadChoice(requested, "asked", load, cores, policy)
+    if is_busy(load, cores):
+        return ThreadChoice(default_threads() if policy else 1, "busy", load, cores, policy)
+    return ThreadChoice(default_threads(), "default", load, cores, policy)
+
+
 def capability_note(machine: dict[str, Any]) -> str:
     """`` [AVX2]`` or `` [AVX2, forced by ONEDNN_MAX_CPU_ISA=AVX2]``...: the effective ISA a
     :func:`machine_info` record holds, for tables and plot titles (empty for records from
@@ -180,7 +254,7 @@ def machine_info() -> dict[str, Any]:
         info["forced_isa"] = forced_isa()
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
-    from . import __version__
+    from .version import __version__
 
     info["selfspec"] = __version__
     return info

@@ -86,6 +86,14 @@ class Verdict:
     passes this verification cost (used for tau). ``hidden``: states captured at the committed
     positions when ``state.capture_layers`` asked for them, ``{layer: [len(accepted)+1, H]}``
     (layer 0 = embeddings, layer i = output of decoder layer i-1).
+
+    ``logits``: the full model's logits of the verifying forward, ``[1 + len(draft), V]`` in
+    the model's dtype, in node order: row 0 after the pending token, row ``i + 1`` after draft
+    node ``i`` (on its own path); ``None`` when the verifier had none to give (a custom
+    verifier that builds the verdict itself). It is a reference to the block the forward
+    produced (a view, never a copy) and lives only as long as the verdict: the loop drops the
+    verdict at the end of the step, so keep what you learn (:meth:`top_k`, a few rows), never
+    the verdict or this tensor. :attr:`logit_rows` are the rows of the committed positions.
     """
 
     accepted: tuple[int, ...]
@@ -95,11 +103,29 @@ class Verdict:
     forwards: float = 1.0
     hidden: dict[int, torch.Tensor] | None = field(default=None, compare=False)
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def committed(self) -> tuple[int, ...]:
         """All tokens this step commits: the accepted drafts and the bonus token."""
         return (*self.accepted, self.bonus)
+
+    @property
+    def logit_rows(self) -> tuple[int, ...]:
+        """Rows of :attr:`logits` at the committed positions: ``(0, node + 1, ...)`` for the
+        pending token and each accepted node; ``logits[logit_rows[j]]`` is the model's
+        prediction of ``committed[j]`` (its argmax, greedily)."""
+        nodes = self.accepted_nodes or tuple(range(len(self.accepted)))
+        return (0, *(n + 1 for n in nodes))
+
+    def top_k(self, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(values, ids)``, each ``[1 + len(draft), k]``: the ``k`` largest logits of every
+        row of :attr:`logits` and their token ids, largest first (``None`` without logits).
+        Small copies: safe to keep past the step."""
+        if self.logits is None:
+            return None
+        values, ids = torch.topk(self.logits, min(k, int(self.logits.shape[-1])), dim=-1)
+        return values, ids
 
     def slots(self) -> tuple[int, ...]:
         return self.kv_slots if self.kv_slots is not None else tuple(range(len(self.accepted) + 1))

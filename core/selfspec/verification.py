@@ -56,7 +56,7 @@ def verify_greedy(state: DecodeState, draft: Draft) -> Verdict:
         out = runner.forward(ids, cache=state.cache, start=base, capture=capture)
         pred = greedy(out.logits)  # pred: [k+1], pred[i] = model's token after ids[i]
         path = list(range(accepted_length(pred, draft.tokens)))
-        return _verdict(draft, path, pred.tolist(), out.captured, capture)
+        return _verdict(draft, path, pred.tolist(), out.captured, capture, out.logits)
     return verify_tree(state, draft)[0]
 
 
@@ -92,7 +92,7 @@ def verify_tree(state: DecodeState, draft: Draft, extra: ExtraBlock | None = Non
     pred = greedy(out.logits).tolist()  # one per logit row: the tree's, then extra.rows'
     tree_pred = pred[:n_tree]
     path = tree_path(parents.tolist(), draft.tokens.tolist(), tree_pred)
-    return _verdict(draft, path, tree_pred, out.captured, capture), pred[n_tree:]
+    return _verdict(draft, path, tree_pred, out.captured, capture, out.logits[:n_tree]), pred[n_tree:]
 
 
 def verify_from_layer(state: DecodeState, draft: Draft, hidden: Sequence[torch.Tensor], layer: int,
@@ -133,10 +133,12 @@ def chain_verdict(draft: Draft, logits: torch.Tensor, **fields) -> Verdict:
     ``[pending, draft...]``: the longest matching prefix plus the model's token after it.
 
     For verifiers that compute those logits their own way (from reused hidden states, say);
-    ``fields`` go to the :class:`Verdict` as they are (``forwards=...``).
+    ``fields`` go to the :class:`Verdict` as they are (``forwards=...``); ``logits`` becomes
+    ``Verdict.logits`` (a reference) unless ``fields`` name their own.
     """
     pred = greedy(logits)  # pred: [k+1]
     a = accepted_length(pred, draft.tokens)
+    fields.setdefault("logits", logits)
     return Verdict(accepted=tuple(int(t) for t in draft.tokens[:a].tolist()), bonus=int(pred[a]),
                    accepted_nodes=tuple(range(a)), **fields)
 
@@ -163,8 +165,9 @@ def tree_path(parents: Sequence[int], tokens: Sequence[int], pred: Sequence[int]
 
 
 def _verdict(draft: Draft, path: list[int], pred: list[int], captured: dict[int, torch.Tensor],
-             capture: Sequence[int]) -> Verdict:
-    """The verdict of ``path`` (draft nodes) given the predictions ``pred`` ``[k+1]``."""
+             capture: Sequence[int], logits: torch.Tensor | None = None) -> Verdict:
+    """The verdict of ``path`` (draft nodes) given the predictions ``pred`` ``[k+1]`` and the
+    ``[k+1, V]`` logits they came from (kept by reference in ``Verdict.logits``)."""
     slots = [0] + [n + 1 for n in path]
     bonus = int(pred[slots[-1]])
     hidden = None
@@ -172,4 +175,5 @@ def _verdict(draft: Draft, path: list[int], pred: list[int], captured: dict[int,
         idx = torch.tensor(slots, device=draft.tokens.device)
         hidden = {layer: h.index_select(0, idx) for layer, h in captured.items()}
     accepted = tuple(int(t) for t in draft.tokens[path].tolist()) if path else ()
-    return Verdict(accepted=accepted, bonus=bonus, accepted_nodes=tuple(path), kv_slots=tuple(slots), hidden=hidden)
+    return Verdict(accepted=accepted, bonus=bonus, accepted_nodes=tuple(path), kv_slots=tuple(slots), hidden=hidden,
+                   logits=logits)

@@ -1,18 +1,19 @@
-"""The ``bench``, ``sweep`` and ``report`` commands (plain click commands the CLI attaches).
+"""The ``bench`` and ``sweep`` commands, and ``COMMANDS``: the plain click commands the CLI
+attaches (``report`` lives in :mod:`.report`).
 
 Nothing heavy is imported until a command runs.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
+
+from .report import report, write_sweep
 
 DEFAULT_TASKS = "humaneval,gsm8k,mtbench,sharegpt,summarization"
 
@@ -22,8 +23,9 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--model", "-m", default=None, help="Model path or name (default: the embedded default model)."),
         click.option("--device", default="cpu", show_default=True, help="torch device."),
         click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16, float16 or float64."),
-        click.option("--threads", type=click.IntRange(1), default=2, show_default=True,
-                     help="torch.set_num_threads for the run."),
+        click.option("--threads", type=click.IntRange(1), default=None,
+                     help="torch.set_num_threads for the run [default: the physical cores; on a busy "
+                          "machine see specdec's busy-machine rule, docs/cli.md]."),
         click.option("--tasks", default=DEFAULT_TASKS, show_default=True, help="Comma-separated task names."),
         click.option("--samples", "-n", type=click.IntRange(1), default=2, show_default=True, help="Prompts per task."),
         click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True),
@@ -61,6 +63,16 @@ def _samples(tasks: Sequence[str], split: str, n: int, seed: int) -> list[Any]:
             raise click.ClickException(f"task {t!r} has no {split} samples")
         out.extend(got)
     return out
+
+
+def _threads(threads: int | None) -> Any:
+    """The run's :class:`selfspec.machine.ThreadChoice` (the busy-machine rule, said on stderr)."""
+    from ..machine import choose_threads
+
+    choice = choose_threads(threads)
+    if choice.reason == "busy":
+        click.echo(choice.note(), err=True)
+    return choice
 
 
 def _setup(threads: int, model: str | None, device: str, dtype: str) -> Any:
@@ -257,6 +269,8 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     routed = _plugin_options(names, options)
     _check_inline(variants)
     _peers(peer_spec, no_peers, 1, assistant_given=assistant_model is not None)  # before the (slow) load
+    choice = _threads(threads)
+    threads = choice.threads
     loaded = _setup(threads, model, device, dtype)
     assistant = None
     if assistant_model is not None and not no_peers:
@@ -276,7 +290,7 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     outdir.mkdir(parents=True, exist_ok=True)
     jsonl = outdir / res.RECORDS
     jsonl.write_text("", encoding="utf-8")
-    config = _config(loaded, model, device=device, dtype=dtype, threads=threads, tasks=task_list, samples=samples,
+    config = _config(loaded, model, device=device, dtype=dtype, **choice.as_dict(), tasks=task_list, samples=samples,
                      max_new_tokens=max_new_tokens, seed=seed, split=split, warmup=warmup,
                      methods=[_method_config(m) for m in methods], argv=list(sys.argv),
                      assistant_model=assistant.name if assistant else None, **_model_facts(loaded.model))
@@ -313,90 +327,6 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
 
 
 # --------------------------------------------------------------------------- report
-@click.command("report")
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.argument("more", nargs=-1, metavar="[DIRECTORY]...", type=click.Path(exists=True, file_okay=False))
-@click.option("--no-plot", is_flag=True, help="Skip the PNG plot.")
-@click.option("--scaling", is_flag=True,
-              help="Put two or more bench directories (one model size each) side by side, with a projection.")
-@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="With --scaling: output directory [default: scaling-results].")
-def report(directory: str, more: tuple[str, ...], no_plot: bool, scaling: bool, out: str | None) -> None:
-    """Re-render the table and plot of a bench (or sweep) directory from its saved JSONL.
-
-    With --scaling, every DIRECTORY is a bench of one model size: writes scaling.json,
-    scaling.md and scaling.png (speedup and τ over model size, and a labelled projection
-    for a 7B model) to --out.
-    """
-    from . import results as res
-    from . import sweep as sw
-
-    if scaling:
-        _report_scaling([directory, *more], out or "scaling-results", plot=not no_plot)
-        return
-    if more or out is not None:
-        raise click.UsageError("several directories and --out go with --scaling; "
-                               "specdec report DIRECTORY re-renders one bench or sweep")
-    d = Path(directory)
-    done = False
-    if (d / res.RECORDS).is_file():
-        old = json.loads((d / res.SUMMARY).read_text(encoding="utf-8")) if (d / res.SUMMARY).is_file() else {}
-        records = res.read_jsonl(d / res.RECORDS)
-        baseline = old.get("baseline", "hf")
-        summary = res.build_summary(records, baseline=baseline, config=old.get("config", {}),
-                                    machine=old.get("machine", {}))
-        res.render(d, summary, plot=not no_plot)
-        click.echo(res.markdown(summary))
-        done = True
-    if (d / sw.SWEEP_RECORDS).is_file() and (d / sw.SWEEP_SUMMARY).is_file():
-        old = json.loads((d / sw.SWEEP_SUMMARY).read_text(encoding="utf-8"))
-        records = res.read_jsonl(d / sw.SWEEP_RECORDS)
-        axes = [(k, v) for k, v in old["axes"]]
-        points = sw.grid_methods(old["plugin"], old["fixed"], axes)
-        new = sw.summarize_sweep(records, old["plugin"], old["fixed"], axes, points, old.get("baseline", "vanilla"))
-        new.update(config=old.get("config", {}), machine=old.get("machine", {}))
-        _write_sweep(d, new, plot=not no_plot)
-        click.echo(sw.sweep_markdown(new))
-        done = True
-    if not done:
-        raise click.ClickException(f"{d} holds neither {res.RECORDS} nor {sw.SWEEP_RECORDS}")
-
-
-def _report_scaling(directories: Sequence[str], out: str, plot: bool) -> None:
-    from . import scaling as sc
-
-    if len(directories) < 2:
-        raise click.UsageError("--scaling needs at least two bench directories (one per model size)")
-    try:
-        summaries = [sc.load_summary(d) for d in directories]
-        names = [str(s["config"].get("model")) for s in summaries]
-        for j, i in itertools.combinations(range(len(names)), 2):
-            if names[i] == names[j]:
-                raise sc.ScalingError(f"{directories[j]} and {directories[i]} are both benches of {names[i]}; "
-                                      "--scaling needs one directory per model size")
-        table = sc.scaling_table(summaries)
-        proj = sc.projection(table)
-    except sc.ScalingError as exc:
-        raise click.ClickException(str(exc)) from exc
-    try:
-        written = sc.render_scaling(out, table, proj, plot=plot)
-    except RuntimeError as exc:  # matplotlib missing
-        raise click.ClickException(f"{exc} (or pass --no-plot)") from exc
-    click.echo(sc.scaling_markdown(table, proj))
-    click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
-
-
-def _write_sweep(d: Path, sweep: dict[str, Any], plot: bool) -> None:
-    from . import sweep as sw
-
-    (d / sw.SWEEP_SUMMARY).write_text(json.dumps(sweep, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    (d / sw.SWEEP_TABLE).write_text(sw.sweep_markdown(sweep), encoding="utf-8")
-    if plot:
-        from .plot import sweep_plot
-
-        sweep_plot(sweep, d / sw.SWEEP_PLOT)
-
-
 # --------------------------------------------------------------------------- sweep
 @click.command("sweep")
 @_model_options
@@ -432,7 +362,8 @@ def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
         raise click.ClickException(str(exc)) from exc
     task_list = _tasks(tasks)
     prompts = _samples(task_list, split, samples, seed)
-    loaded = _setup(threads, model, device, dtype)
+    choice = _threads(threads)
+    loaded = _setup(choice.threads, model, device, dtype)
     points = sw.grid_methods(plugin, fixed_t, axes_t)
     methods = [Method.of_plugin(BUILTIN_METHOD), *(m for _, m in points)]
     outdir = Path(out or f"sweep-{plugin}")
@@ -447,10 +378,10 @@ def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     except PluginError as exc:
         raise click.ClickException(str(exc)) from exc
     result = sw.summarize_sweep(records, plugin, fixed_t, axes_t, points, BUILTIN_METHOD)
-    result.update(config=_config(loaded, model, device=device, dtype=dtype, threads=threads, tasks=task_list,
+    result.update(config=_config(loaded, model, device=device, dtype=dtype, **choice.as_dict(), tasks=task_list,
                                  samples=samples, max_new_tokens=max_new_tokens, seed=seed, split=split),
                   machine=res.machine_info())
-    _write_sweep(outdir, result, plot=not no_plot)
+    write_sweep(outdir, result, plot=not no_plot)
     click.echo(sw.sweep_markdown(result))
     _finish(records, allow_divergence)
 

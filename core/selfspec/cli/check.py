@@ -75,7 +75,8 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
     if as_json:
         click.echo(json.dumps({"plugin": decoder.plugin_name, "model": loaded.name,
                                "dtype": str(loaded.dtype).removeprefix("torch."),
-                               "tolerance": tolerance, "results": rows}, indent=2))
+                               "tolerance": tolerance, **settings.thread_choice.as_dict(), "results": rows},
+                              indent=2))
     else:
         click.echo(f"{decoder.plugin_name} on {loaded.name} ({str(loaded.dtype).removeprefix('torch.')}): "
                    f"{len(rows) - near - diverged} OK, {near} near-tie, {diverged} diverged")

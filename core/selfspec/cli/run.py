@@ -54,7 +54,7 @@ def run_command(ctx: click.Context, prompt: tuple[str, ...], **params: Any) -> N
             "prompt_ids": result.prompt_ids,
             "output_ids": result.output_ids,
             "text": result.text,
-            "stats": result.stats.as_dict(),
+            "stats": {**result.stats.as_dict(), **settings.thread_choice.as_dict()},
         }))
         return
     if streamer is None:

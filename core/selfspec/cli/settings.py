@@ -60,6 +60,8 @@ class Settings:
     no_stream: bool = False
     chat: bool | None = None
     _plugin_cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: what :meth:`load_model` chose (:class:`selfspec.machine.ThreadChoice`), None before
+    thread_choice: Any = field(default=None, repr=False, compare=False)
 
     def merged(self, params: dict[str, Any]) -> Settings:
         """These settings overridden by a sub-command's own (later) options."""
@@ -132,9 +134,12 @@ class Settings:
         import torch
 
         from .. import models
-        from ..machine import default_threads
+        from ..machine import choose_threads
 
-        torch.set_num_threads(self.threads or default_threads())
+        self.thread_choice = choose_threads(self.threads)  # the busy-machine rule (docs/cli.md)
+        torch.set_num_threads(self.thread_choice.threads)
+        if self.thread_choice.reason == "busy" and not self.json:
+            click.echo(self.thread_choice.note(), err=True)
         device_map: Any = self.device_map
         return models.load(self.model, device=self.device or "cpu", dtype=self.dtype or "float32",
                            device_map=device_map, chat=self.chat)

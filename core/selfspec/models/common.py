@@ -3,18 +3,15 @@ model record, device/dtype parsing and the cache directory."""
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..paths import CACHE_ENV, cache_dir  # noqa: F401  (re-exported: selfspec.models.cache_dir)
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
-
-
-CACHE_ENV = "SELFSPEC_CACHE_DIR"
 
 
 DTYPES: dict[str, torch.dtype] = {
@@ -89,16 +86,6 @@ def parse_device(device: str | torch.device) -> torch.device:
     elif dev.type != "cpu":
         raise ModelLoadError(f"device {device!r} is not supported; use cpu, cuda or cuda:N")
     return dev
-
-
-def cache_dir() -> Path:
-    """Where converted models live: ``$SELFSPEC_CACHE_DIR`` or the platform's user cache."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("selfspec"))
 
 
 def _say(message: str) -> None:

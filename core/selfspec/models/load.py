@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..eos import eos_token_ids
 from .common import (
     DEFAULT_MODEL,
     Loaded,
@@ -104,18 +105,6 @@ def format_prompt(loaded: Loaded, text: str) -> list[int]:
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
     return ids
-
-
-def eos_token_ids(model: torch.nn.Module, tokenizer: Any = None) -> frozenset[int]:
-    """Every id that ends a generation: the generation config's, the model config's and the
-    tokenizer's EOS (for SmolLM2-Instruct ``<|im_end|>``)."""
-    found: set[int] = set()
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
-        if eos is None:
-            continue
-        found.update(int(e) for e in (eos if isinstance(eos, (list, tuple, set)) else [eos]))
-    return frozenset(found)
 
 
 def _model_dir(path: Path, dtype: torch.dtype = torch.float32) -> Path | str:

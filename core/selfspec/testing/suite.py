@@ -17,6 +17,12 @@ generates, for that plugin:
   lengths; repetitive prompts; EOS mid-output) and ``strategies.options(declared)``, plus the
   fixed :func:`~selfspec.testing.scenarios.reach` examples, each decoded in audit mode by
   :func:`~selfspec.testing.assert_lossless` and recorded in the suite's coverage;
+* ``test_lossless_across_decodes[arch-device]``: one :class:`~selfspec.Decoder` (so one
+  plugin instance, set up once) decodes a warm-up and then :data:`DECODE_SEQUENCE` in turn,
+  each checked by ``assert_lossless``: the way ``specdec bench`` (a method's warm-up and
+  every prompt) and ``specdec check`` (every prompt) run a plugin, so state a plugin keeps
+  across decodes is exercised. The Hypothesis property builds a fresh ``Decoder`` per example
+  instead, so a failing example replays and shrinks on its own;
 * ``test_lossless_coverage``: after every ``test_lossless`` of the class ran, fails when a
   required bucket (:data:`selfspec.testing.coverage.REQUIRED`, every architecture) was never
   hit, printing what was.
@@ -33,6 +39,16 @@ import pytest
 
 from .archs import ARCHS
 from .coverage import Coverage, coverage_for
+
+#: ``(prompt, max_new_tokens)`` decoded in turn by one Decoder in ``test_lossless_across_decodes``,
+#: after a warm-up on the first prompt (16 tokens, as ``specdec bench`` warms up): a repetitive
+#: prompt, the same prompt again with a longer budget, another motif, a plain ramp.
+DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
+    ((3, 4, 5) * 8, 24),
+    ((3, 4, 5) * 8, 40),
+    ((1, 2) * 20, 24),
+    (tuple(range(7, 19)), 16),
+)
 
 
 class PluginSuite:
@@ -147,6 +163,20 @@ class PluginSuite:
         phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate]}
         settings(base, max_examples=n, **phases)(test)()
         cov.done.add(suite_arch)
+
+    def test_lossless_across_decodes(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
+        from ..loop import Decoder
+        from .lossless import assert_lossless
+
+        dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
+        model = tiny_model_factory(suite_arch, device=selfspec_device, **dtype, **self.model_overrides)
+        decoder = Decoder(model, self.plugin, {**self.reach_options, **self.fixed_options},
+                          plugin_object=self.plugin_object)
+        plugin = decoder.plugin
+        assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 16)  # the warm-up
+        for prompt, max_new_tokens in DECODE_SEQUENCE:
+            assert_lossless(model, decoder, prompt, max_new_tokens)
+        assert decoder.plugin is plugin  # one instance throughout
 
     def test_lossless_coverage(self) -> None:
         cov = self.coverage()

@@ -16,7 +16,7 @@ from .compress import BACKENDS
 
 KV_MODES = ("shared", "none")
 #: Default number of fractal layers. The paper uses n = L/4 with w = n (Appendix D); on the
-#: project's CPU the n x w sweep (benchmarks/fractal/LOG.md) puts every point within noise of the host's vanilla
+#: project's CPU the n x w sweep (results/logs/fractal.md) puts every point within noise of the host's vanilla
 #: decoding, with w = 0 and small n on top, so the defaults are n = 2, w = 0.
 DEFAULT_N = 2
 

@@ -6,7 +6,7 @@ replaced by an 8-bit linear of one backend. Every compressed linear takes and re
 model's dtype (it computes in its own), so compressed layers can attend to the original
 layers' KV cache without changing its dtype.
 
-Backends (see benchmarks/fractal/LOG.md for the measurements behind ``auto``):
+Backends (see results/logs/fractal.md for the measurements behind ``auto``):
 
 * ``int8-weight-only``: int8 weights with one float scale per output channel, activations in
   float (``torch.ops.aten._weight_int8pack_mm``, gpt-fast's CPU path). CPU.
@@ -34,7 +34,7 @@ class BackendError(ValueError):
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """``auto``: ``dynamic-int8`` on CPU (the fastest here, see benchmarks/fractal/LOG.md), ``bitsandbytes``
+    """``auto``: ``dynamic-int8`` on CPU (the fastest here, see results/logs/fractal.md), ``bitsandbytes``
     on CUDA when installed, else ``none``. Checks that an explicit backend can run."""
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")

@@ -68,7 +68,7 @@ def dev_texts(tokenizer: Any, per_kind: dict[str, int], max_tokens: int = 256, m
     """Token ids of development texts, ``per_kind[kind]`` of each kind (``sharegpt``,
     ``humaneval``, ``gsm8k``; the benchmark's dev split only), each cut to its first
     ``max_tokens`` tokens; texts shorter than ``min_tokens`` are skipped."""
-    from selfspec import corpus_texts
+    from selfspec.app import corpus_texts
 
     out: list[list[int]] = []
     for kind, want in per_kind.items():

@@ -1,7 +1,7 @@
 """``specdec --plugin hispec calibrate`` and ``specdec --plugin hispec rates``.
 
-Both receive the CLI :class:`selfspec.Settings` as ``ctx.obj`` (model, threads, ``-o``
-plugin options). Heavy imports happen inside the commands.
+Both receive a :class:`selfspec.app.CommandContext` as ``ctx.obj`` (the model the user chose,
+decoders for it, the ``-o`` plugin options). Heavy imports happen inside the commands.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 
 import click
 
-from selfspec import DataError, Layers, OptionError, Settings, encode_sample, load_task, task_names
+from selfspec import Layers, OptionError
+from selfspec.app import CommandContext, DataError, encode_sample, load_task, task_names
 
 from .heads import exit_layers
 
@@ -34,7 +35,7 @@ def _task_samples(tasks: str, split: str, n: int, seed: int) -> list[Any]:
     return out
 
 
-def _layers(spec: str | None, settings: Settings, n_layers: int) -> list[int]:
+def _layers(spec: str | None, command: CommandContext, n_layers: int) -> list[int]:
     if spec:
         try:
             layers = list(Layers.parse(spec, "--layers"))  # the host's layer-list syntax (3,5,10-12)
@@ -42,7 +43,7 @@ def _layers(spec: str | None, settings: Settings, n_layers: int) -> list[int]:
             raise click.BadParameter(str(exc), param_hint="--layers") from None
     else:
         try:
-            ld, li = exit_layers(settings.validate_plugin(), n_layers)
+            ld, li = exit_layers(command.options(), n_layers)
         except ValueError as exc:
             raise click.ClickException(str(exc)) from exc
         layers = sorted({ld, li})
@@ -69,23 +70,20 @@ def _layers(spec: str | None, settings: Settings, n_layers: int) -> list[int]:
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="Profile path [default: <selfspec cache>/hispec/<model key>.pt, which profile=auto finds].")
 @click.pass_obj
-def calibrate(settings: Settings, layers: str | None, tasks: str, n_prompts: int, tokens: int, n_texts: int, vocab_size: int,
+def calibrate(command: CommandContext, layers: str | None, tasks: str, n_prompts: int, tokens: int, n_texts: int, vocab_size: int,
               steps: int, seed: int, out: str | None) -> None:
     """Fit exit heads by self-distillation on the model's greedy continuations of dev prompts."""
     import torch
     from tqdm.auto import tqdm
 
-    from selfspec import Decoder
-
     from . import calibrate as cal
     from .heads import ExitHeads, default_profile_path, save_profile
 
     samples = _task_samples(tasks, "dev", n_prompts, seed)
-    loaded = settings.load_model()
-    model = loaded.model
-    vanilla = Decoder(model, "vanilla", tokenizer=loaded.tokenizer, weight_layout=settings.weight_layout or "auto")
+    loaded = command.load_model()
+    vanilla = command.decoder(loaded, "vanilla")
     runner = vanilla.runner
-    chosen = _layers(layers, settings, runner.n_layers)
+    chosen = _layers(layers, command, runner.n_layers)
 
     sequences = []
     for s in tqdm(samples, desc="greedy continuations", unit="prompt", dynamic_ncols=True):
@@ -134,7 +132,7 @@ def _corpus_counts(tokenizer: Any, vocab_size: int, seed: int, max_texts: int = 
     """Token counts over development texts (the vocabulary the model reads and writes)."""
     import torch
 
-    from selfspec import corpus_texts
+    from selfspec.app import corpus_texts
 
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for i, text in enumerate(corpus_texts()):
@@ -154,14 +152,14 @@ def _corpus_counts(tokenizer: Any, vocab_size: int, seed: int, max_texts: int = 
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table row.")
 @click.pass_obj
-def rates_command(settings: Settings, tasks: str, samples: int, max_new_tokens: int, split: str, seed: int,
+def rates_command(command: CommandContext, tasks: str, samples: int, max_new_tokens: int, split: str, seed: int,
                   as_json: bool) -> None:
     """Intermediate and full acceptance rates and tau of the current options (no timing)."""
     from .stats import COUNTERS, rates
 
     chosen = _task_samples(tasks, split, samples, seed)
-    loaded = settings.load_model()
-    decoder = settings.decoder(loaded)
+    loaded = command.load_model()
+    decoder = command.decoder(loaded)
     plugin = decoder.plugin
     if not hasattr(plugin, "counters"):
         raise click.ClickException("rates needs --plugin hispec")

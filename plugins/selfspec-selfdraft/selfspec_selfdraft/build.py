@@ -23,12 +23,12 @@ def default_path(tokenizer: Any, max_tokens: int) -> Path:
 
 
 def default_corpus(tokenizer: Any, max_tokens: int = DEFAULT_TOKENS, progress: bool = True) -> CorpusCache:
-    """The default corpus cache: built on first use from :func:`selfspec.corpus_texts` (the dev
+    """The default corpus cache: built on first use from :func:`selfspec.app.corpus_texts` (the dev
     split of ShareGPT, HumanEval and GSM8K; never a test prompt), then loaded from disk."""
     path = default_path(tokenizer, max_tokens)
     if path.is_file():
         return CorpusCache.load(path)
-    from selfspec import corpus_texts
+    from selfspec.app import corpus_texts
 
     # the small code and math dev sets first, so that the token cap only ever trims ShareGPT
     texts = corpus_texts(("humaneval", "gsm8k", "sharegpt"))

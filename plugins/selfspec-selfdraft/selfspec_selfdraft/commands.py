@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from selfspec import Settings
+from selfspec.app import CommandContext
 
 
 @click.command("build-corpus")
@@ -21,7 +21,7 @@ from selfspec import Settings
 @click.option("--min-count", type=click.IntRange(1), default=2, show_default=True,
               help="drop n-grams seen fewer times")
 @click.pass_obj
-def build_corpus(settings: Settings, files, out, max_tokens, max_prefix, top, min_count) -> None:
+def build_corpus(command: CommandContext, files, out, max_tokens, max_prefix, top, min_count) -> None:
     """Count n-grams of FILES (UTF-8 text, one document per file, or per line for .jsonl of
     {"text": ...}) in the model's tokens, and write a corpus cache for ``-o corpus=PATH``."""
     import json
@@ -29,7 +29,7 @@ def build_corpus(settings: Settings, files, out, max_tokens, max_prefix, top, mi
     from .build import build_from_texts
     from .corpus import tokenizer_key
 
-    loaded = settings.load_model()
+    loaded = command.load_model()
     tokenizer = getattr(loaded, "tokenizer", None)
     if tokenizer is None:
         raise click.ClickException("the model has no tokenizer: a corpus cache needs one")

