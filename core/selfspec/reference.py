@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -91,6 +92,7 @@ def compare(
     output: Sequence[int],
     reference: Sequence[int],
     tolerance: float | None = None,
+    sampling: Any = None,
 ) -> Comparison:
     """Compare ``output`` with ``reference`` under the near-tie rule.
 
@@ -98,7 +100,9 @@ def compare(
     counts: one stopped, the other did not) and the reference model's top-1/top-2 margin after
     ``prompt + reference[:i]``; a margin at or below ``tolerance`` (default: the model dtype's
     entry of :data:`NEAR_TIE_TOLERANCE`; zero in float64, so any difference fails there) is a
-    near-tie. Never retried.
+    near-tie. Never retried. With ``sampling`` (a :class:`selfspec.sampling.Sampling` that
+    samples) the margin is that of the perturbed logits and the tolerance is divided by the
+    temperature (the warping scales rounding differences by ``1 / T``).
     """
     output, reference = list(output), list(reference)
     if output == reference:
@@ -107,5 +111,11 @@ def compare(
     if tolerance is None:
         dtype = next(model.parameters()).dtype
         tolerance = NEAR_TIE_TOLERANCE.get(dtype, 0.0)
-    margin = top2_margin(model, list(prompt_ids) + reference[:i])
+    if sampling is not None and not sampling.greedy:
+        from .sampling import perturbed_margin
+
+        margin = perturbed_margin(model, list(prompt_ids) + reference[:i], sampling)
+        tolerance = tolerance / sampling.temperature
+    else:
+        margin = top2_margin(model, list(prompt_ids) + reference[:i])
     return Comparison(False, i, margin, near_tie=tolerance > 0 and margin <= tolerance)
