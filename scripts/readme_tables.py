@@ -53,8 +53,10 @@ class StaleRow(ValueError):
     """A row was measured with other option values than the plugin uses today."""
 
 
-def _label(method: str) -> str:
-    return "HF `generate` greedy" if method == "hf" else f"`{method}`"
+def _label(method: str, sampling: bool = False) -> str:
+    if method == "hf":
+        return "HF `generate` sampling" if sampling else "HF `generate` greedy"
+    return f"`{method}`"
 
 
 def _x(v: float | None) -> str:
@@ -127,9 +129,11 @@ def bench_table(run: Run) -> str:
             raise StaleRow(f"{run.path}: `{m}` was measured with other option values than today's: "
                            f"{', '.join(stale)}; re-run the bench or leave the row out (rows=)")
         a = run.all_row(m)
-        ok = f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else "")
+        ok = "–" if a["lossless"] is None else (
+            f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else ""))
         acc = "–" if a.get("acceptance") is None else f"{a['acceptance']:.2f}"
-        cells = [_label(m), *(_x(run.speedup(t, m)) for t in run.tasks), _x(a.get("speedup")),
+        sampled = bool((run.summary["config"].get("sampling") or {}).get("temperature"))
+        cells = [_label(m, sampled), *(_x(run.speedup(t, m)) for t in run.tasks), _x(a.get("speedup")),
                  _x(run.geo(m)), _x(run.vs_vanilla(m)), f"{a['tau']:.2f}", acc, ok]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

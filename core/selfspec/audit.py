@@ -137,7 +137,8 @@ class Auditor:
                 continue
             raise AuditError(self.plugin_name, (
                 f"selfspec_verify is lossy at step {state.step} (output token {state.generated + i}, "
-                f"{state.length + i} tokens in): its {what} is {got}, the full model's greedy token "
+                f"{state.length + i} tokens in): its {what} is {got}, the full model's "
+                f"{'sampled' if state.sampling_on else 'greedy'} token "
                 f"is {want} (margin {margin:.3g}, tolerance {tol:g}); verdict accepted {list(verdict.accepted)} + "
                 f"bonus {verdict.bonus} of draft {draft.tokens.tolist()}"
                 f"{' (a tree)' if draft.is_tree else ''}"))
