@@ -132,7 +132,7 @@ def bench_table(run: Run) -> str:
         ok = "–" if a["lossless"] is None else (
             f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else ""))
         acc = "–" if a.get("acceptance") is None else f"{a['acceptance']:.2f}"
-        sampled = bool((run.summary["config"].get("sampling") or {}).get("temperature"))
+        sampled = bool((run.summary.get("config", {}).get("sampling") or {}).get("temperature"))
         cells = [_label(m, sampled), *(_x(run.speedup(t, m)) for t in run.tasks), _x(a.get("speedup")),
                  _x(run.geo(m)), _x(run.vs_vanilla(m)), f"{a['tau']:.2f}", acc, ok]
         lines.append("| " + " | ".join(cells) + " |")

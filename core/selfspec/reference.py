@@ -112,9 +112,7 @@ def compare(
         dtype = next(model.parameters()).dtype
         tolerance = NEAR_TIE_TOLERANCE.get(dtype, 0.0)
     if sampling is not None and not sampling.greedy:
-        from .sampling import perturbed_margin
-
-        margin = perturbed_margin(model, list(prompt_ids) + reference[:i], sampling)
+        margin = sampling.margin(model, list(prompt_ids) + reference[:i])
         tolerance = tolerance / sampling.temperature
     else:
         margin = top2_margin(model, list(prompt_ids) + reference[:i])

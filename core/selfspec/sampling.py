@@ -64,6 +64,10 @@ class Sampling:
     def as_dict(self) -> dict[str, float | int]:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
 
+    def margin(self, model: torch.nn.Module, ids: Sequence[int]) -> float:
+        """:func:`perturbed_margin` of the token after ``ids`` (the near-tie measure)."""
+        return perturbed_margin(model, ids, self)
+
 
 GREEDY = Sampling()
 
