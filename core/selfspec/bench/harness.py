@@ -233,8 +233,8 @@ def run_bench(
     16 new tokens) come first. ``runners`` may supply prebuilt run functions by method name
     (tests use it to observe calls). ``sampling``: every method samples (see the module
     docstring); ``reference`` names the method whose output the others must equal (default: the
-    baseline); methods of another kind than ``plugin`` are then not checked (``lossless: None``)
-    unless they are the reference's kind.
+    baseline); under sampling, methods of another kind than ``plugin`` are not checked
+    (``lossless: None``: HF's RNG) unless they are the reference's kind.
     """
     from ..reference import compare
 
@@ -253,6 +253,7 @@ def run_bench(
     if reference not in names:
         raise ValueError(f"the reference {reference!r} is not among the methods {names}")
     ref_kind = next(m.kind for m in methods if m.name == reference)
+    greedy_run = sampling is None or sampling.greedy  # greedy: every output is checked
 
     encoded = [encode_sample(loaded, s) for s in samples]
     if warmup and encoded:
@@ -284,7 +285,7 @@ def run_bench(
             ref = runs[reference].output_ids
             for m in methods:
                 run = runs[m.name]
-                checked = m.kind == ref_kind or m.kind == "plugin"
+                checked = greedy_run or m.kind == "plugin" or m.kind == ref_kind
                 cmp = compare(model, ids, run.output_ids, ref, sampling=sampling) if checked and m.name != reference else None
                 rec = make_record(sample, m, run, ids, cmp, loaded.tokenizer, i, position[m.name], checked)
                 records.append(rec)
