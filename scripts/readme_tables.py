@@ -53,8 +53,10 @@ class StaleRow(ValueError):
     """A row was measured with other option values than the plugin uses today."""
 
 
-def _label(method: str) -> str:
-    return "HF `generate` greedy" if method == "hf" else f"`{method}`"
+def _label(method: str, sampling: bool = False) -> str:
+    if method == "hf":
+        return "HF `generate` sampling" if sampling else "HF `generate` greedy"
+    return f"`{method}`"
 
 
 def _x(v: float | None) -> str:
@@ -114,6 +116,11 @@ class Run:
         mine, base = self.geo(method), self.geo("vanilla")
         return None if mine is None or not base else mine / base
 
+    @property
+    def sampled(self) -> bool:
+        """Whether the run sampled (``specdec bench --temperature``): HF is then HF sampling."""
+        return bool((self.summary.get("config", {}).get("sampling") or {}).get("temperature"))
+
     def all_row(self, method: str) -> dict[str, Any]:
         return self.by[("all", method)]
 
@@ -127,9 +134,10 @@ def bench_table(run: Run) -> str:
             raise StaleRow(f"{run.path}: `{m}` was measured with other option values than today's: "
                            f"{', '.join(stale)}; re-run the bench or leave the row out (rows=)")
         a = run.all_row(m)
-        ok = f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else "")
+        ok = "–" if a["lossless"] is None else (
+            f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else ""))
         acc = "–" if a.get("acceptance") is None else f"{a['acceptance']:.2f}"
-        cells = [_label(m), *(_x(run.speedup(t, m)) for t in run.tasks), _x(a.get("speedup")),
+        cells = [_label(m, run.sampled), *(_x(run.speedup(t, m)) for t in run.tasks), _x(a.get("speedup")),
                  _x(run.geo(m)), _x(run.vs_vanilla(m)), f"{a['tau']:.2f}", acc, ok]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -137,14 +145,15 @@ def bench_table(run: Run) -> str:
 
 def bench_compare(runs: list[tuple[str, Run]], common: bool = False) -> str:
     head = ["method"]
-    for label, _ in runs:
-        head += [f"{label}: vs HF greedy", f"{label}: vs vanilla", f"{label}: τ"]
+    for label, run in runs:
+        hf = "HF sampling" if run.sampled else "HF greedy"
+        head += [f"{label}: vs {hf}", f"{label}: vs vanilla", f"{label}: τ"]
     lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
     methods = list(dict.fromkeys(m for _, run in runs for m in run.methods))
     if common:  # only the methods every run measured
         methods = [m for m in methods if all(m in run.methods for _, run in runs)]
     for m in methods:
-        cells = [_label(m)]
+        cells = ["HF `generate`" if m == "hf" and any(run.sampled for _, run in runs) else _label(m)]
         for _, run in runs:
             if m not in run.methods:
                 cells += ["–", "–", "–"]

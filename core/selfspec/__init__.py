@@ -49,6 +49,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "tree_path": ("verification", "tree_path"),
     "greedy": ("reference", "greedy"),
     "reference_generate": ("reference", "reference_generate"),
+    # sampling
+    "Sampling": ("sampling", "Sampling"),
+    "sample_tokens": ("sampling", "sample_tokens"),
+    "reference_sample": ("sampling", "reference_sample"),
     # per-model artefacts
     "ModelIdentity": ("artefacts", "ModelIdentity"),
     "model_identity": ("artefacts", "model_identity"),
@@ -96,6 +100,9 @@ __all__ = [
     "tree_path",
     "greedy",
     "reference_generate",
+    "Sampling",
+    "sample_tokens",
+    "reference_sample",
     "ModelIdentity",
     "model_identity",
     "ArtefactStore",
@@ -120,6 +127,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .plugins import available as available_plugins
     from .reference import greedy, reference_generate
     from .runner import ForwardOut, KVCache, Runner
+    from .sampling import Sampling, reference_sample, sample_tokens
     from .skipdraft import SkipDraft, skip_layer_draft
     from .types import DecodeState, Draft, Result, Stats, Verdict
     from .verification import (

@@ -8,7 +8,8 @@ checks, at the step where a plugin goes wrong:
 * after ``selfspec_propose``: the committed tokens and the committed KV slots ``[0, base)``
   are untouched (``base = state.length - 1``, the pending token's slot);
 * after ``selfspec_verify``: every token the verdict commits (accepted drafts, then the bonus)
-  is the full model's greedy token given exactly the committed prefix, computed by one forward
+  is the full model's greedy token (under sampling: the argmax of its position-keyed
+  perturbed logits, :mod:`selfspec.sampling`) given exactly the committed prefix, computed by one forward
   of ``[pending, accepted...]`` on the shadow cache (what the built-in greedy verifier decides
   for that path; a verifier may accept fewer tokens than it could, never a wrong one);
 * after ``selfspec_cache`` and the commit: the runner's cache holds, slot by slot and layer by
@@ -17,7 +18,9 @@ checks, at the step where a plugin goes wrong:
 
 A failure raises :class:`~selfspec.plugins.PluginError` naming the hook at fault, the step and
 the token. float64 is exact; in float32/bf16/float16 a different token is allowed only at a
-near-tie (the shadow's top-1/top-2 margin within ``selfspec.tiebound.tie_bound``),
+near-tie (the shadow's top-1/top-2 margin within ``selfspec.tiebound.tie_bound``;
+under sampling the margin of the perturbed logits, within the bound divided by the
+temperature, since the warping scales rounding differences by ``1 / T``),
 counted in :attr:`Auditor.near_ties`, after which the shadow follows the plugin's tokens.
 
 A plugin that implements neither ``selfspec_verify`` nor ``selfspec_cache`` has its verdicts
@@ -115,21 +118,29 @@ class Auditor:
         self.shadow.crop(base)
         out = state.runner.forward(ids, cache=self.shadow, start=base)
         logits = out.logits.to(torch.float32)  # [a+1, V]
+        raw = logits  # the bound scales with the model's own logits, before any warping
+        scale = 1.0
+        if state.sampling_on:  # the target is the argmax of the perturbed logits
+            assert state.sampler is not None
+            at = torch.arange(state.length, state.length + logits.shape[0], device=logits.device)
+            logits = state.sampler.perturb(logits, at)
+            scale = 1.0 / state.sampler.sampling.temperature
         pred = greedy(logits).tolist()  # pred[i]: the model's token after ids[: i + 1]
         for i, (got, want) in enumerate(zip(committed, pred)):
             if got == want:
                 continue
             top = torch.topk(logits[i], 2).values
             margin = float(top[0] - top[1])
-            tol = tie_bound(self.dtype, logits[i]) if self.tolerance is None else self.tolerance
-            tol = 0.0 if self.dtype == torch.float64 else tol
+            tol = tie_bound(self.dtype, raw[i]) if self.tolerance is None else self.tolerance
+            tol = 0.0 if self.dtype == torch.float64 else tol * scale
             what = "bonus token" if i == len(committed) - 1 else f"accepted draft token {i}"
             if tol > 0 and margin <= tol and float(logits[i, got]) >= float(top[0]) - tol:
                 self.near_ties += 1  # the shadow forward above already follows the plugin's path
                 continue
             raise AuditError(self.plugin_name, (
                 f"selfspec_verify is lossy at step {state.step} (output token {state.generated + i}, "
-                f"{state.length + i} tokens in): its {what} is {got}, the full model's greedy token "
+                f"{state.length + i} tokens in): its {what} is {got}, the full model's "
+                f"{'sampled' if state.sampling_on else 'greedy'} token "
                 f"is {want} ({explain(self.dtype, margin, tol)}); verdict accepted {list(verdict.accepted)} + "
                 f"bonus {verdict.bonus} of draft {draft.tokens.tolist()}"
                 f"{' (a tree)' if draft.is_tree else ''}"))

@@ -134,7 +134,8 @@ def selfspec_verify(state: DecodeState, draft: Draft) -> Verdict | None:
     what its proposer left in ``draft.meta`` first checks ``draft.is_from(self)`` (the proposer
     set ``owner=self``) and returns None for any other draft. The returned :class:`~selfspec.types.Verdict` must be what greedy
     decoding of the full model would produce: ``accepted`` is a path of the draft, ``bonus``
-    the full model's argmax after it; ``kv_slots`` names the cache slots (relative to the
+    the full model's argmax after it (its token by ``state.pick``: under sampling the argmax of
+    the position-keyed perturbed logits); ``kv_slots`` names the cache slots (relative to the
     pending token's slot) holding the full model's keys/values of ``[pending, accepted...]``
     in every layer. Losslessness of the whole system rests on this hook. A verifier that
     has the full model's logits of ``[pending, nodes...]`` passes them on as

@@ -19,6 +19,7 @@ from . import plugins
 from .audit import Auditor, audit_from_env
 from .plugins import PluginError
 from .runner import Runner
+from .sampling import GREEDY, Sampler, Sampling
 from .types import DecodeState, Draft, Result, Stats, StreamCallback, Verdict
 
 
@@ -36,7 +37,9 @@ class Decoder:
     the new layout too; see :func:`selfspec.runner.layout.adopt_layout`): what ``specdec``
     does. ``audit`` (default: the ``SELFSPEC_AUDIT`` environment variable) checks
     every step against the full model (``selfspec.audit``); the last decode's
-    :class:`~selfspec.audit.Auditor` is ``self.auditor``.
+    :class:`~selfspec.audit.Auditor` is ``self.auditor``. ``sampling`` (a
+    :class:`~selfspec.sampling.Sampling`; default greedy) is how every decode of this decoder
+    picks its tokens, unless :meth:`generate` is given its own.
     """
 
     def __init__(
@@ -52,8 +55,10 @@ class Decoder:
         weight_layout: str = "auto",
         audit: bool | None = None,
         adopt_weights: bool = False,
+        sampling: Sampling | None = None,
     ) -> None:
         self.model = model
+        self.sampling = sampling or GREEDY
         self.tokenizer = tokenizer
         self.plugin_name = plugin
         self.draft_slack = draft_slack
@@ -81,8 +86,10 @@ class Decoder:
         max_new_tokens: int = 128,
         eos_token_ids: Iterable[int] | None = None,
         stream: StreamCallback | None = None,
+        sampling: Sampling | None = None,
     ) -> Result:
-        """Decode greedily from ``prompt_ids`` (a list or ``[T]``/``[1, T]`` tensor)."""
+        """Decode from ``prompt_ids`` (a list or ``[T]``/``[1, T]`` tensor), greedily or with
+        ``sampling`` (default: the decoder's). Temperature 0 runs no sampling code at all."""
         runner = self.runner
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).to(runner.device)  # [T]
         T = int(prompt.shape[0])
@@ -93,6 +100,8 @@ class Decoder:
         if int(prompt.min()) < 0 or int(prompt.max()) >= runner.vocab_size:
             raise ValueError(f"prompt token ids must lie in [0, {runner.vocab_size})")
         eos = frozenset(self._default_eos() if eos_token_ids is None else eos_token_ids)
+        sampling = self.sampling if sampling is None else sampling
+        sampler = None if sampling.greedy else Sampler(sampling, runner.vocab_size, runner.device)
 
         capacity = T + max_new_tokens + self.draft_slack
         tokens = torch.zeros(capacity, dtype=torch.long, device=runner.device)  # tokens: [capacity]
@@ -101,6 +110,7 @@ class Decoder:
             runner=runner, cache=runner.new_cache(capacity), tokens=tokens, length=T,
             prompt_length=T, max_new_tokens=max_new_tokens, eos_token_ids=eos,
             stats=Stats(weight_layout=self.runner.weight_layout), plugin_name=self.plugin_name, options=self.options,
+            sampler=sampler,
         )
         stats = state.stats
         t_start = time.perf_counter()
@@ -130,6 +140,8 @@ class Decoder:
                 audit.committed(state, new)
             if stream is not None and new:
                 stream(new)
+            if sampler is not None:
+                sampler.forget_before(state.length)
             if not state.finished and state.cache.length != state.length - 1:
                 raise PluginError(self.plugin_name, f"the KV cache holds {state.cache.lengths} positions after "
                                   f"the step, expected {state.length - 1} in every layer")

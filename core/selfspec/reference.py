@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -98,6 +99,7 @@ def compare(
     output: Sequence[int],
     reference: Sequence[int],
     tolerance: float | None = None,
+    sampling: Any = None,
 ) -> Comparison:
     """Compare ``output`` with ``reference`` under the near-tie rule.
 
@@ -106,7 +108,10 @@ def compare(
     ``prompt + reference[:i]``; a margin at or below ``tolerance`` (default: the model dtype's
     bound :func:`selfspec.tiebound.tie_bound` at those logits; zero in float64, so any
     difference fails there), with the output's token there within ``tolerance`` of the
-    reference's top-1 logit, is a near-tie. Never retried.
+    reference's top-1, is a near-tie. Never retried. With ``sampling`` (a
+    :class:`selfspec.sampling.Sampling` that samples) the scores compared are the perturbed
+    logits (:func:`selfspec.sampling.perturb` at that position) and the bound is divided by the
+    temperature (the warping scales rounding differences by ``1 / T``).
     """
     output, reference = list(output), list(reference)
     if output == reference:
@@ -115,9 +120,13 @@ def compare(
     logits = next_logits(model, list(prompt_ids) + reference[:i])  # [V]
     if tolerance is None:
         tolerance = tie_bound(next(model.parameters()).dtype, logits)
-    top = torch.topk(logits, 2).values
+    scores = logits
+    if sampling is not None and not sampling.greedy:
+        scores = sampling.scores(logits, len(prompt_ids) + i)  # [V] perturbed
+        tolerance = tolerance / sampling.temperature
+    top = torch.topk(scores, 2).values
     margin = float(top[0] - top[1])
     near = tolerance > 0 and margin <= tolerance
     if near and i < len(output):  # and the output's token is itself one of the near-tied ones
-        near = float(logits[output[i]]) >= float(top[0]) - tolerance
+        near = float(scores[output[i]]) >= float(top[0]) - tolerance
     return Comparison(False, i, margin, near_tie=near, bound=tolerance)

@@ -9,7 +9,7 @@ Verify's Algorithm 3).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +39,7 @@ def skip_layer_draft(
     exit_below: float = 0.0,
     keep_exit: bool = True,
     capture: int | None = None,
+    pick: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
 ) -> SkipDraft:
     """Up to ``max_tokens`` greedy draft tokens after ``pending`` from the model with blocks skipped.
 
@@ -55,6 +56,10 @@ def skip_layer_draft(
 
     capture: a layer index whose input to return in :attr:`SkipDraft.captured` (for
     :func:`selfspec.verify_from_layer`: exact when no block below it is skipped).
+
+    pick: how a draft token is chosen from the draft logits ``[1, V]`` and its absolute
+    position ``[slot + n + 1]``; pass ``state.pick`` so that a sampling decode drafts with the
+    target's noise (coupled drafts; :meth:`selfspec.DecodeState.pick`). ``None``: the argmax.
     """
     tokens: list[torch.Tensor] = []
     captured: list[torch.Tensor] = []
@@ -68,7 +73,7 @@ def skip_layer_draft(
         logits = out.logits[-1]  # logits: [V]
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         top = torch.argmax(logits)
-        tok = top.reshape(1)
+        tok = top.reshape(1) if pick is None else pick(logits[None], [slot + n + 1]).reshape(1)
         exits = 1.0 / float(torch.exp(logits - logits[top]).sum()) < exit_below
         if not exits or keep_exit:
             tokens.append(tok)

@@ -17,6 +17,7 @@ import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from .runner import KVCache, Runner
+    from .sampling import Sampler
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,11 @@ class DecodeState:
     not been computed yet. Plugins may read everything, keep their own per-decode state on
     their instance or in ``scratch``, and set ``capture_layers`` to ask the verifier for
     hidden states of the committed positions. They must not write ``tokens`` or ``length``.
+
+    ``sampler`` is the decode's :class:`selfspec.sampling.Sampler` (``None``: greedy). Every
+    token a verifier commits and every token a drafter takes from model logits goes through
+    :meth:`pick`, which is the greedy argmax at temperature 0 and position-keyed Gumbel
+    sampling otherwise (``docs/losslessness.md``).
     """
 
     runner: Runner
@@ -207,6 +213,7 @@ class DecodeState:
     capture_layers: tuple[int, ...] | None = None
     scratch: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
+    sampler: Sampler | None = None
     timed_s: float = field(default=0.0, repr=False)  # total of every `timed` block, this decode
 
     @contextlib.contextmanager
@@ -223,6 +230,27 @@ class DecodeState:
             dt = time.perf_counter() - t0
             self.stats.phase_s[phase] = self.stats.phase_s.get(phase, 0.0) + dt
             self.timed_s += dt
+
+    def pick(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int],
+             vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """The decode's token choice: ``[n, V]`` (or ``[V]``) logits whose rows predict the tokens
+        at absolute positions ``positions`` ``[n]`` -> ``[n]`` (or ``[]``) int64 ids.
+
+        The argmax (:func:`selfspec.greedy`) when the decode is greedy; else the argmax of the
+        warped logits plus the Gumbel noise of each position (:mod:`selfspec.sampling`).
+        ``vocab`` ``[V']``: the logits' columns are these token ids (a vocabulary subset); the
+        ids returned are vocabulary ids. A draft picked this way is coupled to the target."""
+        if self.sampler is None:
+            from .reference import greedy
+
+            ids = greedy(logits)
+            return ids if vocab is None else vocab.index_select(0, ids.reshape(-1)).reshape(ids.shape)
+        return self.sampler.pick(logits, positions, vocab)
+
+    @property
+    def sampling_on(self) -> bool:
+        """Whether this decode samples (temperature > 0) rather than decoding greedily."""
+        return self.sampler is not None and not self.sampler.greedy
 
     @property
     def committed(self) -> torch.Tensor:

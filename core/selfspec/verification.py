@@ -12,6 +12,10 @@ from:
 * :func:`verify_from_layer`: a chain whose input of layer ``f`` the proposer already computed
   exactly (its layers ``[0, f)`` ran unchanged): only layers ``[f, L)`` run over the block;
 * :func:`chain_verdict`: logits computed by the caller.
+
+"The full model's token" is ``state.pick`` of its logits (:meth:`DecodeState.pick`): the argmax
+when the decode is greedy, the argmax of the position-keyed perturbed logits when it samples
+(:mod:`selfspec.sampling`), so the same verifiers are lossless under sampling.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ def verify_greedy(state: DecodeState, draft: Draft) -> Verdict:
         ids = torch.cat([state.tokens[base : base + 1], draft.tokens])  # ids: [k+1]
         capture = state.capture_layers or ()
         out = runner.forward(ids, cache=state.cache, start=base, capture=capture)
-        pred = greedy(out.logits)  # pred: [k+1], pred[i] = model's token after ids[i]
+        at = torch.arange(base + 1, base + 2 + len(draft), device=ids.device)  # positions picked
+        pred = state.pick(out.logits, at)  # pred: [k+1], pred[i] = model's token after ids[i]
         path = list(range(accepted_length(pred, draft.tokens)))
         return _verdict(draft, path, pred.tolist(), out.captured, capture, out.logits)
     return verify_tree(state, draft)[0]
@@ -89,7 +94,10 @@ def verify_tree(state: DecodeState, draft: Draft, extra: ExtraBlock | None = Non
     capture = state.capture_layers or ()
     out = runner.forward(ids, cache=state.cache, start=base, positions=positions, block_mask=block,
                          logits=rows, capture=capture)
-    pred = greedy(out.logits).tolist()  # one per logit row: the tree's, then extra.rows'
+    at = positions[:n_tree] + 1  # the positions each row's token is picked for
+    if extra is not None and len(extra.ids):
+        at = torch.cat([at, extra.positions[extra.rows] + 1])
+    pred = state.pick(out.logits, at).tolist()  # one per logit row: the tree's, then extra.rows'
     tree_pred = pred[:n_tree]
     path = tree_path(parents.tolist(), draft.tokens.tolist(), tree_pred)
     return _verdict(draft, path, tree_pred, out.captured, capture, out.logits[:n_tree]), pred[n_tree:]
@@ -118,7 +126,7 @@ def verify_from_layer(state: DecodeState, draft: Draft, hidden: Sequence[torch.T
         rows.append(out.hidden[0, 0])
     h = torch.stack(rows)[None]  # h: [1, n+1, H]
     out = runner.forward(hidden=h, cache=cache, start=base, layers=(layer, runner.n_layers))
-    return chain_verdict(draft, out.logits, **fields)  # logits: [n+1, V], the full model's after each input
+    return chain_verdict(draft, out.logits, state=state, **fields)  # logits: [n+1, V], after each input
 
 
 def accepted_length(pred: torch.Tensor, tokens: torch.Tensor) -> int:
@@ -128,15 +136,20 @@ def accepted_length(pred: torch.Tensor, tokens: torch.Tensor) -> int:
     return int((pred[: tokens.shape[0]] == tokens).to(torch.int64).cumprod(0).sum())
 
 
-def chain_verdict(draft: Draft, logits: torch.Tensor, **fields) -> Verdict:
-    """The greedy verdict of a chain draft from the full model's logits ``[k+1, V]`` of
+def chain_verdict(draft: Draft, logits: torch.Tensor, *, state: DecodeState | None = None, **fields) -> Verdict:
+    """The verdict of a chain draft from the full model's logits ``[k+1, V]`` of
     ``[pending, draft...]``: the longest matching prefix plus the model's token after it.
 
     For verifiers that compute those logits their own way (from reused hidden states, say);
     ``fields`` go to the :class:`Verdict` as they are (``forwards=...``); ``logits`` becomes
-    ``Verdict.logits`` (a reference) unless ``fields`` name their own.
+    ``Verdict.logits`` (a reference) unless ``fields`` name their own. Pass the decode's
+    ``state`` so the tokens are picked by ``state.pick`` (required for a sampling decode;
+    without it the pick is greedy).
     """
-    pred = greedy(logits)  # pred: [k+1]
+    if state is None:
+        pred = greedy(logits)  # pred: [k+1]
+    else:
+        pred = state.pick(logits, torch.arange(state.length, state.length + logits.shape[0], device=logits.device))
     a = accepted_length(pred, draft.tokens)
     fields.setdefault("logits", logits)
     return Verdict(accepted=tuple(int(t) for t in draft.tokens[:a].tolist()), bonus=int(pred[a]),

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from .report import report, write_sweep
+from .variants import _check_inline, _plugin_options, parse_variant  # noqa: F401 (parse_variant: public here too)
 
 DEFAULT_TASKS = "humaneval,gsm8k,mtbench,sharegpt,summarization"
 
@@ -105,68 +106,6 @@ def _method_config(m: Any) -> dict[str, Any]:
     return entry
 
 
-def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, dict[str, str]]:
-    """Route ``-o [PLUGIN.]KEY=VALUE`` to plugins: scoped to one, or to every one declaring KEY."""
-    from ..options import OptionError, parse_pairs
-    from ..plugins import PluginError, declared_options, make_manager
-
-    try:
-        given = parse_pairs(pairs)
-        declared = {p: set(declared_options(make_manager(p)[0])) for p in plugins}
-    except (OptionError, PluginError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    routed: dict[str, dict[str, str]] = {p: {} for p in plugins}
-    for key, value in given.items():
-        scope, dot, name = key.rpartition(".")
-        if dot:
-            if scope not in routed:
-                raise click.ClickException(f"-o {key}=...: plugin {scope!r} is not among --plugin {list(plugins)}")
-            routed[scope][name] = value
-            continue
-        takers = [p for p in plugins if key in declared[p]]
-        if not takers:
-            raise click.ClickException(f"-o {key}=...: no selected plugin declares option {key!r}")
-        for p in takers:
-            routed[p][key] = value
-    return routed
-
-
-def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
-    """``"lookup[num_draft=10,adaptive=false]"`` -> ``("lookup", {"num_draft": "10", "adaptive": "false"})``.
-
-    A ``--plugin`` value may carry inline options in brackets, so one run can measure several
-    configurations of the same plugin side by side (an ablation); a bare name has none.
-    """
-    spec = spec.strip()
-    name, bracket, rest = spec.partition("[")
-    name = name.strip()
-    if not name or any(c in name for c in "]=,"):
-        raise click.BadParameter(f"{spec!r} is not NAME or NAME[key=value,...]", param_hint="--plugin")
-    if not bracket:
-        return name, {}
-    if not rest.endswith("]"):
-        raise click.BadParameter(f"{spec!r}: missing the closing ']'", param_hint="--plugin")
-    inline: dict[str, str] = {}
-    for pair in filter(None, (x.strip() for x in rest[:-1].split(","))):
-        key, eq, value = pair.partition("=")
-        if not eq or not key.strip():
-            raise click.BadParameter(f"{spec!r}: {pair!r} is not key=value", param_hint="--plugin")
-        inline[key.strip()] = value.strip()
-    return name, inline
-
-
-def _check_inline(variants: Sequence[tuple[str, str, dict[str, str]]]) -> None:
-    from ..plugins import declared_options, make_manager
-
-    for spec, name, inline in variants:
-        if inline:
-            declared = declared_options(make_manager(name)[0])
-            unknown = sorted(set(inline) - set(declared))
-            if unknown:
-                raise click.BadParameter(f"{spec!r}: {name} has no option(s) {unknown} "
-                                         f"(it declares: {', '.join(sorted(declared)) or 'none'})", param_hint="--plugin")
-
-
 def _peers(spec: str | None, no_peers: bool, layer: int, assistant: Any = None, *,
            assistant_given: bool | None = None) -> list[Any]:
     """The peers to run. ``hf-assisted`` runs when an assistant model is given (always then,
@@ -213,7 +152,7 @@ def _measure_memory(specs: Sequence[tuple[str, dict[str, Any] | None]], model: s
 
 
 def _finish(records: list[dict[str, Any]], allow: bool) -> None:
-    bad = [r for r in records if not (r["lossless"] or r["near_tie"])]
+    bad = [r for r in records if r["lossless"] is False and not r["near_tie"]]
     ties = sum(1 for r in records if r["near_tie"])
     if ties:
         click.secho(f"{ties} output(s) differ from the baseline at a near-tie (within the dtype's rounding: selfspec.tiebound).", fg="yellow")
@@ -244,22 +183,35 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
 @click.option("--memory", "memory", is_flag=True,
               help="After the timed runs, measure each method's peak resident memory and load time, each in a "
                    "fresh process loading the model as specdec does.")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="Sample at this temperature (0: greedy). Every plugin is then checked against vanilla sampling "
+                   "with the same seed; the HF methods sample with generate(do_sample=True).")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="Top-k of sampling (0: off).")
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True,
+              help="Top-p of sampling (1: off).")
+@click.option("--sample-seed", type=click.IntRange(min=0, max=2**64 - 1), default=0, show_default=True,
+              help="Seed of the sampling noise (--seed picks the prompts).")
 @click.option("--split", type=click.Choice(["test", "dev"]), default="test", show_default=True)
 @click.option("--out", "out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
 def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int, max_new_tokens: int,
           seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool, plugins: tuple[str, ...],
           options: tuple[str, ...], no_peers: bool, peer_spec: str | None, early_exit_layer: int | None,
-          assistant_model: str | None, memory: bool, split: str, out: str) -> None:
+          assistant_model: str | None, memory: bool, temperature: float, top_k: int, top_p: float,
+          sample_seed: int, split: str, out: str) -> None:
     """Measure HF greedy, vanilla, the HF peers and plugins side by side on real prompts.
 
     Every method runs on the same prompts in one process, interleaved prompt by prompt, and
-    every output is checked against HF greedy's. Writes results.jsonl, summary.json,
-    results.md and speedup.png to --out.
+    every output is checked against HF greedy's. With --temperature above 0 every method
+    samples instead: plugins are checked against vanilla sampling with the same seed, speedups
+    stay against HF generate (sampling). Writes results.jsonl, summary.json, results.md and
+    speedup.png to --out.
     """
     from ..plugins import BUILTIN_METHOD, available
+    from ..sampling import Sampling
     from . import results as res
     from .harness import Method, n_layers, run_bench
 
+    sampling = Sampling(temperature, top_k, top_p, sample_seed)
     task_list = _tasks(tasks)
     prompts = _samples(task_list, split, samples, seed)
     specs = [p for p in plugins if p != "none"] if plugins else [p for p in available() if p != BUILTIN_METHOD]
@@ -293,13 +245,16 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     config = _config(loaded, model, device=device, dtype=dtype, **choice.as_dict(), tasks=task_list, samples=samples,
                      max_new_tokens=max_new_tokens, seed=seed, split=split, warmup=warmup,
                      methods=[_method_config(m) for m in methods], argv=list(sys.argv),
-                     assistant_model=assistant.name if assistant else None, **_model_facts(loaded.model))
+                     assistant_model=assistant.name if assistant else None, sampling=sampling.as_dict(),
+                     **_model_facts(loaded.model))
     machine = res.machine_info()  # before the run: the load average says how busy the machine was
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
-               f"max {max_new_tokens} new tokens, {threads} threads", err=True)
+               f"max {max_new_tokens} new tokens, {threads} threads"
+               + ("" if sampling.greedy else f", sampling {sampling.as_dict()}"), err=True)
     try:
         records = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, baseline="hf", warmup=warmup,
-                            progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r))
+                            progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r), sampling=sampling,
+                            reference="hf" if sampling.greedy else BUILTIN_METHOD)
     except Exception as exc:
         from ..plugins import PluginError
 

@@ -10,6 +10,12 @@ the baseline's with :func:`selfspec.reference.compare` (exact, or the near-tie r
 
 Every method is timed the same way: wall-clock time around one call, prefill included, after a
 warm-up call per method.
+
+Under sampling (``sampling=``, a :class:`selfspec.Sampling` with temperature > 0) every plugin
+samples with the same seed, the HF peers call ``generate(do_sample=True, ...)`` with the same
+temperature, top-k and top-p after ``torch.manual_seed(seed)`` (HF's own RNG: their tokens
+differ from ours one by one, so they are not checked), and the losslessness reference is
+``vanilla``'s output (``reference=``), the speed baseline still HF.
 """
 
 from __future__ import annotations
@@ -123,15 +129,17 @@ def _sync(model: torch.nn.Module) -> None:
         torch.cuda.synchronize()
 
 
-def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None) -> RunFn:
-    """A callable ``(prompt_ids, max_new_tokens, eos) -> Run`` for ``method``."""
+def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, sampling: Any = None) -> RunFn:
+    """A callable ``(prompt_ids, max_new_tokens, eos) -> Run`` for ``method``; ``sampling``: a
+    :class:`selfspec.Sampling` (default greedy)."""
     if method.kind in HF_KINDS:
-        return _hf_runner(method, model)
+        return _hf_runner(method, model, sampling)
     if method.kind != "plugin":
         raise ValueError(f"unknown method kind {method.kind!r}")
     from ..loop import Decoder
 
-    dec = Decoder(model, method.plugin or "vanilla", method.options, tokenizer=tokenizer, plugin_object=method.plugin_object)
+    dec = Decoder(model, method.plugin or "vanilla", method.options, tokenizer=tokenizer, plugin_object=method.plugin_object,
+                  sampling=sampling)
 
     def run(prompt_ids: list[int], max_new_tokens: int, eos: set[int]) -> Run:
         _sync(model)
@@ -146,8 +154,10 @@ def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None) -
     return run
 
 
-def _hf_runner(method: Method, model: torch.nn.Module) -> RunFn:
-    """HF ``generate``: greedy, as :func:`selfspec.reference.reference_generate` configures it.
+def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> RunFn:
+    """HF ``generate``: greedy, as :func:`selfspec.reference.reference_generate` configures it,
+    or sampling (``do_sample=True`` with the temperature, top-k and top-p of ``sampling``, HF's
+    RNG seeded with its seed before every call).
 
     Full-model forwards are counted by a hook on the last decoder layer (draft passes of the
     peers never reach it), so tau = new tokens / forwards, prefill forward included: HF's
@@ -164,11 +174,17 @@ def _hf_runner(method: Method, model: torch.nn.Module) -> RunFn:
         assistant = method.assistant.model
     gen_kwargs = {"assistant_model": assistant} if assistant is not None else {}
 
+    sample = sampling is not None and not sampling.greedy
+    how = (dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+           if sample else dict(do_sample=False))
+
     def run(prompt_ids: list[int], max_new_tokens: int, eos: set[int]) -> Run:
         eos_list = sorted(eos)
-        cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0,
+        cfg = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0,
                                eos_token_id=eos_list or None, pad_token_id=eos_list[0] if eos_list else 0,
-                               num_beams=1, **extra)
+                               num_beams=1, **how, **extra)
+        if sample:
+            torch.manual_seed(sampling.seed)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
         count = [0]
         handle = layer.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
@@ -207,13 +223,18 @@ def run_bench(
     progress: bool = True,
     on_record: Progress | None = None,
     runners: dict[str, RunFn] | None = None,
+    sampling: Any = None,
+    reference: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run every method on every sample, interleaved; one record (a dict) per (sample, method).
 
     ``baseline`` names the method whose output is the reference for the losslessness check and
     whose time is the speedup denominator. ``warmup`` calls per method (on the first prompt,
     16 new tokens) come first. ``runners`` may supply prebuilt run functions by method name
-    (tests use it to observe calls).
+    (tests use it to observe calls). ``sampling``: every method samples (see the module
+    docstring); ``reference`` names the method whose output the others must equal (default: the
+    baseline); under sampling, methods of another kind than ``plugin`` are not checked
+    (``lossless: None``: HF's RNG) unless they are the reference's kind.
     """
     from ..reference import compare
 
@@ -227,7 +248,12 @@ def run_bench(
     runners = dict(runners or {})
     for m in methods:
         if m.name not in runners:
-            runners[m.name] = make_runner(m, model, loaded.tokenizer)
+            runners[m.name] = make_runner(m, model, loaded.tokenizer, sampling)
+    reference = reference or baseline
+    if reference not in names:
+        raise ValueError(f"the reference {reference!r} is not among the methods {names}")
+    ref_kind = next(m.kind for m in methods if m.name == reference)
+    greedy_run = sampling is None or sampling.greedy  # greedy: every output is checked
 
     encoded = [encode_sample(loaded, s) for s in samples]
     if warmup and encoded:
@@ -256,16 +282,17 @@ def run_bench(
                     bar.set_postfix_str(f"{sample.task} · {m.name} {tps:.1f} tok/s")
                     bar.update(1)
                 position[m.name] = pos
-            ref = runs[baseline].output_ids
+            ref = runs[reference].output_ids
             for m in methods:
                 run = runs[m.name]
-                cmp = compare(model, ids, run.output_ids, ref) if m.name != baseline else None
-                rec = make_record(sample, m, run, ids, cmp, loaded.tokenizer, i, position[m.name])
+                checked = greedy_run or m.kind == "plugin" or m.kind == ref_kind
+                cmp = compare(model, ids, run.output_ids, ref, sampling=sampling) if checked and m.name != reference else None
+                rec = make_record(sample, m, run, ids, cmp, loaded.tokenizer, i, position[m.name], checked)
                 records.append(rec)
                 if on_record is not None:
                     on_record(rec)
-                if not (rec["lossless"] or rec["near_tie"]):
-                    _warn(f"DIVERGENCE {m.name} on {sample.task}/{sample.id}: differs from {baseline} at new token "
+                if rec["lossless"] is False and not rec["near_tie"]:
+                    _warn(f"DIVERGENCE {m.name} on {sample.task}/{sample.id}: differs from {reference} at new token "
                           f"{rec['diverged_at']} (top-1/top-2 margin {rec['margin']}, above the near-tie bound {rec['bound']})", bar)
     finally:
         if bar is not None:
@@ -274,8 +301,9 @@ def run_bench(
 
 
 def make_record(sample: Sample, method: Method, run: Run, prompt_ids: list[int], cmp: Any, tokenizer: Any,
-                index: int, order: int) -> dict[str, Any]:
-    """One JSONL line: Spec-Bench's fields plus ours (see docs/benchmarks.md)."""
+                index: int, order: int, checked: bool = True) -> dict[str, Any]:
+    """One JSONL line: Spec-Bench's fields plus ours (see docs/benchmarks.md); ``lossless`` is
+    None for an output nothing was compared with (``checked=False``: HF sampling)."""
     n = len(run.output_ids)
     text = None
     if tokenizer is not None:
@@ -302,7 +330,7 @@ def make_record(sample: Sample, method: Method, run: Run, prompt_ids: list[int],
         "prefill_s": run.prefill_s,
         "weight_layout": run.weight_layout,
         "prompt_tokens": len(prompt_ids),
-        "lossless": cmp is None or bool(cmp.equal),
+        "lossless": (cmp is None or bool(cmp.equal)) if checked else None,
         "near_tie": bool(cmp is not None and cmp.near_tie),
         "margin": None if cmp is None else cmp.margin,
         "bound": None if cmp is None else cmp.bound,

@@ -101,9 +101,9 @@ def _row(task: str, method: str, rs: list[dict[str, Any]], base_time: dict[tuple
         "tau": tokens / forwards if forwards else None,
         "acceptance": sum(accepted) / sum(drafted) if has_draft else None,  # type: ignore[arg-type]
         "phase_s": phases,
-        "lossless": sum(1 for r in rs if r["lossless"]),
+        "lossless": sum(1 for r in rs if r["lossless"]) if any(r["lossless"] is not None for r in rs) else None,
         "near_ties": sum(1 for r in rs if r["near_tie"]),
-        "divergences": sum(1 for r in rs if not (r["lossless"] or r["near_tie"])),
+        "divergences": sum(1 for r in rs if r["lossless"] is False and not r["near_tie"]),
     }
 
 
@@ -190,7 +190,7 @@ def markdown(summary: dict[str, Any]) -> str:
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
-        ok = f"{r['lossless']}/{r['samples']}"
+        ok = "– (HF's RNG)" if r["lossless"] is None else f"{r['lossless']}/{r['samples']}"
         if r["near_ties"]:
             ok += f" (+{r['near_ties']} near-tie)"
         if r["divergences"]:

@@ -1,4 +1,5 @@
-"""``specdec check``: a plugin's output against plain greedy decoding on real prompts."""
+"""``specdec check``: a plugin's output against plain greedy decoding (or plain sampling with the
+same seed) on real prompts."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from typing import Any
 
 import click
 
-from .group import _model_options, cli
+from .group import _model_options, _sampling_options, cli
 from .settings import CHECK_MAX_NEW_TOKENS, DEFAULT_CHECK_PROMPTS, BadInput, Settings, user_errors
 
 
 @cli.command("check")
 @_model_options
+@_sampling_options
 @click.option("--prompt", "prompts", multiple=True, help="A prompt to check (repeatable; default: a few built-in ones).")
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=0), default=None,
               help=f"Token budget per prompt (default {CHECK_MAX_NEW_TOKENS}).")
@@ -21,16 +23,20 @@ from .settings import CHECK_MAX_NEW_TOKENS, DEFAULT_CHECK_PROMPTS, BadInput, Set
 @click.option("--audit", is_flag=True, help="Also check every step against the full model and name the hook at fault.")
 @click.pass_context
 def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, audit: bool, **params: Any) -> None:
-    """Compare a plugin's output with plain greedy decoding (model.generate).
+    """Compare a plugin's output with plain greedy decoding (model.generate), or with
+    plain sampling under the same seed when --temperature is above 0.
 
     Prints OK, NEAR-TIE (a float32/bf16 rounding flip: the reference's top-1/top-2 logit
     margin is within the dtype's near-tie bound at those logits, selfspec.tiebound) or
-    DIVERGED for every prompt; exits with
-    status 1 when any prompt diverged. ``--audit`` (or ``SELFSPEC_AUDIT=1``) stops a decode at
-    the step where it goes wrong and says which hook, step and token (``selfspec.audit``).
+    DIVERGED for every prompt; exits with status 1 when any prompt diverged. Under sampling the
+    reference is the model's own forward one token at a time, each token picked with the same
+    position-keyed noise, and the near-tie margin is that of the perturbed logits (bound / T).
+    ``--audit`` (or ``SELFSPEC_AUDIT=1``) stops a decode at the step where it goes wrong and
+    says which hook, step and token (``selfspec.audit``).
     """
     from ..audit import AuditError
-    from ..reference import compare, reference_generate
+    from ..reference import compare
+    from ..sampling import reference_sample
     from ..tiebound import FIXED_BOUND, explain
 
     settings: Settings = ctx.obj.merged(params)
@@ -48,6 +54,7 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
         decoder = settings.decoder(loaded)
         decoder.audit = decoder.audit or audit
         tolerance = FIXED_BOUND.get(loaded.dtype)  # None: scales with the logits (bf16/fp16)
+        sampling = decoder.sampling
         for i, text in enumerate(texts, 1):
             ids = models.format_prompt(loaded, text)
             try:
@@ -57,8 +64,8 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
                 if not as_json:
                     click.echo(f"DIVERGED  [{i}] {text!r}: {exc}")
                 continue
-            ref = reference_generate(loaded.model, ids, max_new, loaded.eos_token_ids)
-            c = compare(loaded.model, ids, result.output_ids, ref)
+            ref = reference_sample(loaded.model, ids, max_new, loaded.eos_token_ids, sampling)
+            c = compare(loaded.model, ids, result.output_ids, ref, sampling=sampling)
             status = "OK" if c.equal else "NEAR-TIE" if c.near_tie else "DIVERGED"
             row: dict[str, Any] = {"prompt": text, "status": status, "tokens": len(result.output_ids),
                                    "tau": result.stats.tau, "index": c.index, "margin": c.margin}
@@ -75,10 +82,12 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
     if as_json:
         click.echo(json.dumps({"plugin": decoder.plugin_name, "model": loaded.name,
                                "dtype": str(loaded.dtype).removeprefix("torch."),
-                               "tolerance": tolerance, **settings.thread_choice.as_dict(), "results": rows},
-                              indent=2))
+                               "tolerance": tolerance, "sampling": sampling.as_dict(),
+                               **settings.thread_choice.as_dict(), "results": rows}, indent=2))
     else:
-        click.echo(f"{decoder.plugin_name} on {loaded.name} ({str(loaded.dtype).removeprefix('torch.')}): "
+        how = "" if sampling.greedy else (f", T={sampling.temperature:g} top-k={sampling.top_k} "
+                                          f"top-p={sampling.top_p:g} seed={sampling.seed}")
+        click.echo(f"{decoder.plugin_name} on {loaded.name} ({str(loaded.dtype).removeprefix('torch.')}{how}): "
                    f"{len(rows) - near - diverged} OK, {near} near-tie, {diverged} diverged")
     if diverged:
         ctx.exit(1)

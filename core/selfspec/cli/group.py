@@ -58,6 +58,23 @@ def _generation_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def _sampling_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    decorators = [
+        click.option("--temperature", "-t", type=click.FloatRange(min=0.0), default=None,
+                     help="Sample at this temperature (default 0: greedy decoding). Lossless: every plugin "
+                          "gives the tokens vanilla sampling gives with the same seed (docs/losslessness.md)."),
+        click.option("--top-k", type=click.IntRange(min=0), default=None,
+                     help="Sample among the k most likely tokens (default 0: all)."),
+        click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None,
+                     help="Sample among the smallest set of tokens whose probability reaches p (default 1: all)."),
+        click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None,
+                     help="Seed of the sampling noise (default 0); with the position it fixes every token."),
+    ]
+    for d in reversed(decorators):
+        f = d(f)
+    return f
+
+
 class SpecdecGroup(click.Group):
     """A group whose default command is ``run``: an argument that names no command (built-in
     or contributed by the selected plugin) starts the prompt."""
@@ -110,6 +127,7 @@ def _with_command_context(ctx: click.Context, command: click.Command | None) -> 
              context_settings={"help_option_names": ["-h", "--help"]})
 @_model_options
 @_generation_options
+@_sampling_options
 @click.version_option(__version__, prog_name="specdec")
 @click.pass_context
 def cli(ctx: click.Context, **params: Any) -> None:

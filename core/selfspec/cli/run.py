@@ -10,13 +10,14 @@ from typing import Any
 
 import click
 
-from .group import _generation_options, _model_options, cli
+from .group import _generation_options, _model_options, _sampling_options, cli
 from .settings import RUN_MAX_NEW_TOKENS, BadInput, Settings, user_errors
 
 
 @cli.command("run")
 @_model_options
 @_generation_options
+@_sampling_options
 @click.argument("prompt", nargs=-1)
 @click.pass_context
 def run_command(ctx: click.Context, prompt: tuple[str, ...], **params: Any) -> None:
@@ -49,6 +50,7 @@ def run_command(ctx: click.Context, prompt: tuple[str, ...], **params: Any) -> N
             "plugin": decoder.plugin_name,
             "model": loaded.name,
             "options": decoder.options,
+            "sampling": decoder.sampling.as_dict(),
             "device": str(loaded.device),
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "prompt_ids": result.prompt_ids,

@@ -59,6 +59,10 @@ class Settings:
     json: bool = False
     no_stream: bool = False
     chat: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
     _plugin_cache: dict[str, Any] = field(default_factory=dict, repr=False)
     #: what :meth:`load_model` chose (:class:`selfspec.machine.ThreadChoice`), None before
     thread_choice: Any = field(default=None, repr=False, compare=False)
@@ -144,6 +148,17 @@ class Settings:
         return models.load(self.model, device=self.device or "cpu", dtype=self.dtype or "float32",
                            device_map=device_map, chat=self.chat)
 
+    def sampling(self) -> Any:
+        """The :class:`selfspec.Sampling` of ``--temperature/--top-k/--top-p/--seed`` (greedy
+        when no temperature or 0 was given)."""
+        from ..sampling import Sampling
+
+        try:
+            return Sampling(self.temperature or 0.0, self.top_k or 0,
+                            1.0 if self.top_p is None else self.top_p, self.seed or 0)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
+
     def decoder(self, loaded: Loaded, adopt_weights: bool = False) -> Decoder:
         """A :class:`selfspec.Decoder` for ``loaded`` with the selected plugin and options.
         ``adopt_weights``: lay the model's own weights out in place (one copy in memory) when
@@ -152,7 +167,8 @@ class Settings:
 
         name, obj = self.plugin_object()
         return Decoder(loaded.model, name, self.parsed_options(), tokenizer=loaded.tokenizer, plugin_object=obj,
-                       weight_layout=self.weight_layout or "auto", adopt_weights=adopt_weights)
+                       weight_layout=self.weight_layout or "auto", adopt_weights=adopt_weights,
+                       sampling=self.sampling())
 
 
 @contextlib.contextmanager

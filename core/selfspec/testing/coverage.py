@@ -3,7 +3,8 @@
 Every example a :class:`~selfspec.testing.PluginSuite` runs is recorded from its scenario and
 the decode's audit log (:class:`selfspec.audit.Auditor`): the architecture, prompt and output
 length buckets, the deepest draft, steps with accepted drafts, chain or tree drafts, a step at
-the sliding window's edge, EOS inside the accepted tokens, drafts cut at the depth limit. Each
+the sliding window's edge, EOS inside the accepted tokens, drafts cut at the depth limit,
+sampling (``sampled``, and ``sampled-accepted`` when a draft was accepted under sampling). Each
 bucket is also a Hypothesis ``event`` (``--hypothesis-show-statistics`` shows them).
 
 :data:`REQUIRED` are the buckets a suite fails without (plus one ``arch:`` bucket per
@@ -19,7 +20,7 @@ from typing import Any
 
 #: Buckets every plugin's property test must reach (besides every architecture).
 REQUIRED: tuple[str, ...] = ("prompt>=129", "output>=129", "late>=64", "accepted>=1", "depth>=4",
-                             "window-edge")
+                             "window-edge", "sampled")
 
 _LENGTHS = ((129, ">=129"), (33, " 33-128"), (9, "  9-32"), (1, "  1-8"), (0, "  0"))
 
@@ -40,7 +41,7 @@ class Coverage:
         self.done: set[str] = set()  # architectures whose property test ran to the end
 
     def record(self, arch: str, prompt_len: int, result: Any, auditor: Any, window: int | None,
-               eos: Iterable[int] = ()) -> list[str]:
+               eos: Iterable[int] = (), sampled: bool = False) -> list[str]:
         """Count one example; returns its buckets (also sent as Hypothesis events)."""
         eos = set(eos)
         steps = list(auditor.steps)
@@ -69,6 +70,10 @@ class Coverage:
                 buckets.add("eos-mid-draft")
         if eos and result.output_ids and result.output_ids[-1] in eos:
             buckets.add("eos")
+        if sampled:
+            buckets.add("sampled")
+            if any(s.accepted >= 1 for s in steps):
+                buckets.add("sampled-accepted")
         if result.stats.truncated_drafts:
             buckets.add("draft-cut")
         self.examples += 1

@@ -1,4 +1,5 @@
-"""``assert_lossless``: a plugin's output against plain greedy decoding of the same model."""
+"""``assert_lossless``: a plugin's output against plain greedy decoding (or plain sampling with
+the same seed) of the same model."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 
 from ..audit import AuditError, Auditor
 from ..loop import Decoder
-from ..reference import compare, reference_generate
+from ..reference import compare
+from ..sampling import Sampling, reference_sample
 from ..tiebound import explain
 from ..types import Result
 
@@ -34,6 +36,7 @@ def assert_lossless(
     eos_token_ids: Iterable[int] = (),
     tolerance: float | None = None,
     record: Callable[[Result, Auditor], None] | None = None,
+    sampling: Sampling | None = None,
 ) -> Result:
     """Decode ``prompt_ids`` with ``plugin`` and check it equals ``model.generate(do_sample=False)``.
 
@@ -53,6 +56,11 @@ def assert_lossless(
     happens, naming the hook at fault, before any comparison of whole outputs. ``record`` is
     called with the result and the decode's :class:`~selfspec.audit.Auditor` (its per-step
     log): the kit's coverage counters use it.
+
+    ``sampling`` (a :class:`selfspec.sampling.Sampling` with temperature > 0): decode with it
+    and compare with plain sampling under the same seed (:func:`selfspec.sampling.reference_sample`,
+    the model's own forward one token at a time); the near-tie margin is then that of the
+    perturbed logits, against the tolerance divided by the temperature.
     """
     if isinstance(plugin, Decoder):
         if plugin.model is not model:
@@ -65,7 +73,7 @@ def assert_lossless(
     dtype = next(model.parameters()).dtype
     audit, decoder.audit, decoder.audit_tolerance = decoder.audit, True, tolerance
     try:
-        result = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos)
+        result = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos, sampling=sampling)
     except AuditError as exc:
         raise LosslessError(f"{exc}\n  (prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, "
                             f"{dtype}, options {decoder.options})") from exc
@@ -75,17 +83,18 @@ def assert_lossless(
     assert auditor is not None
     if record is not None:
         record(result, auditor)
-    reference = reference_generate(model, prompt, max_new_tokens, eos)
+    sampling = decoder.sampling if sampling is None else sampling
+    reference = reference_sample(model, prompt, max_new_tokens, eos, sampling)
     if dtype == torch.float64:
         tolerance = 0.0  # exact in float64, whatever was asked
-    cmp = compare(model, prompt, result.output_ids, reference, tolerance=tolerance)
+    cmp = compare(model, prompt, result.output_ids, reference, tolerance=tolerance, sampling=sampling)
     if cmp.equal:
         return result
     name = decoder.plugin_name
     i = cmp.index
     assert i is not None and cmp.margin is not None and cmp.bound is not None
     where = (
-        f"plugin {name!r} diverges from greedy decoding at new token {i} "
+        f"plugin {name!r} diverges from {'greedy decoding' if sampling.greedy else sampling} at new token {i} "
         f"(prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, {dtype}):\n"
         f"  plugin:    {result.output_ids[:i]} | {result.output_ids[i:i + 12]}\n"
         f"  reference: {reference[:i]} | {reference[i:i + 12]}\n"

@@ -196,9 +196,29 @@ class SkipsCheckLate(Echo):
         return _accept_all(state, draft) if state.generated >= self.at else verify_greedy(state, draft)
 
 
+class StepKeyedNoise(Echo):
+    bug = "samples with noise keyed by the step, not the position"
+    trigger = "sampling, after a step that accepted a draft"
+
+    def verify(self, state, draft):
+        if not state.sampling_on:
+            return verify_greedy(state, draft)
+        from ..sampling import sample_tokens
+        from ..verification import accepted_length
+
+        base = state.length - 1
+        ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
+        out = state.runner.forward(ids, cache=state.cache, start=base)
+        # wrong: prompt length + step is the position only while every step commits one token
+        at = torch.arange(len(draft) + 1) + state.prompt_length + state.step
+        pred = sample_tokens(out.logits, at, state.sampler.sampling)
+        a = accepted_length(pred, draft.tokens)
+        return Verdict(tuple(draft.tokens[:a].tolist()), int(pred[a]), tuple(range(a)))
+
+
 #: Every mutant, in the order of the score table.
 MUTANTS: tuple[type[Echo], ...] = (
     WrongBonusLate, WrongBonusVeryLate, PastMismatchLongPrompt, PastMismatchVeryLongPrompt,
     ShiftedSlotsDeep, ProposerOverwritesLong, PendingOverwrittenLate, StaleKVLate,
-    SkipsCheckLongPrompt, SkipsCheckDeep, SkipsCheckLate,
+    SkipsCheckLongPrompt, SkipsCheckDeep, SkipsCheckLate, StepKeyedNoise,
 )

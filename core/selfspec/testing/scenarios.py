@@ -1,8 +1,11 @@
 """One losslessness example (:class:`Scenario`), a strategy for them, and the reach set.
 
-A scenario is an architecture, a prompt, a token budget and, optionally, an EOS token picked
+A scenario is an architecture, a prompt, a token budget, optionally an EOS token picked
 from the reference output (``eos_at``: its index there) so that EOS shows up mid-output and,
-with drafts that get accepted, mid-draft.
+with drafts that get accepted, mid-draft, and how tokens are picked (``sampling``: ``None`` for
+greedy decoding, else a :class:`selfspec.Sampling`; the reference is then plain sampling with
+the same seed). :func:`scenarios` draws sampling settings for about half the examples and
+:func:`sampled` is one fixed sampling example per architecture.
 
 :func:`scenarios` draws prompt and output lengths over a wide range weighted toward the
 boundaries of :data:`~selfspec.testing.strategies.BOUNDARIES` (plus a plugin's own), most of
@@ -20,8 +23,9 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from ..sampling import Sampling
 from .archs import ARCHS
-from .strategies import TINY_VOCAB, boundary_lengths, prompt_ids
+from .strategies import TINY_VOCAB, boundary_lengths, prompt_ids, samplings
 
 #: Longest prompt and output the strategies draw (the tiny models have 1024 positions); longer
 #: outputs are the reach set's (129 tokens), as drawn ones cost the most.
@@ -39,12 +43,14 @@ class Scenario:
     max_new_tokens: int
     eos_at: int | None = None
     label: str = ""
+    sampling: Sampling | None = None
 
     def __repr__(self) -> str:  # short enough to read in a falsifying example
         p = list(self.prompt)
         shown = p if len(p) <= 12 else f"{p[:6]}...+{len(p) - 6}"
         return (f"Scenario(arch={self.arch!r}, prompt={shown} ({len(p)} tokens), "
                 f"max_new_tokens={self.max_new_tokens}, eos_at={self.eos_at}"
+                f"{f', sampling={self.sampling}' if self.sampling else ''}"
                 f"{f', label={self.label!r}' if self.label else ''})")
 
 
@@ -60,7 +66,8 @@ def scenarios(draw: st.DrawFn, archs: Sequence[str] = ARCHS, *, vocab_size: int 
     n_new = draw(boundary_lengths(1, max_new, boundaries))
     # EOS from the reference output costs one more reference decode: only for short outputs
     eos_at = draw(st.one_of(st.none(), st.integers(0, n_new - 1))) if n_new <= 48 else None
-    return Scenario(arch, tuple(prompt), n_new, eos_at)
+    sampling = draw(st.one_of(st.none(), samplings()))
+    return Scenario(arch, tuple(prompt), n_new, eos_at, sampling=sampling)
 
 
 def _motif(n: int, motif: Sequence[int]) -> tuple[int, ...]:
@@ -80,3 +87,13 @@ def reach(archs: Sequence[str] = ARCHS) -> list[Scenario]:
     for i, (label, n_prompt, n_new, eos_at, motif) in enumerate(base):
         out.append(Scenario(archs[(i + 1) % len(archs)], _motif(n_prompt, motif), n_new, eos_at, label))
     return out
+
+
+def sampled(arch: str) -> Scenario:
+    """The fixed sampling example of ``arch`` every suite runs: a repetitive 40-token prompt,
+    40 new tokens at temperature 0.3, top-p 0.9, so that drafts are accepted under sampling
+    (on most architectures: the tiny models repeat themselves less when they sample)."""
+    import zlib
+
+    return Scenario(arch, _motif(40, (7, 3, 9, 3, 1)), 40, None, "sampled",
+                    Sampling(0.3, 0, 0.9, zlib.crc32(arch.encode())))

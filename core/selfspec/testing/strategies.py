@@ -134,6 +134,18 @@ def options(declared: Mapping[str, Option], *, fixed: Mapping[str, Any] | None =
     return st.fixed_dictionaries({}, optional=free).map(lambda d: {**d, **fixed})
 
 
+def samplings(max_temperature: float = 2.0) -> st.SearchStrategy[Any]:
+    """:class:`selfspec.Sampling` settings that sample: temperature in ``(0, max_temperature]``,
+    top-k off or 1-64, top-p off or in [0.3, 1), any 32-bit seed."""
+    from ..sampling import Sampling
+
+    temperature = st.one_of(st.sampled_from([1.0, 0.7, max_temperature]),
+                            st.floats(0.05, max_temperature, allow_nan=False))
+    top_k = st.one_of(st.just(0), st.integers(1, 64))
+    top_p = st.one_of(st.just(1.0), st.floats(0.3, 0.99, allow_nan=False))
+    return st.builds(Sampling, temperature, top_k, top_p, st.integers(0, 2**32 - 1))
+
+
 @st.composite
 def trees(draw: st.DrawFn, vocab_size: int = TINY_VOCAB, min_nodes: int = 1, max_nodes: int = 8) -> tuple[list[int], list[int]]:
     """``(tokens, parents)`` of a random tree draft: ``parents[i] < i``, ``-1`` = the pending token."""

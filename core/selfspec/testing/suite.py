@@ -76,9 +76,9 @@ class PluginSuite:
     #: ``torch.float32`` run the same property under the near-tie bound
     #: (:func:`selfspec.tiebound.tie_bound`), each difference within it reported.
     model_dtype: ClassVar[Any] = None
-    #: Drawn examples per architecture and device, besides the reach examples; None: the
-    #: profile's ``max_examples`` left after the reach set, spread over the architectures (2
-    #: each under ``selfspec-ci``, 15 examples in all; 11 under ``selfspec-dev``). Hypothesis
+    #: Drawn examples per architecture and device, besides the reach and sampled examples; None:
+    #: the profile's ``max_examples`` left after the reach set, spread over the architectures (2
+    #: each under ``selfspec-ci``, 20 examples in all; 11 under ``selfspec-dev``). Hypothesis
     #: draws the simplest example first (a 1-token prompt, 1 new token): cheap, and a case too.
     examples_per_arch: ClassVar[int | None] = None
     #: Run under this Hypothesis profile instead of the loaded one (the kit's mutation test).
@@ -139,7 +139,7 @@ class PluginSuite:
     def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
         from hypothesis import Phase, example, given, seed, settings
 
-        from .scenarios import reach, scenarios
+        from .scenarios import reach, sampled, scenarios
 
         cov = self.coverage()
         _, declared = self._manager()
@@ -158,6 +158,7 @@ class PluginSuite:
         for sc in reach(self.archs):
             if sc.arch == suite_arch:
                 test = example(scenario=sc, options={**self.reach_options, **self.fixed_options})(test)
+        test = example(scenario=sampled(suite_arch), options={**self.reach_options, **self.fixed_options})(test)
         if base.derandomize:  # a fixed sequence per plugin and architecture, not one for all
             test = seed(zlib.crc32(f"{self.plugin}:{suite_arch}".encode()))(test)
         phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate]}
@@ -192,21 +193,23 @@ class PluginSuite:
         """Decode one scenario in audit mode, compare with ``generate``, record coverage."""
         from hypothesis import event
 
-        from ..reference import reference_generate
+        from ..sampling import GREEDY, reference_sample
         from .lossless import assert_lossless
 
         prompt = list(scenario.prompt)
         eos: tuple[int, ...] = ()
         if scenario.eos_at is not None:
-            ref = reference_generate(model, prompt, scenario.max_new_tokens)
+            ref = reference_sample(model, prompt, scenario.max_new_tokens, (), scenario.sampling or GREEDY)
             eos = (ref[min(scenario.eos_at, len(ref) - 1)],) if ref else ()
         window = getattr(model.config, "sliding_window", None)
         if scenario.arch == "qwen2" and not getattr(model.config, "use_sliding_window", False):
             window = None
 
         def record(result: Any, auditor: Any) -> None:
-            for bucket in cov.record(scenario.arch, len(prompt), result, auditor, window, eos):
+            for bucket in cov.record(scenario.arch, len(prompt), result, auditor, window, eos,
+                                     sampled=scenario.sampling is not None):
                 event(bucket)
 
         assert_lossless(model, self.plugin, prompt, scenario.max_new_tokens, options,
-                        plugin_object=self.plugin_object, eos_token_ids=eos, record=record)
+                        plugin_object=self.plugin_object, eos_token_ids=eos, record=record,
+                        sampling=scenario.sampling)

@@ -84,7 +84,8 @@ class CLaSp:
         # both sub-blocks of every layer in S are skipped; drafting stops at a token the draft
         # model gives less than DET (kept and verified with the others when keep_exit)
         tokens = skip_layer_draft(self.runner, state.cache, pending, slot, max_tokens=k, skip_attn=self.skip,
-                                  skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit).tokens  # [n]
+                                  skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit,
+                                  pick=state.pick).tokens  # [n]
         # the skipped layers wrote no draft slots, the others did: forget the draft slots in
         # every layer so all hold the committed prefix again (verification rewrites them)
         state.cache.crop(slot)

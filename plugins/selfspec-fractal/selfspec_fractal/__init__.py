@@ -80,7 +80,8 @@ class Fractal:
         w = max(0, min(self.w, depth - n - 1))
         if depth <= 0 or state.length - 1 + w + n + 2 > state.cache.capacity:
             return Draft.empty(state.runner.device)
-        tokens = draft_pass(state.runner, self.cm, state.cache, state.committed, self.positions, w, self.kv)
+        tokens = draft_pass(state.runner, self.cm, state.cache, state.committed, self.positions, w, self.kv,
+                            pick=state.pick)
         return Draft(tokens)
 
 

@@ -58,13 +58,16 @@ def draft_pass(
     w: int,
     kv: str = "shared",
     on_merge: MergeHook | None = None,
+    pick: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Draft ``w + len(positions) + 1`` tokens after ``committed`` ``[T]`` (the last one is the
     pending token, ``cache`` holds the other ``T - 1``). Returns ``[w + n + 1]`` int64.
 
     ``on_merge(f, before, after)`` (tests) sees ``h`` entering fractal layer ``f`` before and
-    after the merge.
+    after the merge. ``pick(logits, positions)`` chooses the tokens (``state.pick``: coupled
+    with the target under sampling); ``None``: the argmax.
     """
+    choose = pick or (lambda logits, at: logits.argmax(-1))
     T = int(committed.shape[0])
     L = runner.n_layers
     subs = cm.layers or None
@@ -89,7 +92,8 @@ def draft_pass(
             up = runner.forward(hidden=h, cache=cache, start=s0, layers=(f, L), logits=None, substitutes=subs)
         else:
             up = runner.forward(hidden=h, layers=(f, L), logits=None, substitutes=subs)
-        new = compress.head(cm, runner, up.hidden[0, r - 1 :]).argmax(-1)  # new: [m+1]
+        rows = compress.head(cm, runner, up.hidden[0, r - 1 :])  # rows: [m+1, V], predicting positions T..
+        new = choose(rows, torch.arange(T, T + rows.shape[0], device=rows.device))  # new: [m+1]
         # re-embed (compressed embedding) and run the compressed lower layers L'_0..L'_{f-1}
         if kv == "shared":
             x = compress.embed(cm, runner, new)  # [1, m+1, H] at positions s0+1..
@@ -102,4 +106,5 @@ def draft_pass(
             on_merge(f, h, merged)
         h = merged
     out = runner.forward(hidden=h, cache=cache, start=s0, layers=(done, L), logits=None).hidden
-    return runner.head(out[0, r - 1 :]).argmax(-1)  # [w+n+1]
+    logits = runner.head(out[0, r - 1 :])  # [w+n+1, V]
+    return choose(logits, torch.arange(T, T + logits.shape[0], device=logits.device))  # [w+n+1]

@@ -47,16 +47,21 @@ class ExitHeads:
         return self
 
     @torch.inference_mode()
-    def predict(self, runner: Any, layer: int, h: torch.Tensor) -> torch.Tensor:
-        """Greedy token of the exit at ``layer`` for hidden states ``h`` ``[q, H]`` -> ``[q]`` int64."""
+    def predict(self, runner: Any, layer: int, h: torch.Tensor, pick: Any = None, at: Any = None) -> torch.Tensor:
+        """Token of the exit at ``layer`` for hidden states ``h`` ``[q, H]`` -> ``[q]`` int64: the
+        argmax, or ``pick(logits, at, vocab)`` (``state.pick`` and the positions the rows predict:
+        the target's sampling noise, so the guesses stay coupled with it)."""
         m = self.maps.get(layer)
         if m is not None:
             h = torch.addmm(m[1], h, m[0])  # h @ W + b: [q, H]
         if self._sub is None:
-            return runner.head(h).to(torch.float32).argmax(-1)
+            logits = runner.head(h)
+            return logits.to(torch.float32).argmax(-1) if pick is None else pick(logits, at)
         # soft-capping is monotonic: the argmax of the capped logits is the argmax of these
         x = runner.norm(h)
         logits = x @ self._sub.T if self._sub_bias is None else torch.addmm(self._sub_bias, x, self._sub.T)
+        if pick is not None:  # sampling warps the capped logits: cap them
+            return pick(runner.softcap(logits), at, self.vocab)
         return self.vocab.index_select(0, logits.to(torch.float32).argmax(-1))  # type: ignore[union-attr]
 
 

@@ -120,7 +120,7 @@ class HiSpec:
             for j in range(n):
                 h = runner.forward(cur, cache=cache, start=base + m + j, layers=(0, self.ld), logits=None).hidden[0]
                 hd.append(h)  # [1, H]
-                cur = self.heads.predict(runner, self.ld, h)  # [1]
+                cur = self.heads.predict(runner, self.ld, h, state.pick, [base + m + j + 1])  # [1]
                 drafts.append(cur)
             hds = torch.cat(hd)  # [n, H]: L_d states of [c_m, d_1..d_{n-1}]
             dtok = torch.cat(drafts)  # [n]: d_1..d_n
@@ -132,7 +132,8 @@ class HiSpec:
             # b) intermediate verification: only layers [L_d, L_i), from the L_d states
             hi = runner.forward(hidden=hds[None], cache=cache, start=base + m, layers=(self.ld, self.li),
                                 logits=None).hidden[0]  # [n, H]
-            pred = self.heads.predict(runner, self.li, hi)  # [n]: L_i's token after c_m, d_1..
+            pred = self.heads.predict(runner, self.li, hi, state.pick,
+                                      range(base + m + 1, base + m + n + 1))  # [n]: L_i's token after c_m, d_1..
             a = accepted_length(pred, dtok)
             self.counters["li_accepted"] += a
             if a < n:  # first mismatch: L_i's own token replaces d_{a+1}

@@ -116,7 +116,7 @@ class SelfSD:
         # token whose probability is below gamma (Algorithm 3, line 5); that token is verified too
         out = skip_layer_draft(runner, state.cache, state.tokens[base : base + 1], base, max_tokens=kmax,
                                skip_attn=self.skip_attn, skip_mlp=self.skip_mlp, exit_below=self.threshold.gamma,
-                               capture=f if reuse else None)
+                               capture=f if reuse else None, pick=state.pick)
         # the exact input of layer f of every token run, for verification from layer f
         return Draft(out.tokens, meta={"hidden": out.captured} if reuse else {}, owner=self)
 
