@@ -16,7 +16,7 @@ import pluggy
 import torch
 
 from . import plugins
-from .audit import Auditor, audit_from_env
+from .audit import Auditor, WeightGuard, audit_from_env
 from .plugins import PluginError
 from .runner import Runner
 from .types import DecodeState, Draft, Result, Stats, StreamCallback, Verdict
@@ -67,7 +67,10 @@ class Decoder:
         self.audit_tolerance: float | None = None  # near-tie tolerance of the audit (None: per dtype)
         self.auditor: Auditor | None = None
         self.plugin_hooks = plugins.hook_names(self.pm, self.plugin) if self.plugin is not None else []
+        self.weights = WeightGuard(model) if self.audit else None  # audit: the weights before setup
         self._call("selfspec_setup", runner=self.runner, options=self.options, tokenizer=tokenizer)
+        if self.weights is not None:
+            self.weights.check(self.plugin_name, "selfspec_setup")
 
     @property
     def hook(self) -> pluggy.HookRelay:
@@ -110,8 +113,10 @@ class Decoder:
             runner.forward(prompt[:-1], cache=state.cache, start=0, logits=None)
         self._sync()
         stats.prefill_s = time.perf_counter() - t_start
+        audit = self.auditor = self._auditor()
         self._call("selfspec_start", state=state)
-        audit = self.auditor = self._auditor(state)
+        if audit:
+            audit.start(state)
 
         while state.budget > 0 and not state.finished:
             # 2. propose: a chain [k] or a tree of draft tokens after the pending token
@@ -144,15 +149,17 @@ class Decoder:
         stats.new_tokens = len(out)
         result = Result(prompt_ids=prompt.tolist(), output_ids=out, stats=stats, text=self._decode(out))
         self._call("selfspec_end", state=state, result=result)
+        if audit:
+            audit.ended()
         return result
 
     # ------------------------------------------------------------------------------ helpers
-    def _auditor(self, state: DecodeState) -> Auditor | None:
+    def _auditor(self) -> Auditor | None:
         if not self.audit:
             return None
-        auditor = Auditor(self.plugin_name, self.plugin_hooks, self.audit_tolerance)
-        auditor.start(state)
-        return auditor
+        if self.weights is None:  # audit switched on after setup: the weights as they are now
+            self.weights = WeightGuard(self.model)
+        return Auditor(self.plugin_name, self.plugin_hooks, self.audit_tolerance, self.weights)
 
     def _commit(self, state: DecodeState, verdict: Verdict, draft: Draft) -> list[int]:
         new = list(verdict.committed)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..audit import AuditError, Auditor
+from ..audit import AuditError, Auditor, LosslessError
 from ..loop import Decoder
 from ..reference import NEAR_TIE_TOLERANCE, compare, reference_generate
 from ..types import Result
@@ -16,10 +16,6 @@ from ..types import Result
 
 class NearTieWarning(UserWarning):
     """A float32/bf16 output left the reference at a near-tied logit (allowed, reported)."""
-
-
-class LosslessError(AssertionError):
-    """The plugin's output differs from greedy decoding of the same model."""
 
 
 def assert_lossless(
@@ -47,8 +43,13 @@ def assert_lossless(
     :class:`NearTieWarning` gives the margin. Nothing is ever retried.
 
     The decode always runs in audit mode (:mod:`selfspec.audit`): a wrong token, a wrong KV
-    slot or a touched committed token raises :class:`LosslessError` at the step where it
-    happens, naming the hook at fault, before any comparison of whole outputs. ``record`` is
+    slot, a touched committed token or a changed weight of the model raises
+    :class:`~selfspec.audit.AuditError` (a subclass of :class:`LosslessError`) at the step
+    where it happens, naming the hook at fault and the step, before any comparison of whole
+    outputs; a difference found only by that comparison raises :class:`LosslessError` itself.
+    The model's weights are fingerprinted before ``selfspec_setup`` (when ``plugin`` is a name;
+    a ready ``Decoder`` has run its setup already) and checked after every hook, so the
+    reference is greedy decoding of the untouched model. ``record`` is
     called with the result and the decode's :class:`~selfspec.audit.Auditor` (its per-step
     log): the kit's coverage counters use it.
     """
@@ -56,17 +57,22 @@ def assert_lossless(
         if plugin.model is not model:
             raise ValueError("the Decoder passed to assert_lossless drives another model")
         decoder = plugin
-    else:
-        decoder = Decoder(model, plugin, options, plugin_object=plugin_object)
     eos = tuple(eos_token_ids)
     prompt = [int(t) for t in prompt_ids]
     dtype = next(model.parameters()).dtype
+    example = f"prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, {dtype}"
+    if not isinstance(plugin, Decoder):
+        try:  # in audit mode: the weights are fingerprinted before selfspec_setup
+            decoder = Decoder(model, plugin, options, plugin_object=plugin_object, audit=True)
+        except AuditError as exc:
+            exc.args = (f"{exc}\n  ({example}, options {dict(options or {})})",)
+            raise
     audit, decoder.audit, decoder.audit_tolerance = decoder.audit, True, tolerance
     try:
         result = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos)
-    except AuditError as exc:
-        raise LosslessError(f"{exc}\n  (prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, "
-                            f"{dtype}, options {decoder.options})") from exc
+    except AuditError as exc:  # a LosslessError too: the example is added to its message
+        exc.args = (f"{exc}\n  ({example}, options {decoder.options})",)
+        raise
     finally:
         decoder.audit, decoder.audit_tolerance = audit, None
     auditor = decoder.auditor
