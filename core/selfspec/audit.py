@@ -17,8 +17,9 @@ checks, at the step where a plugin goes wrong:
 * after ``selfspec_update_policy``: the committed tokens and every committed KV slot again;
 * after every hook (``selfspec_setup`` too, when the :class:`~selfspec.Decoder` is built in
   audit mode, and ``selfspec_end``): the model's weights are the ones it had before
-  (:class:`WeightGuard`: value for value on a model of up to :data:`EXACT_WEIGHTS` parameters,
-  identity and in-place writes on a larger one). The model is not the plugin's to change.
+  (:class:`WeightGuard`: the same parameters, no in-place write; on a model of up to
+  :data:`EXACT_WEIGHTS` parameters also value for value after setup, start and end). The
+  model is not the plugin's to change.
 
 A failure raises :class:`AuditError` (a :class:`~selfspec.plugins.PluginError` and an
 ``AssertionError``) naming the hook at fault, the step and the token. Steps are numbered as
@@ -178,7 +179,7 @@ class Auditor:
 
     def updated(self, state: DecodeState) -> None:
         """After update policy: tokens, every committed KV slot and the weights as they were."""
-        self._check_weights("selfspec_update_policy", values=True)
+        self._check_weights("selfspec_update_policy")
         self._check_tokens(state, "selfspec_update_policy")
         if not state.finished:
             self._check_kv(state, state.length - 1, "selfspec_update_policy")
@@ -250,6 +251,8 @@ class Auditor:
                     lo = 0
                 else:
                     lo = seen if torch.equal(mine[:, :, :seen], snap[:, :, :seen]) else 0
+                if lo >= upto:
+                    continue
                 a, b = mine[:, :, lo:upto].to(ref.dtype), ref[:, :, lo:upto]
                 ok = torch.isclose(a, b, rtol=rtol, atol=atol).all(dim=3).all(dim=1)[0]  # [upto - lo]
                 if not bool(ok.all()):
@@ -280,8 +283,9 @@ class WeightGuard:
     the same module, over the same storage, and its version counter shows no in-place write
     (``mul_``, ``copy_``, indexing, under ``no_grad`` or ``inference_mode`` alike). On a model
     of up to :data:`EXACT_WEIGHTS` parameters (or ``exact=True``) the values are also compared
-    with a copy (``values=True``: after setup, at the end of every step and of the decode),
-    which catches a write through ``.data``, the one path that bumps no version counter.
+    with a copy (``values=True``: after setup, after ``selfspec_start`` and at the end of the
+    decode), which catches a write through ``.data``, the one path that bumps no version
+    counter (the hook is then not known: any since the last comparison).
     """
 
     def __init__(self, model: torch.nn.Module, exact: bool | None = None) -> None:
@@ -318,8 +322,8 @@ class WeightGuard:
         if found is None:
             return
         what, late = found
-        who = (f"{hook}{when} (or an earlier hook of the step: a write through .data bumps no version "
-               f"counter)") if late and when else f"{hook}{when}"
+        who = (f"{hook}{when} or a hook before it (a write through .data bumps no version counter, so "
+               f"only the values show it)") if late and hook != "selfspec_setup" else f"{hook}{when}"
         raise AuditError(plugin, f"{who} changed the model's weights: it {what}. The model is not the "
                          "plugin's to change (the reference is the untouched model); keep edited copies "
                          "in the plugin")

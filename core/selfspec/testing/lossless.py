@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..audit import AuditError, Auditor, LosslessError
+from ..audit import AuditError, Auditor, LosslessError, WeightGuard
 from ..loop import Decoder
 from ..reference import NEAR_TIE_TOLERANCE, compare, reference_generate
 from ..types import Result
@@ -79,7 +80,7 @@ def assert_lossless(
     assert auditor is not None
     if record is not None:
         record(result, auditor)
-    reference = reference_generate(model, prompt, max_new_tokens, eos)
+    reference = greedy_reference(model, prompt, max_new_tokens, eos)
     if tolerance is None:
         tolerance = NEAR_TIE_TOLERANCE.get(dtype, 0.0)
     if dtype == torch.float64:
@@ -102,3 +103,35 @@ def assert_lossless(
     warnings.warn(f"near-tie: {where}", NearTieWarning, stacklevel=2)
     result.near_ties += 1
     return result
+
+
+#: Greedy references already computed, per model: ``{prompt: longest output}``, valid while
+#: the model's weights are the ones fingerprinted with them (see :func:`greedy_reference`).
+_REFERENCES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[WeightGuard, dict[tuple[int, ...], list[int]]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def greedy_reference(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
+                     eos_token_ids: Iterable[int] = ()) -> list[int]:
+    """:func:`selfspec.reference.reference_generate`, computed once per model and prompt.
+
+    Greedy decoding does not depend on the budget or on EOS but for where it stops, so the
+    reference of a shorter budget or with an EOS token is a prefix of the longest one known
+    for the prompt (the reach examples are the same for every suite of a session: their
+    references are decoded once). Kept only while the model's weights are value for value
+    the ones they were computed with (models of up to :data:`selfspec.audit.EXACT_WEIGHTS`
+    parameters; larger ones are decoded every time)."""
+    prompt = tuple(int(t) for t in prompt_ids)
+    entry = _REFERENCES.get(model)
+    if entry is None or entry[0].changed() is not None:
+        guard = WeightGuard(model)
+        if not guard.exact:  # a real model: no copy of its weights, no cache
+            return reference_generate(model, prompt, max_new_tokens, eos_token_ids)
+        entry = _REFERENCES[model] = (guard, {})
+    known = entry[1].get(prompt)
+    if known is None or len(known) < max_new_tokens:
+        known = entry[1][prompt] = reference_generate(model, prompt, max_new_tokens)
+    ref = known[:max_new_tokens]
+    eos = set(eos_token_ids)
+    cut = next((i for i, t in enumerate(ref) if t in eos), None)
+    return ref if cut is None else ref[: cut + 1]
