@@ -35,8 +35,9 @@ class Decoder:
     to copies beside it (one copy of each weight in memory; the model's own forward then runs
     the new layout too; see :func:`selfspec.runner.layout.adopt_layout`): what ``specdec``
     does. ``audit`` (default: the ``SELFSPEC_AUDIT`` environment variable) checks
-    every step against the full model (``selfspec.audit``); the last decode's
-    :class:`~selfspec.audit.Auditor` is ``self.auditor``.
+    every step against the full model (``selfspec.audit``), and the model's weights from
+    before ``selfspec_setup`` on (``self.weights``, a :class:`~selfspec.audit.WeightGuard`);
+    the last decode's :class:`~selfspec.audit.Auditor` is ``self.auditor``.
     """
 
     def __init__(

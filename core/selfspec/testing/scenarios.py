@@ -120,19 +120,19 @@ _MOTIFS = ((5, 9, 17, 3), (11, 2, 7, 2, 30), (3, 4, 5), (1, 2), (40, 41, 42, 43,
 
 def reach(archs: Sequence[str] = ARCHS, positions: int = POSITIONS) -> list[Scenario]:
     """The fixed examples of every suite: a long one per architecture (a prompt of 520-552
-    tokens, an output of 260), one output of 520 tokens (the second architecture), and short
-    edge cases spread over the architectures (a window edge with EOS mid-output, deep
-    repetitive drafts, a one-token prompt)."""
-    if LONG_PROMPT + 40 + LONG_NEW > positions or 64 + LONGEST_NEW > positions:
+    tokens, an output of 260), a 300-token prompt with a 520-token output (the second
+    architecture), and short edge cases spread over the architectures (a window edge with EOS
+    mid-output, deep repetitive drafts after a 200-token prompt, a one-token prompt)."""
+    if LONG_PROMPT + 40 + LONG_NEW > positions or 300 + LONGEST_NEW > positions:
         raise ValueError(f"the reach set needs {LONG_PROMPT + 40 + LONG_NEW} positions; the model has {positions}")
     out = []
     for i, arch in enumerate(archs):
         prompt = _motif(LONG_PROMPT + 8 * i, _MOTIFS[i % len(_MOTIFS)], changes=3, salt=arch)
         out.append(Scenario(arch, prompt, LONG_NEW, None, "long prompt, long output"))
     base = [
-        ("longest output", 64, LONGEST_NEW, None, (7, 30, 7, 2)),
+        ("longest output", 300, LONGEST_NEW, None, (7, 30, 7, 2)),
         ("window edge, eos mid-output", 5, 24, 9, (3, 4, 5)),
-        ("repetitive, deep drafts", 64, 40, None, (1, 2)),
+        ("repetitive, deep drafts", 200, 40, None, (1, 2)),
         ("one-token prompt", 1, 33, None, (9,)),
     ]
     for i, (label, n_prompt, n_new, eos_at, motif) in enumerate(base):
