@@ -122,7 +122,8 @@ def reach(archs: Sequence[str] = ARCHS, positions: int = POSITIONS) -> list[Scen
     """The fixed examples of every suite: a long one per architecture (a prompt of 520-552
     tokens, an output of 260), a 300-token prompt with a 520-token output (the second
     architecture), and short edge cases spread over the architectures (a window edge with EOS
-    mid-output, deep repetitive drafts after a 200-token prompt, a one-token prompt)."""
+    mid-output, deep repetitive drafts after a 200-token prompt, a one-token prompt with a
+    130-token output)."""
     if LONG_PROMPT + 40 + LONG_NEW > positions or 300 + LONGEST_NEW > positions:
         raise ValueError(f"the reach set needs {LONG_PROMPT + 40 + LONG_NEW} positions; the model has {positions}")
     out = []
@@ -133,7 +134,7 @@ def reach(archs: Sequence[str] = ARCHS, positions: int = POSITIONS) -> list[Scen
         ("longest output", 300, LONGEST_NEW, None, (7, 30, 7, 2)),
         ("window edge, eos mid-output", 5, 24, 9, (3, 4, 5)),
         ("repetitive, deep drafts", 200, 40, None, (1, 2)),
-        ("one-token prompt", 1, 33, None, (9,)),
+        ("one-token prompt", 1, 130, None, (9,)),
     ]
     for i, (label, n_prompt, n_new, eos_at, motif) in enumerate(base):
         out.append(Scenario(archs[(i + 1) % len(archs)], _motif(n_prompt, motif), n_new, eos_at, label))
