@@ -71,7 +71,7 @@ class PluginSuite:
     examples_per_arch: ClassVar[int | None] = None
     #: Run under this Hypothesis profile instead of the loaded one (the kit's mutation test).
     hypothesis_profile: ClassVar[str | None] = None
-    #: False: report the first failing example as drawn, without shrinking it.
+    #: False: stop at the first failing example and report it as drawn, without shrinking it.
     shrink: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ parametrization
@@ -161,7 +161,8 @@ class PluginSuite:
                 test = example(scenario=sc, options={**self.reach_options, **self.fixed_options})(test)
         if base.derandomize:  # a fixed sequence per plugin and architecture, not one for all
             test = seed(zlib.crc32(f"{self.plugin}:{suite_arch}".encode()))(test)
-        phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate]}
+        # not shrinking: stop at the first failing example, as drawn (no further explicit ones)
+        phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate], "report_multiple_bugs": False}
         settings(base, max_examples=n, **phases)(test)()
         cov.done.add(suite_arch)
 
