@@ -12,7 +12,7 @@ from selfspec.audit import AuditError
 from selfspec.builtin.verify import verify_greedy
 from selfspec.plugins import PluginError
 from selfspec.testing import PluginSuite, assert_lossless
-from selfspec.testing.coverage import REQUIRED, Coverage
+from selfspec.testing.coverage import REQUIRED, REQUIRED_PER_ARCH, Coverage
 from selfspec.testing.mutants import Echo, StaleKVLate
 
 PROMPT = [3, 4, 5, 3, 4, 5, 3, 4]
@@ -74,7 +74,7 @@ def test_coverage_buckets_of_one_example():
     cov = Coverage("x")
     res = Result([1] * 130, [7] * 129 + [9], Stats())
     got = set(cov.record("llama", 130, res, Log, window=None, eos=(8,)))
-    assert {"prompt>=129", "output>=129", "depth>=4", "accepted>=1", "late>=64", "chain", "tree",
+    assert {"prompt:129-256", "output:129-256", "depth>=4", "accepted>=1", "late>=64", "chain", "tree",
             "eos-mid-draft", "arch:llama"} <= got
     assert "window-edge" not in got and "accepted>=4" not in got
 
@@ -91,7 +91,8 @@ def test_the_coverage_check_fails_a_suite_that_missed_a_bucket():
     with pytest.raises(pytest.skip.Exception):  # d) not every test_lossless ran: nothing to judge
         suite.test_lossless_coverage()
     cov.done.update(_Suite.archs)
-    cov.counts.update([f"arch:{a}" for a in _Suite.archs] + [b for b in REQUIRED if b != "accepted>=1"])
+    cov.counts.update([b.format(arch=a) for a in _Suite.archs for b in REQUIRED_PER_ARCH]
+                      + [b for b in REQUIRED if b != "accepted>=1"])
     with pytest.raises(AssertionError, match=r"never exercised \['accepted>=1'\]"):
         suite.test_lossless_coverage()
     _Suite.coverage_exempt = {"accepted>=1": "a test of the exemption"}

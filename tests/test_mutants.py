@@ -6,6 +6,8 @@ a) Each mutant runs exactly as a plugin author's suite does (a :class:`PluginSui
    shrinking; the score is the number of examples run up to the first that fails.
 b) The derandomized profile makes that number exact, so docs/testing-plugins.md states it
    and this test keeps the table true.
+c) A mutant that names the hook the audit must blame (``hook``) and records the step it first
+   went wrong at (``fault_step``) is checked for both: the blame is right, not merely raised.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "testing-plugins.md"
 
 def run_suite(plugin_object, factory, dtype=None) -> tuple[int | None, str]:
     """Run the standard property test of ``plugin_object`` (tiny models in ``dtype``, float64
-    by default); (examples to the first failure, its message), or (None, "") when every
-    example passed."""
+    by default); (examples to the first failure, its message), or (None, its coverage report
+    and missing buckets) when every example passed."""
     calls = []
 
     class Suite(PluginSuite):  # see a)
@@ -48,7 +50,8 @@ def run_suite(plugin_object, factory, dtype=None) -> tuple[int | None, str]:
             suite.test_lossless(arch, "cpu", factory)
         except (LosslessError, PluginError) as exc:
             return len(calls), str(exc)
-    return None, Suite.coverage().report()
+    cov = Suite.coverage()
+    return None, f"{cov.report()}\nmissing: {cov.missing(Suite.archs)}"
 
 
 def documented_score() -> dict[str, int]:
@@ -61,6 +64,10 @@ def test_the_ci_profile_catches_every_mutant(mutant, tiny_model_factory):
     n, message = run_suite(mutant, tiny_model_factory)
     assert n is not None, f"{mutant.__name__} ({mutant.bug}; {mutant.trigger}) escaped:\n{message}"
     assert "selfspec_" in message  # the error names the hook at fault
+    if mutant.hook is not None:  # see c)
+        assert f"plugin 'echo': {mutant.hook} " in message, message
+    if mutant.fault_step is not None:
+        assert f" at step {mutant.fault_step} " in message, message
     assert documented_score().get(mutant.__name__) == n, (  # see b)
         f"{mutant.__name__} was caught after {n} examples; update the table in {DOC.name}")
 
@@ -78,5 +85,7 @@ def test_the_ci_profile_catches_every_mutant_in_bf16(mutant, tiny_model_factory)
 
 def test_the_correct_control_passes_with_full_coverage(tiny_model_factory):
     n, report = run_suite(Echo, tiny_model_factory)
-    assert n is None
-    assert "accepted>=1" in report and "prompt>=129" in report and "output>=129" in report
+    assert n is None, report
+    assert "missing: []" in report  # every required bucket, the long ones of every architecture too
+    for bucket in ("accepted>=1", "prompt:>512", "output:>512", "steps>=256"):
+        assert bucket in report

@@ -16,7 +16,7 @@ import pluggy
 import torch
 
 from . import plugins
-from .audit import Auditor, audit_from_env
+from .audit import Auditor, WeightGuard, audit_from_env
 from .plugins import PluginError
 from .runner import Runner
 from .sampling import GREEDY, Sampler, Sampling
@@ -36,8 +36,9 @@ class Decoder:
     to copies beside it (one copy of each weight in memory; the model's own forward then runs
     the new layout too; see :func:`selfspec.runner.layout.adopt_layout`): what ``specdec``
     does. ``audit`` (default: the ``SELFSPEC_AUDIT`` environment variable) checks
-    every step against the full model (``selfspec.audit``); the last decode's
-    :class:`~selfspec.audit.Auditor` is ``self.auditor``. ``sampling`` (a
+    every step against the full model (``selfspec.audit``), and the model's weights from
+    before ``selfspec_setup`` on (``self.weights``, a :class:`~selfspec.audit.WeightGuard`);
+    the last decode's :class:`~selfspec.audit.Auditor` is ``self.auditor``. ``sampling`` (a
     :class:`~selfspec.sampling.Sampling`; default greedy) is how every decode of this decoder
     picks its tokens, unless :meth:`generate` is given its own.
     """
@@ -72,7 +73,10 @@ class Decoder:
         self.audit_tolerance: float | None = None  # near-tie tolerance of the audit (None: per dtype)
         self.auditor: Auditor | None = None
         self.plugin_hooks = plugins.hook_names(self.pm, self.plugin) if self.plugin is not None else []
+        self.weights = WeightGuard(model) if self.audit else None  # audit: the weights before setup
         self._call("selfspec_setup", runner=self.runner, options=self.options, tokenizer=tokenizer)
+        if self.weights is not None:
+            self.weights.check(self.plugin_name, "selfspec_setup")
 
     @property
     def hook(self) -> pluggy.HookRelay:
@@ -120,8 +124,10 @@ class Decoder:
             runner.forward(prompt[:-1], cache=state.cache, start=0, logits=None)
         self._sync()
         stats.prefill_s = time.perf_counter() - t_start
+        audit = self.auditor = self._auditor()
         self._call("selfspec_start", state=state)
-        audit = self.auditor = self._auditor(state)
+        if audit:
+            audit.start(state)
 
         while state.budget > 0 and not state.finished:
             # 2. propose: a chain [k] or a tree of draft tokens after the pending token
@@ -157,15 +163,17 @@ class Decoder:
         stats.new_tokens = len(out)
         result = Result(prompt_ids=prompt.tolist(), output_ids=out, stats=stats, text=self._decode(out))
         self._call("selfspec_end", state=state, result=result)
+        if audit:
+            audit.ended()
         return result
 
     # ------------------------------------------------------------------------------ helpers
-    def _auditor(self, state: DecodeState) -> Auditor | None:
+    def _auditor(self) -> Auditor | None:
         if not self.audit:
             return None
-        auditor = Auditor(self.plugin_name, self.plugin_hooks, self.audit_tolerance)
-        auditor.start(state)
-        return auditor
+        if self.weights is None:  # audit switched on after setup: the weights as they are now
+            self.weights = WeightGuard(self.model)
+        return Auditor(self.plugin_name, self.plugin_hooks, self.audit_tolerance, self.weights)
 
     def _commit(self, state: DecodeState, verdict: Verdict, draft: Draft) -> list[int]:
         new = list(verdict.committed)

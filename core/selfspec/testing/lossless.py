@@ -4,12 +4,13 @@ the same seed) of the same model."""
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..audit import AuditError, Auditor
+from ..audit import AuditError, Auditor, LosslessError, WeightGuard
 from ..loop import Decoder
 from ..reference import compare
 from ..sampling import Sampling, reference_sample
@@ -19,10 +20,6 @@ from ..types import Result
 
 class NearTieWarning(UserWarning):
     """A float32/bf16 output left the reference at a near-tied logit (allowed, reported)."""
-
-
-class LosslessError(AssertionError):
-    """The plugin's output differs from greedy decoding of the same model."""
 
 
 def assert_lossless(
@@ -52,8 +49,13 @@ def assert_lossless(
     :class:`NearTieWarning` gives the margin. Nothing is ever retried.
 
     The decode always runs in audit mode (:mod:`selfspec.audit`): a wrong token, a wrong KV
-    slot or a touched committed token raises :class:`LosslessError` at the step where it
-    happens, naming the hook at fault, before any comparison of whole outputs. ``record`` is
+    slot, a touched committed token or a changed weight of the model raises
+    :class:`~selfspec.audit.AuditError` (a subclass of :class:`LosslessError`) at the step
+    where it happens, naming the hook at fault and the step, before any comparison of whole
+    outputs; a difference found only by that comparison raises :class:`LosslessError` itself.
+    The model's weights are fingerprinted before ``selfspec_setup`` (when ``plugin`` is a name;
+    a ready ``Decoder`` has run its setup already) and checked after every hook, so the
+    reference is greedy decoding of the untouched model. ``record`` is
     called with the result and the decode's :class:`~selfspec.audit.Auditor` (its per-step
     log): the kit's coverage counters use it.
 
@@ -66,17 +68,22 @@ def assert_lossless(
         if plugin.model is not model:
             raise ValueError("the Decoder passed to assert_lossless drives another model")
         decoder = plugin
-    else:
-        decoder = Decoder(model, plugin, options, plugin_object=plugin_object)
     eos = tuple(eos_token_ids)
     prompt = [int(t) for t in prompt_ids]
     dtype = next(model.parameters()).dtype
+    example = f"prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, {dtype}"
+    if not isinstance(plugin, Decoder):
+        try:  # in audit mode: the weights are fingerprinted before selfspec_setup
+            decoder = Decoder(model, plugin, options, plugin_object=plugin_object, audit=True)
+        except AuditError as exc:
+            exc.args = (f"{exc}\n  ({example}, options {dict(options or {})})",)
+            raise
     audit, decoder.audit, decoder.audit_tolerance = decoder.audit, True, tolerance
     try:
         result = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos, sampling=sampling)
-    except AuditError as exc:
-        raise LosslessError(f"{exc}\n  (prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, "
-                            f"{dtype}, options {decoder.options})") from exc
+    except AuditError as exc:  # a LosslessError too: the example is added to its message
+        exc.args = (f"{exc}\n  ({example}, options {decoder.options})",)
+        raise
     finally:
         decoder.audit, decoder.audit_tolerance = audit, None
     auditor = decoder.auditor
@@ -84,7 +91,10 @@ def assert_lossless(
     if record is not None:
         record(result, auditor)
     sampling = decoder.sampling if sampling is None else sampling
-    reference = reference_sample(model, prompt, max_new_tokens, eos, sampling)
+    if sampling.greedy:
+        reference = greedy_reference(model, prompt, max_new_tokens, eos)
+    else:
+        reference = reference_sample(model, prompt, max_new_tokens, eos, sampling)
     if dtype == torch.float64:
         tolerance = 0.0  # exact in float64, whatever was asked
     cmp = compare(model, prompt, result.output_ids, reference, tolerance=tolerance, sampling=sampling)
@@ -105,3 +115,35 @@ def assert_lossless(
     warnings.warn(f"near-tie: {where}", NearTieWarning, stacklevel=2)
     result.near_ties += 1
     return result
+
+
+#: Greedy references already computed, per model: ``{prompt: longest output}``, valid while
+#: the model's weights are the ones fingerprinted with them (see :func:`greedy_reference`).
+_REFERENCES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[WeightGuard, dict[tuple[int, ...], list[int]]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def greedy_reference(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
+                     eos_token_ids: Iterable[int] = ()) -> list[int]:
+    """:func:`selfspec.reference.reference_generate`, computed once per model and prompt.
+
+    Greedy decoding does not depend on the budget or on EOS but for where it stops, so the
+    reference of a shorter budget or with an EOS token is a prefix of the longest one known
+    for the prompt (the reach examples are the same for every suite of a session: their
+    references are decoded once). Kept only while the model's weights are value for value
+    the ones they were computed with (models of up to :data:`selfspec.audit.EXACT_WEIGHTS`
+    parameters; larger ones are decoded every time)."""
+    prompt = tuple(int(t) for t in prompt_ids)
+    entry = _REFERENCES.get(model)
+    if entry is None or entry[0].changed() is not None:
+        guard = WeightGuard(model)
+        if not guard.exact:  # a real model: no copy of its weights, no cache
+            return reference_generate(model, prompt, max_new_tokens, eos_token_ids)
+        entry = _REFERENCES[model] = (guard, {})
+    known = entry[1].get(prompt)
+    if known is None or len(known) < max_new_tokens:
+        known = entry[1][prompt] = reference_generate(model, prompt, max_new_tokens)
+    ref = known[:max_new_tokens]
+    eos = set(eos_token_ids)
+    cut = next((i for i, t in enumerate(ref) if t in eos), None)
+    return ref if cut is None else ref[: cut + 1]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .archs import ARCHS
+from .archs import ARCHS, POSITIONS
 
 #: Sliding window (in tokens) of the tiny models that have one.
 WINDOW = 4
@@ -27,7 +27,7 @@ _COMMON: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 12,
-    "max_position_embeddings": 1024,  # room for the kit's long prompts and outputs
+    "max_position_embeddings": POSITIONS,  # room for the kit's long prompts and outputs
     "initializer_range": 0.3,
     "tie_word_embeddings": False,
     "bos_token_id": None,

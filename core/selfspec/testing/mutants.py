@@ -27,6 +27,10 @@ class Echo:
 
     bug: ClassVar[str] = "none (the correct control)"
     trigger: ClassVar[str] = "-"
+    #: The hook the audit must blame (None: not checked).
+    hook: ClassVar[str | None] = None
+    #: ``state.step`` of the first wrong step of the last decode (None: none, or not recorded).
+    fault_step: ClassVar[int | None] = None
 
     @hookimpl
     def selfspec_options(self, register: Any) -> None:
@@ -35,6 +39,7 @@ class Echo:
     @hookimpl
     def selfspec_setup(self, options: dict[str, Any]) -> None:
         self.k = options["k"]
+        type(self).fault_step = None
 
     @hookimpl
     def selfspec_propose(self, state: DecodeState) -> Draft:
@@ -59,6 +64,13 @@ class Echo:
 
     def cache(self, state: DecodeState, verdict: Verdict) -> None:
         pass  # the built-in commit keeps verdict.kv_slots
+
+    def fault(self, state: DecodeState, after_commit: bool = False) -> None:
+        """Note the step of the first wrong step of this decode (what the audit must name).
+        ``selfspec_update_policy`` runs after the commit, where ``state.step`` already counts
+        the step (``after_commit=True``)."""
+        if type(self).fault_step is None:
+            type(self).fault_step = state.step - 1 if after_commit else state.step
 
 
 def _accept_all(state: DecodeState, draft: Draft) -> Verdict:
@@ -216,9 +228,98 @@ class StepKeyedNoise(Echo):
         return Verdict(tuple(draft.tokens[:a].tolist()), int(pred[a]), tuple(range(a)))
 
 
+# ---------------------------------------------------------------- past the old reach (issue 28)
+class PastMismatchPrompt400(Echo):
+    bug = "accepts one draft token past the first mismatch"
+    trigger = "prompts of 400+ tokens"
+    hook = "selfspec_verify"
+    at = 400
+
+    def verify(self, state, draft):
+        v = verify_greedy(state, draft)
+        a = len(v.accepted)
+        if state.prompt_length < self.at or a >= len(draft):
+            return v
+        self.fault(state)
+        return _accept_all(state, Draft(draft.tokens[: a + 1]))
+
+
+class WrongTokenAfter200(Echo):
+    bug = "bonus token off by one"
+    trigger = "from output token 200 on"
+    hook = "selfspec_verify"
+    at = 200
+
+    def verify(self, state, draft):
+        v = verify_greedy(state, draft)
+        if state.generated + len(v.accepted) < self.at:
+            return v
+        self.fault(state)
+        return replace(v, bonus=(v.bonus + 1) % state.runner.vocab_size)
+
+
+class WrongTokenGemmaLate(WrongTokenAfter200):
+    bug = "bonus token off by one, on Gemma 3 only"
+    trigger = "Gemma 3, from output token 100 on"
+    at = 100
+
+    def verify(self, state, draft):
+        if state.runner.config.model_type.startswith("gemma3"):
+            return super().verify(state, draft)
+        return verify_greedy(state, draft)
+
+
+class DropsSlotEvery130(Echo):
+    bug = "cache hook drops a KV slot (the next one moves into it) once every 130 steps"
+    trigger = "steps 129, 259, ..."
+    hook = "selfspec_verify or selfspec_cache"
+    every = 130
+
+    def cache(self, state, verdict):
+        if (state.step + 1) % self.every:
+            return
+        self.fault(state)
+        base, c = state.length - 1, state.cache
+        for i in range(c.n_layers):
+            if c.keys[i] is not None:
+                c.keys[i][:, :, base] = c.keys[i][:, :, base + 1]
+                c.values[i][:, :, base] = c.values[i][:, :, base + 1]
+
+
+class EditsHeadInSetup(Echo):
+    bug = "selfspec_setup scales one row of the model's LM head in place"
+    trigger = "always (the output changes only where that token is near the top)"
+    hook = "selfspec_setup"
+
+    @hookimpl
+    def selfspec_setup(self, runner: Any, options: dict[str, Any]) -> None:
+        super().selfspec_setup(options)
+        with torch.no_grad():
+            runner.lm_head.weight[7].mul_(1.05)
+
+
+class PolicyCorruptsKVLate(Echo):
+    bug = "update-policy hook writes over the last committed KV slot"
+    trigger = "from output token 150 on"
+    hook = "selfspec_update_policy"
+    at = 150
+
+    @hookimpl
+    def selfspec_update_policy(self, state, verdict):
+        if state.generated < self.at or state.finished:
+            return
+        self.fault(state, after_commit=True)
+        base, c = state.length - 2, state.cache
+        for i in range(c.n_layers):
+            if c.keys[i] is not None:
+                c.keys[i][:, :, base] *= 0.5
+
+
 #: Every mutant, in the order of the score table.
 MUTANTS: tuple[type[Echo], ...] = (
     WrongBonusLate, WrongBonusVeryLate, PastMismatchLongPrompt, PastMismatchVeryLongPrompt,
     ShiftedSlotsDeep, ProposerOverwritesLong, PendingOverwrittenLate, StaleKVLate,
     SkipsCheckLongPrompt, SkipsCheckDeep, SkipsCheckLate, StepKeyedNoise,
+    PastMismatchPrompt400, WrongTokenAfter200, WrongTokenGemmaLate, DropsSlotEvery130, EditsHeadInSetup,
+    PolicyCorruptsKVLate,
 )

@@ -166,15 +166,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def tiny_model_factory() -> Callable[..., Any]:
     """``factory(arch, *, dtype=torch.float64, seed=0, device="cpu", **overrides)`` -> model,
-    cached per argument set for the session."""
+    cached per argument set for the session. A cached model whose weights were changed since
+    it was built (value for value), or that gained forward hooks, is built afresh: one
+    suite's edit never reaches the next."""
     built: dict[Any, Any] = {}
 
     def factory(arch: str, **kwargs: Any) -> Any:
+        from ..audit import WeightGuard
         from .models import tiny_model
 
         key = (arch, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
-        if key not in built:
-            built[key] = tiny_model(arch, **kwargs)
-        return built[key]
+        if key in built:
+            model, guard = built[key]
+            if guard.changed() is None and not _hooked(model):
+                return model
+        model = tiny_model(arch, **kwargs)
+        built[key] = (model, WeightGuard(model, exact=True))
+        return model
 
     return factory
+
+
+def _hooked(model: Any) -> bool:
+    """Any forward (pre-)hook on the model's modules (a fresh tiny model has none)."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

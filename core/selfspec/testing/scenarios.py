@@ -5,32 +5,43 @@ from the reference output (``eos_at``: its index there) so that EOS shows up mid
 with drafts that get accepted, mid-draft, and how tokens are picked (``sampling``: ``None`` for
 greedy decoding, else a :class:`selfspec.Sampling`; the reference is then plain sampling with
 the same seed). :func:`scenarios` draws sampling settings for about half the examples and
-:func:`sampled` is one fixed sampling example per architecture.
+:func:`sampled` is one fixed sampling example per architecture. A new dimension of the
+examples (a dtype, say) is a field of :class:`Scenario` with a default, drawn in
+:func:`scenarios`.
 
-:func:`scenarios` draws prompt and output lengths over a wide range weighted toward the
-boundaries of :data:`~selfspec.testing.strategies.BOUNDARIES` (plus a plugin's own), most of
-them short so that examples stay cheap. :func:`reach` is the fixed set every
-:class:`~selfspec.testing.PluginSuite` runs as explicit examples under any profile: a long
-prompt (257 tokens), a long output (129), a prompt just past 128, a window edge with EOS
-mid-output, and a repetitive prompt that makes drafts be accepted deep, spread over the
-architectures; it is what makes the coverage check pass whatever the random draws.
+:func:`scenarios` draws prompt and output lengths over a wide range (:class:`Limits`) weighted
+toward the boundaries of :data:`~selfspec.testing.strategies.BOUNDARIES` (plus a plugin's
+own), most of them short so that examples stay cheap; never the trivial example (a 1-token
+prompt and 1 new token), which Hypothesis would otherwise try first. :func:`reach` is the fixed
+set every :class:`~selfspec.testing.PluginSuite` runs as explicit examples under any profile:
+on *every* architecture a prompt past 512 tokens with an output past 256 (long prompt and
+long output crossed, far past every sliding window), one output past 512 tokens, and a few
+short edge cases; it is what makes the coverage check pass whatever the random draws.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from ..sampling import Sampling
-from .archs import ARCHS
+from .archs import ARCHS, POSITIONS
 from .strategies import TINY_VOCAB, boundary_lengths, prompt_ids, samplings
 
-#: Longest prompt and output the strategies draw (the tiny models have 1024 positions); longer
-#: outputs are the reach set's (129 tokens), as drawn ones cost the most.
-MAX_PROMPT = 300
-MAX_NEW = 72
+#: Longest prompt and output the strategies draw by default (the tiny models have
+#: :data:`~selfspec.testing.archs.POSITIONS` positions); the longest outputs are the reach
+#: set's, as drawn ones cost the most.
+MAX_PROMPT = 768
+MAX_NEW = 160
+#: The reach set's lengths: on every architecture a prompt of ``LONG_PROMPT`` (+ up to 40)
+#: tokens and an output of ``LONG_NEW``; on one architecture an output of ``LONGEST_NEW``.
+LONG_PROMPT = 520
+LONG_NEW = 260
+LONGEST_NEW = 520
 
 
 @dataclass(frozen=True)
@@ -54,36 +65,85 @@ class Scenario:
                 f"{f', label={self.label!r}' if self.label else ''})")
 
 
+@dataclass(frozen=True)
+class Limits:
+    """How long drawn prompts and outputs get: ``max_prompt``, ``max_new`` and the model's
+    ``positions`` (prompt + output must fit). :meth:`extended` widens them to a plugin's
+    ``boundaries`` or says why it cannot; nothing is clipped silently."""
+
+    max_prompt: int = MAX_PROMPT
+    max_new: int = MAX_NEW
+    positions: int = POSITIONS
+
+    def extended(self, boundaries: Sequence[int]) -> Limits:
+        """The limits, raised so that every boundary ``b`` (and ``b + 1``) can be drawn as a
+        prompt length and as an output length; ``ValueError`` for a boundary the model's
+        positions cannot hold."""
+        if self.max_prompt < 1 or self.max_new < 1 or self.max_prompt + 1 > self.positions:
+            raise ValueError(f"limits {self} leave no room: prompts and outputs need 1+ tokens "
+                             f"within {self.positions} positions")
+        top = max((int(b) for b in boundaries), default=0) + 1
+        if top + 1 > self.positions:
+            raise ValueError(
+                f"boundary {top - 1} is past what the tiny models hold: a prompt or output of "
+                f"{top} tokens needs {top + 1}+ of their {self.positions} positions; raise "
+                f"max_position_embeddings (model_overrides) or drop the boundary")
+        return Limits(max(self.max_prompt, top), max(self.max_new, top), self.positions)
+
+
 @st.composite
 def scenarios(draw: st.DrawFn, archs: Sequence[str] = ARCHS, *, vocab_size: int = TINY_VOCAB,
               max_prompt: int = MAX_PROMPT, max_new: int = MAX_NEW,
-              boundaries: Sequence[int] = ()) -> Scenario:
+              boundaries: Sequence[int] = (), positions: int = POSITIONS) -> Scenario:
     """A :class:`Scenario`; ``boundaries`` adds lengths that matter to a plugin (its buffer
-    size, depth limit, cache capacity), each drawn with +-1."""
+    size, depth limit, cache capacity), each drawn with +-1 as a prompt and as an output
+    length, raising ``max_prompt``/``max_new`` to reach them (:meth:`Limits.extended`:
+    ``ValueError`` past ``positions``)."""
+    lim = Limits(max_prompt, max_new, positions).extended(boundaries)
     arch = draw(st.sampled_from(list(archs)))
-    n_prompt = draw(boundary_lengths(1, max_prompt, boundaries))
+    n_prompt = draw(boundary_lengths(1, min(lim.max_prompt, lim.positions - 1), boundaries))
     prompt = draw(prompt_ids(n_prompt, vocab_size))
-    n_new = draw(boundary_lengths(1, max_new, boundaries))
-    # EOS from the reference output costs one more reference decode: only for short outputs
-    eos_at = draw(st.one_of(st.none(), st.integers(0, n_new - 1))) if n_new <= 48 else None
+    n_new = draw(boundary_lengths(1, max(1, min(lim.max_new, lim.positions - n_prompt)), boundaries))
+    assume(n_prompt > 1 or n_new > 1)  # the simplest draw exercises nothing: spend the example elsewhere
+    # EOS from the reference output costs no more decoding: the reference is kept per prompt
+    eos_at = draw(st.one_of(st.none(), st.integers(0, n_new - 1)))
     sampling = draw(st.one_of(st.none(), samplings()))
     return Scenario(arch, tuple(prompt), n_new, eos_at, sampling=sampling)
 
 
-def _motif(n: int, motif: Sequence[int]) -> tuple[int, ...]:
-    return tuple((list(motif) * (n // len(motif) + 1))[:n])
+def _motif(n: int, motif: Sequence[int], changes: int = 0, salt: str = "") -> tuple[int, ...]:
+    """``motif`` repeated to ``n`` tokens, with ``changes`` tokens replaced at fixed places
+    (drafts that go wrong midway)."""
+    ids = (list(motif) * (n // len(motif) + 1))[:n]
+    for j in range(changes):
+        h = zlib.crc32(f"{salt}:{j}".encode())
+        ids[h % n] = (h >> 16) % TINY_VOCAB
+    return tuple(ids)
 
 
-def reach(archs: Sequence[str] = ARCHS) -> list[Scenario]:
-    """The fixed examples of every suite; one architecture each, in turn over ``archs``."""
-    base = [
-        ("long prompt", 257, 33, None, (5, 9, 17, 3)),
-        ("long output", 17, 129, None, (3, 4, 5)),
-        ("prompt past 128", 129, 17, None, (11, 2, 7, 2, 30)),
-        ("window edge, eos mid-output", 5, 24, 9, (3, 4, 5)),
-        ("repetitive, deep drafts", 64, 40, None, (1, 2)),
-    ]
+#: The reach set's motifs, one per architecture in turn: repetitive prompts make drafts of
+#: n-gram and self-drafters be accepted, so acceptance paths run at long prompts.
+_MOTIFS = ((5, 9, 17, 3), (11, 2, 7, 2, 30), (3, 4, 5), (1, 2), (40, 41, 42, 43, 44, 45, 46))
+
+
+def reach(archs: Sequence[str] = ARCHS, positions: int = POSITIONS) -> list[Scenario]:
+    """The fixed examples of every suite: a long one per architecture (a prompt of 520-552
+    tokens, an output of 260), a 300-token prompt with a 520-token output (the second
+    architecture), and short edge cases spread over the architectures (a window edge with EOS
+    mid-output, deep repetitive drafts after a 200-token prompt, a one-token prompt with a
+    130-token output)."""
+    if LONG_PROMPT + 40 + LONG_NEW > positions or 300 + LONGEST_NEW > positions:
+        raise ValueError(f"the reach set needs {LONG_PROMPT + 40 + LONG_NEW} positions; the model has {positions}")
     out = []
+    for i, arch in enumerate(archs):
+        prompt = _motif(LONG_PROMPT + 8 * i, _MOTIFS[i % len(_MOTIFS)], changes=3, salt=arch)
+        out.append(Scenario(arch, prompt, LONG_NEW, None, "long prompt, long output"))
+    base = [
+        ("longest output", 300, LONGEST_NEW, None, (7, 30, 7, 2)),
+        ("window edge, eos mid-output", 5, 24, 9, (3, 4, 5)),
+        ("repetitive, deep drafts", 200, 40, None, (1, 2)),
+        ("one-token prompt", 1, 130, None, (9,)),
+    ]
     for i, (label, n_prompt, n_new, eos_at, motif) in enumerate(base):
         out.append(Scenario(archs[(i + 1) % len(archs)], _motif(n_prompt, motif), n_new, eos_at, label))
     return out

@@ -26,7 +26,7 @@ TINY_VOCAB = 128
 #: Lengths where bugs live: powers of two +-1 (buffers, capacities, index wrap), and the tiny
 #: models' sliding windows +-1 (4 in Mistral/Qwen2, 3 in Gemma 3).
 BOUNDARIES: tuple[int, ...] = tuple(sorted(
-    {2, 3, 4, 5, 6} | {n for k in range(3, 9) for n in (2**k - 1, 2**k, 2**k + 1)}))
+    {2, 3, 4, 5, 6} | {n for k in range(3, 10) for n in (2**k - 1, 2**k, 2**k + 1)}))
 
 
 def archs() -> st.SearchStrategy[str]:

@@ -14,8 +14,10 @@ generates, for that plugin:
 * ``test_lossless[arch-device]``: the losslessness property over every architecture in
   ``archs`` and every device (``selfspec_device``): a Hypothesis test drawing a
   :class:`~selfspec.testing.scenarios.Scenario` (wide, boundary-weighted prompt and output
-  lengths; repetitive prompts; EOS mid-output) and ``strategies.options(declared)``, plus the
-  fixed :func:`~selfspec.testing.scenarios.reach` examples, each decoded in audit mode by
+  lengths up to ``max_prompt``/``max_new_tokens``; repetitive prompts; EOS mid-output) and
+  ``strategies.options(declared)``, plus the fixed :func:`~selfspec.testing.scenarios.reach`
+  examples (a 520+-token prompt with a 260-token output on every architecture, a 520-token
+  output, short edge cases), each decoded in audit mode by
   :func:`~selfspec.testing.assert_lossless` and recorded in the suite's coverage;
 * ``test_lossless_across_decodes[arch-device]``: one :class:`~selfspec.Decoder` (so one
   plugin instance, set up once) decodes a warm-up and then :data:`DECODE_SEQUENCE` in turn,
@@ -24,8 +26,9 @@ generates, for that plugin:
   across decodes is exercised. The Hypothesis property builds a fresh ``Decoder`` per example
   instead, so a failing example replays and shrinks on its own;
 * ``test_lossless_coverage``: after every ``test_lossless`` of the class ran, fails when a
-  required bucket (:data:`selfspec.testing.coverage.REQUIRED`, every architecture) was never
-  hit, printing what was.
+  required bucket (:data:`selfspec.testing.coverage.REQUIRED`, and
+  :data:`~selfspec.testing.coverage.REQUIRED_PER_ARCH` of every architecture) was never hit,
+  printing what was.
 
 Add the plugin's own mechanics tests as more methods of the class or beside it.
 """
@@ -37,7 +40,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .archs import ARCHS
+from .archs import ARCHS, POSITIONS
 from .coverage import Coverage, coverage_for
 
 #: ``(prompt, max_new_tokens)`` decoded in turn by one Decoder in ``test_lossless_across_decodes``,
@@ -66,8 +69,13 @@ class PluginSuite:
     option_strategies: ClassVar[dict[str, Any]] = {}
     #: Options of the fixed reach examples: the ones that draft deepest.
     reach_options: ClassVar[dict[str, Any]] = {}
-    #: Lengths that matter to this plugin (buffer size, depth limit): drawn with +-1.
+    #: Lengths that matter to this plugin (buffer size, depth limit): drawn with +-1 as prompt
+    #: and output lengths; one past the drawn limits raises them, one past the tiny models'
+    #: positions fails ``test_declares_valid_options`` and ``test_lossless`` with the reason.
     boundaries: ClassVar[tuple[int, ...]] = ()
+    #: Longest drawn prompt and output (None: ``scenarios.MAX_PROMPT``/``MAX_NEW``, 768 and 160).
+    max_prompt: ClassVar[int | None] = None
+    max_new_tokens: ClassVar[int | None] = None
     #: ``{bucket: reason}`` for required coverage buckets this plugin cannot reach.
     coverage_exempt: ClassVar[dict[str, str]] = {}
     #: Config overrides of the tiny models (``tiny_model_factory(arch, **model_overrides)``).
@@ -77,13 +85,14 @@ class PluginSuite:
     #: (:func:`selfspec.tiebound.tie_bound`), each difference within it reported.
     model_dtype: ClassVar[Any] = None
     #: Drawn examples per architecture and device, besides the reach and sampled examples; None:
-    #: the profile's ``max_examples`` left after the reach set, spread over the architectures (2
-    #: each under ``selfspec-ci``, 20 examples in all; 11 under ``selfspec-dev``). Hypothesis
-    #: draws the simplest example first (a 1-token prompt, 1 new token): cheap, and a case too.
+    #: the profile's ``max_examples`` left after the reach set, spread over the architectures, at
+    #: least 2 (2 each under ``selfspec-ci``: 24 examples in all with the 9 of the reach set and
+    #: one sampled example per architecture). The trivial draw (1-token prompt, 1 new token) is
+    #: never made.
     examples_per_arch: ClassVar[int | None] = None
     #: Run under this Hypothesis profile instead of the loaded one (the kit's mutation test).
     hypothesis_profile: ClassVar[str | None] = None
-    #: False: report the first failing example as drawn, without shrinking it.
+    #: False: stop at the first failing example and report it as drawn, without shrinking it.
     shrink: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ parametrization
@@ -127,6 +136,16 @@ class PluginSuite:
             unknown = sorted(set(getattr(self, attr)) - set(declared))
             assert not unknown, f"{attr} names options {self.plugin!r} does not declare: {unknown}"
         resolve(declared, {**self.reach_options, **self.fixed_options}, self.plugin)
+        self.limits()  # a boundary past the tiny models' positions: the reason, here too
+
+    def limits(self) -> Any:
+        """The drawn lengths' :class:`~selfspec.testing.scenarios.Limits`, raised to the
+        class's ``boundaries`` (``ValueError`` past the models' positions)."""
+        from .scenarios import MAX_NEW, MAX_PROMPT, Limits
+
+        positions = int(self.model_overrides.get("max_position_embeddings", POSITIONS))
+        lim = Limits(self.max_prompt or MAX_PROMPT, self.max_new_tokens or MAX_NEW, positions)
+        return lim.extended(self.boundaries)
 
     def options_strategy(self, model: Any, declared: dict[str, Any]) -> Any:
         """The options drawn for one model: ``strategies.options(declared)`` with the class's
@@ -143,25 +162,30 @@ class PluginSuite:
 
         cov = self.coverage()
         _, declared = self._manager()
+        lim = self.limits()
         dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
         model = tiny_model_factory(suite_arch, device=selfspec_device, **dtype, **self.model_overrides)
         opts = self.options_strategy(model, declared)
         base = settings.get_profile(self.hypothesis_profile) if self.hypothesis_profile else settings.default
+        fixed = reach(self.archs, lim.positions)
         n = self.examples_per_arch
         if n is None:
-            n = max(2, (base.max_examples - len(reach(self.archs))) // len(self.archs))
+            n = max(2, (base.max_examples - len(fixed)) // len(self.archs))
 
         def check(scenario: Any, options: dict[str, Any]) -> None:
             self.check_example(model, scenario, options, cov)
 
-        test = given(scenario=scenarios([suite_arch], boundaries=self.boundaries), options=opts)(check)
-        for sc in reach(self.archs):
+        drawn = scenarios([suite_arch], max_prompt=lim.max_prompt, max_new=lim.max_new,
+                          boundaries=self.boundaries, positions=lim.positions)
+        test = given(scenario=drawn, options=opts)(check)
+        for sc in fixed:
             if sc.arch == suite_arch:
                 test = example(scenario=sc, options={**self.reach_options, **self.fixed_options})(test)
         test = example(scenario=sampled(suite_arch), options={**self.reach_options, **self.fixed_options})(test)
         if base.derandomize:  # a fixed sequence per plugin and architecture, not one for all
             test = seed(zlib.crc32(f"{self.plugin}:{suite_arch}".encode()))(test)
-        phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate]}
+        # not shrinking: stop at the first failing example, as drawn (no further explicit ones)
+        phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate], "report_multiple_bugs": False}
         settings(base, max_examples=n, **phases)(test)()
         cov.done.add(suite_arch)
 
@@ -193,13 +217,16 @@ class PluginSuite:
         """Decode one scenario in audit mode, compare with ``generate``, record coverage."""
         from hypothesis import event
 
-        from ..sampling import GREEDY, reference_sample
-        from .lossless import assert_lossless
+        from ..sampling import reference_sample
+        from .lossless import assert_lossless, greedy_reference
 
         prompt = list(scenario.prompt)
         eos: tuple[int, ...] = ()
         if scenario.eos_at is not None:
-            ref = reference_sample(model, prompt, scenario.max_new_tokens, (), scenario.sampling or GREEDY)
+            if scenario.sampling is None:
+                ref = greedy_reference(model, prompt, scenario.max_new_tokens)
+            else:
+                ref = reference_sample(model, prompt, scenario.max_new_tokens, (), scenario.sampling)
             eos = (ref[min(scenario.eos_at, len(ref) - 1)],) if ref else ()
         window = getattr(model.config, "sliding_window", None)
         if scenario.arch == "qwen2" and not getattr(model.config, "use_sliding_window", False):

@@ -19,6 +19,10 @@ class TestFractal(PluginSuite):
     option_strategies = {"w": st.integers(0, 4), "backend": st.sampled_from(CPU_BACKENDS),
                          "kv": st.sampled_from(("shared", "none"))}
     reach_options = {"backend": "none", "n": 2, "w": 4}  # see b): drafts accepted, deep windows
+    coverage_exempt = {  # c) the kit's longest output (520 tokens) takes fractal fewer steps
+        "steps>=128": "fractal accepts about 4 tokens a step here: 520 tokens take under 128 steps",
+        "steps>=256": "fractal accepts about 4 tokens a step here: 520 tokens take under 128 steps",
+    }
 
     def options_strategy(self, model, declared):
         # a) positions are any non-empty subset of the layers, or the default spacing for a random n
