@@ -46,6 +46,13 @@ _LAZY: dict[str, tuple[str, str]] = {
     "chain_verdict": ("verification", "chain_verdict"),
     "accepted_length": ("verification", "accepted_length"),
     "tree_path": ("verification", "tree_path"),
+    "draft_tree": ("drafttree", "draft_tree"),
+    "DraftTree": ("drafttree", "DraftTree"),
+    "skip_layer_step": ("drafttree", "skip_layer_step"),
+    "choose_size": ("drafttree", "choose_size"),
+    "CostCurve": ("costcurve", "CostCurve"),
+    "cost_curve": ("costcurve", "cost_curve"),
+    "measure_cost_curve": ("costcurve", "measure_cost_curve"),
     "greedy": ("reference", "greedy"),
     "reference_generate": ("reference", "reference_generate"),
     # per-model artefacts
@@ -97,6 +104,13 @@ __all__ = [
     "chain_verdict",
     "accepted_length",
     "tree_path",
+    "draft_tree",
+    "DraftTree",
+    "skip_layer_step",
+    "choose_size",
+    "CostCurve",
+    "cost_curve",
+    "measure_cost_curve",
     "greedy",
     "reference_generate",
     "ModelIdentity",
@@ -127,8 +141,10 @@ if TYPE_CHECKING:  # pragma: no cover
         resolve_profile,
     )
     from .cli import Settings, user_errors
+    from .costcurve import CostCurve, cost_curve, measure_cost_curve
     from .data import DataError, Sample, encode_sample, load_task, task_names
     from .data import build_corpus_texts as corpus_texts
+    from .drafttree import DraftTree, choose_size, draft_tree, skip_layer_step
     from .loop import Decoder
     from .models import format_prompt
     from .models import load as load_model
