@@ -50,6 +50,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DraftTree": ("drafttree", "DraftTree"),
     "skip_layer_step": ("drafttree", "skip_layer_step"),
     "choose_size": ("drafttree", "choose_size"),
+    "register_tree_options": ("drafttree", "register_tree_options"),
+    "TreeConfig": ("drafttree", "TreeConfig"),
     "CostCurve": ("costcurve", "CostCurve"),
     "cost_curve": ("costcurve", "cost_curve"),
     "measure_cost_curve": ("costcurve", "measure_cost_curve"),
@@ -108,6 +110,8 @@ __all__ = [
     "DraftTree",
     "skip_layer_step",
     "choose_size",
+    "register_tree_options",
+    "TreeConfig",
     "CostCurve",
     "cost_curve",
     "measure_cost_curve",
@@ -144,7 +148,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from .costcurve import CostCurve, cost_curve, measure_cost_curve
     from .data import DataError, Sample, encode_sample, load_task, task_names
     from .data import build_corpus_texts as corpus_texts
-    from .drafttree import DraftTree, choose_size, draft_tree, skip_layer_step
+    from .drafttree import (
+        DraftTree,
+        TreeConfig,
+        choose_size,
+        draft_tree,
+        register_tree_options,
+        skip_layer_step,
+    )
     from .loop import Decoder
     from .models import format_prompt
     from .models import load as load_model

@@ -31,7 +31,7 @@ from .runner import Runner
 #: Where measured curves are kept: ``<selfspec cache dir>/drafttree/``.
 STORE = ArtefactStore("drafttree")
 #: Block widths measured by default (a verified tree holds the pending token plus its nodes).
-WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+WIDTHS = (1, 2, 4, 8, 16, 32)
 CURVE_VERSION = 1
 
 _MEMO: dict[str, CostCurve] = {}
@@ -89,7 +89,7 @@ class CostCurve:
 
 
 def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix: int = 128,
-                       repeats: int = 5) -> CostCurve:
+                       repeats: int = 3) -> CostCurve:
     """Time full-model forwards of blocks of each width (with all their logits, as a tree's
     verification computes them) at slot ``prefix`` of a cache holding ``prefix`` tokens; the
     widths interleaved within each of ``repeats`` rounds, after one warm-up round."""

@@ -34,8 +34,9 @@ from typing import Any
 
 import torch
 
+from .options import Option
 from .runner import KVCache, Runner
-from .types import Draft
+from .types import DecodeState, Draft
 
 #: A draft pass: ``(ids [q], start, positions [q], mask [q, start+q] or None) -> logits [q, V']``.
 DraftStep = Callable[[torch.Tensor, int, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -198,6 +199,55 @@ def skip_layer_step(runner: Runner, cache: KVCache, *, skip_attn: Collection[int
     return step
 
 
+def register_tree_options(register: Callable[[Option], None], *, topk: int = 4) -> None:
+    """Declare the tree options every drafter shares: ``tree`` (draft a tree instead of a
+    chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
+    probable nodes) and ``tree_topk`` (children per node and nodes expanded per depth).
+    Read them back with :meth:`TreeConfig.from_options`."""
+    register(Option("tree", bool, False, "draft a dynamic tree (top-k candidates at each depth, grown by "
+                    "cumulative draft probability) instead of a chain; verified in one tree pass"))
+    register(Option("tree_budget", str, "auto", "most nodes of a tree draft: 'auto' (the size that maximises "
+                    "expected tokens per unit of cost, from this machine's measured cost-per-width curve) or N",
+                    check=_check_budget))
+    register(Option("tree_topk", int, topk, "tree drafts: children kept per node and nodes expanded per depth",
+                    min=1, max=16))
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """What the tree options ask for: ``enabled``; ``budget`` (``None`` = auto); ``topk``;
+    ``curve``, the machine's cost curve (loaded or measured by :meth:`from_options` when the
+    budget is auto, else ``None``)."""
+
+    enabled: bool = False
+    budget: int | None = None
+    topk: int = 4
+    curve: Any = None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], runner: Runner) -> TreeConfig:
+        """The config of :func:`register_tree_options`' options; call in ``selfspec_setup``.
+        With ``tree`` on and an ``auto`` budget it fetches :func:`selfspec.cost_curve`
+        (measured once per model shape and machine, then read from the cache)."""
+        enabled = bool(options.get("tree", False))
+        spec = str(options.get("tree_budget", "auto")).strip().lower()
+        budget = None if spec == "auto" else int(spec)
+        curve = None
+        if enabled and budget is None:
+            from .costcurve import cost_curve
+
+            curve = cost_curve(runner)
+        return cls(enabled, budget, int(options.get("tree_topk", 4)), curve)
+
+    def draft(self, step: DraftStep, state: DecodeState, *, max_depth: int, draft_cost: float,
+              vocab: torch.Tensor | None = None) -> DraftTree:
+        """:func:`draft_tree` after ``state``'s pending token, at its slot, within the cache's room."""
+        base = state.length - 1
+        return draft_tree(step, state.tokens[base : base + 1], base, max_depth=max_depth, topk=self.topk,
+                          budget=self.budget, cost=self.curve, draft_cost=draft_cost,
+                          room=state.cache.capacity - base - 1, vocab=vocab)
+
+
 # ------------------------------------------------------------------------------ helpers
 def _add_children(logits: torch.Tensor, parent: int, parent_logp: float, d: int, topk: int,
                   vocab: torch.Tensor | None, tokens: list[int], parents: list[int], logp: list[float],
@@ -237,3 +287,10 @@ def _frontier_mask(frontier: list[int], parents: list[int], slot_of: dict[int, i
             p = parents[p]
         mask[r, start + r] = True
     return mask.to(device)
+
+
+def _check_budget(value: str) -> str | None:
+    spec = str(value).strip().lower()
+    if spec == "auto" or (spec.isdigit() and int(spec) >= 1):
+        return None
+    return "must be 'auto' or a positive number of nodes"
