@@ -87,7 +87,7 @@ def test_tree_is_the_most_probable_candidates(seed, topk, depth, budget):
     s = Scripted(seed, slot=6, pending=2)
     tree = draft_tree(s, torch.tensor([2]), 6, max_depth=depth, topk=topk, budget=budget)
     # the passes: the pending token, then one per depth over at most topk nodes
-    assert len(s.calls) == depth and s.calls[0][:3] == ([2], 6, [6])
+    assert len(s.calls) == min(depth, budget) and s.calls[0][:3] == ([2], 6, [6])  # never deeper than budget
     expanded = [(2,)] + [s.paths[start + r] for ids, start, _, _ in s.calls[1:] for r in range(len(ids))]
     cands = _all_candidates(s, topk, expanded)
     assert tree.candidates == len(cands)

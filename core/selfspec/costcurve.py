@@ -5,8 +5,9 @@ little more than one, up to a width where the arithmetic takes over; on a GPU th
 elsewhere. Draft trees (:func:`selfspec.draft_tree`) size themselves with this curve, so it is
 measured, not assumed: :func:`measure_cost_curve` times full-model forwards of blocks of
 several widths over a cached prefix, the widths interleaved within each repeat (drift and other
-processes' load hit every width alike), and keeps each width's median time divided by the
-one-token time. :func:`cost_curve` measures once per model *shape* (architecture, depth,
+processes' load hit every width alike), and keeps each width's fastest time (other processes
+only ever add time, so the minimum is the least disturbed estimate) divided by the one-token
+time. :func:`cost_curve` measures once per model *shape* (architecture, depth,
 width, vocabulary, dtype, weight layout) and machine (CPU model, instruction-set level,
 threads, device) and keeps the result as a JSON artefact in ``<cache dir>/drafttree/``, with
 the raw timings and the machine it came from; later processes read it.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,7 +32,7 @@ from .runner import Runner
 STORE = ArtefactStore("drafttree")
 #: Block widths measured by default (a verified tree holds the pending token plus its nodes).
 WIDTHS = (1, 2, 4, 8, 16, 32)
-CURVE_VERSION = 1
+CURVE_VERSION = 2
 
 _MEMO: dict[str, CostCurve] = {}
 
@@ -89,10 +89,11 @@ class CostCurve:
 
 
 def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix: int = 128,
-                       repeats: int = 3) -> CostCurve:
+                       repeats: int = 5) -> CostCurve:
     """Time full-model forwards of blocks of each width (with all their logits, as a tree's
     verification computes them) at slot ``prefix`` of a cache holding ``prefix`` tokens; the
-    widths interleaved within each of ``repeats`` rounds, after one warm-up round."""
+    widths interleaved within each of ``repeats`` rounds, after one warm-up round; each width's
+    fastest time counts."""
     widths = sorted(set(int(w) for w in widths) | {1})
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, runner.vocab_size, (prefix + max(widths),), generator=gen).to(runner.device)
@@ -106,7 +107,7 @@ def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix
             _sync(runner.device)
             if r:  # round 0 warms up
                 times[w].append(time.perf_counter() - t0)
-    seconds = [statistics.median(times[w]) for w in widths]
+    seconds = [min(times[w]) for w in widths]
     return CostCurve.from_times(widths, seconds, seconds_per_width=seconds, prefix=prefix, repeats=repeats,
                                 machine=_machine(runner))
 

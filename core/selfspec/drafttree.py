@@ -119,6 +119,7 @@ def draft_tree(
                       torch.empty(0, dtype=torch.float32, device=dev))
     if max_depth <= 0 or cap <= 0:
         return empty
+    max_depth = min(max_depth, cap)  # a tree of cap nodes is never deeper
 
     # a) the pending token's pass: the root's children
     logits = step(pending, slot, torch.tensor([slot], device=dev), None)  # logits: [1, V']
