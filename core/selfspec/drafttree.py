@@ -111,7 +111,6 @@ def draft_tree(
     tokens: list[int] = []
     parents: list[int] = []
     logp: list[float] = []  # cumulative log-probability of each candidate
-    depth: list[int] = []
     slot_of: dict[int, int] = {}  # expanded node -> its draft slot
     widths: list[int] = []
     d_cost = 0.0
@@ -125,7 +124,7 @@ def draft_tree(
     logits = step(pending, slot, torch.tensor([slot], device=dev), None)  # logits: [1, V']
     widths.append(1)
     d_cost += draft_cost * (cost(1) if cost is not None else 1.0)
-    _add_children(logits[-1], -1, 0.0, 1, topk, vocab, tokens, parents, logp, depth)
+    _add_children(logits[-1], -1, 0.0, topk, vocab, tokens, parents, logp)
     frontier = list(range(len(tokens)))
     next_slot = slot + 1
     best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
@@ -153,7 +152,7 @@ def draft_tree(
         next_slot = start + q
         first_new = len(tokens)
         for r, i in enumerate(frontier):
-            _add_children(logits[r], i, logp[i], d + 1, topk, vocab, tokens, parents, logp, depth)
+            _add_children(logits[r], i, logp[i], topk, vocab, tokens, parents, logp)
         frontier = list(range(first_new, len(tokens)))
         best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
 
@@ -250,18 +249,18 @@ class TreeConfig:
 
 
 # ------------------------------------------------------------------------------ helpers
-def _add_children(logits: torch.Tensor, parent: int, parent_logp: float, d: int, topk: int,
-                  vocab: torch.Tensor | None, tokens: list[int], parents: list[int], logp: list[float],
-                  depth: list[int]) -> None:
-    """Append ``parent``'s ``topk`` most probable children (logits ``[V']``) as candidates."""
+def _add_children(logits: torch.Tensor, parent: int, parent_logp: float, topk: int, vocab: torch.Tensor | None,
+                  tokens: list[int], parents: list[int], logp: list[float]) -> None:
+    """Append ``parent``'s ``topk`` most probable children (logits ``[V']``) as candidates; a
+    child's cumulative log-probability never exceeds its parent's (so the most probable
+    candidates always form a tree)."""
     lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # [V']
     vals, idx = torch.topk(lp, min(topk, int(lp.shape[0])))
     ids = idx if vocab is None else vocab.index_select(0, idx)
     for v, t in zip(vals.tolist(), ids.tolist()):
         tokens.append(int(t))
         parents.append(parent)
-        logp.append(parent_logp + float(v))
-        depth.append(d)
+        logp.append(parent_logp + min(float(v), 0.0))
 
 
 def _best_size(logp: list[float], cost: Callable[[int], float] | None, d_cost: float,
