@@ -148,6 +148,29 @@ def test_cost_stops_drafting_when_a_depth_cannot_pay():
     assert len(s.calls) == 5 and len(tree) == tree.candidates  # free: draft and verify everything
 
 
+def test_confident_drafts_grow_a_chain_unsure_ones_a_tree():
+    # a peaked drafter: one child takes almost all the mass, so expanding its siblings buys
+    # nothing when a wider pass costs more; a flat drafter spreads the mass over siblings
+    class Peaked(Scripted):
+        def logits(self, path):
+            out = super().logits(path)
+            out[int(out.argmax())] += 40.0
+            return out
+
+    rising = CostCurve((1, 2, 8), (1.0, 1.3, 2.0))
+    s = Peaked(5, slot=6, pending=2)
+    draft_tree(s, torch.tensor([2]), 6, max_depth=6, topk=4, cost=rising, draft_cost=0.1)
+    assert len(s.calls) == 6 and all(len(ids) == 1 for ids, _, _, _ in s.calls)
+
+    class Flat(Scripted):
+        def logits(self, path):
+            return super().logits(path) * 0.01
+
+    s = Flat(5, slot=6, pending=2)
+    draft_tree(s, torch.tensor([2]), 6, max_depth=3, topk=4, cost=CostCurve((1, 8), (1.0, 1.0)), draft_cost=0.1)
+    assert [len(ids) for ids, _, _, _ in s.calls][:2] == [1, 4]  # the root's children all expanded
+
+
 def test_room_bounds_draft_slots_and_size():
     s = Scripted(0, slot=6, pending=2)
     tree = draft_tree(s, torch.tensor([2]), 6, max_depth=6, topk=3, budget=50, room=5)

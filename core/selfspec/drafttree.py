@@ -7,19 +7,23 @@ that runs the draft model (the model with blocks skipped, an early exit, ...) ov
 
 1. the pending token's pass gives the root's ``topk`` children, each scored by its cumulative
    draft probability (the product of the draft probabilities along its path);
-2. at every depth the ``topk`` newest candidates with the highest cumulative probability (the
-   *frontier*) run one pass together, each seeing the prefix, the pending token and its own
-   ancestors only (a ``[q, start+q]`` block mask over the draft slots, positions by depth),
-   and each adds its own ``topk`` children as candidates;
+2. at every depth up to ``topk`` newest candidates with the highest cumulative probability
+   (the *frontier*) run one pass together, each seeing the prefix, the pending token and its
+   own ancestors only (a ``[q, start+q]`` block mask over the draft slots, positions by
+   depth), and each adds its own ``topk`` children as candidates;
 3. the tree sent to verification is the ``n`` candidates with the highest cumulative
    probability (closed under ancestors: a child never scores above its parent), ``n`` fixed
    (``budget``) or chosen to maximise expected committed tokens per unit of cost, from the
    machine's measured cost-per-width curve (:class:`selfspec.CostCurve`):
    ``(1 + sum of the chosen nodes' probabilities) / (draft cost + verify cost(n + 1))``.
 
-With a cost curve, drafting also stops early: one more depth costs a pass over the frontier
-and can add at most the frontier's probability mass in expected tokens; it runs only while
-that bound per unit of cost beats the best tree's tokens per unit of cost so far.
+With a cost curve, the frontier's width and the depth are chosen by cost too: a pass over the
+``q`` best frontier nodes costs ``draft_cost * cost(q)``, verifying ``q`` more nodes costs the
+curve's growth, and it can add at most their probability mass in expected tokens; the pass
+runs with the ``q`` that maximises the optimistic ratio ``(expected + mass) / (cost + pass cost
++ verify growth)``, and drafting stops when no ``q`` beats the best
+tree's expected tokens per unit of cost so far (a confident draft grows a chain, an unsure
+one a wider tree where wide passes are cheap).
 
 The tree's tokens are the draft model's guesses; verification (``verify_tree``) decides, so the
 output is greedy decoding's whatever the drafter, the probabilities or the curve say.
@@ -132,14 +136,12 @@ def draft_tree(
     # b) one pass per depth over the frontier, each node seeing only its ancestors' slots
     for d in range(1, max_depth):
         frontier = sorted(frontier, key=lambda i: (-logp[i], i))[: min(topk, room - (next_slot - slot - 1))]
+        if cost is not None:  # as wide as pays for itself; stop when no width does
+            frontier = frontier[: _frontier_width([math.exp(logp[i]) for i in frontier], cost, draft_cost,
+                                                  best_n, best_e, best_c)]
         if not frontier:
             break
         q = len(frontier)
-        if cost is not None:  # stop when the next depth cannot pay for its pass
-            gain = sum(math.exp(logp[i]) for i in frontier)
-            extra = draft_cost * cost(q)
-            if gain * best_c <= best_e * extra:
-                break
         start = next_slot
         mask = _frontier_mask(frontier, parents, slot_of, slot, start, dev)  # [q, start+q]
         ids = torch.tensor([tokens[i] for i in frontier], dtype=torch.long, device=dev)
@@ -261,6 +263,23 @@ def _add_children(logits: torch.Tensor, parent: int, parent_logp: float, topk: i
         tokens.append(int(t))
         parents.append(parent)
         logp.append(parent_logp + min(float(v), 0.0))
+
+
+def _frontier_width(probs: list[float], cost: Callable[[int], float], draft_cost: float, n: int, e: float,
+                    c: float) -> int:
+    """How many of the frontier's best nodes (``probs``, high to low) to expand, given the best
+    tree so far (``n`` nodes, ``e`` expected tokens, cost ``c``): the ``q`` whose optimistic
+    ratio is highest, if it beats ``e / c``, else 0. Optimistic: the ``q`` nodes' children can
+    add at most the nodes' probability mass, for the pass and at least ``q`` more verified
+    nodes: ``(e + sum(probs[:q])) / (c + draft_cost * cost(q) + cost(n + 1 + q) - cost(n + 1))``."""
+    best_q, best = 0, e / c
+    gain = 0.0
+    for q, p in enumerate(probs, 1):
+        gain += p
+        r = (e + gain) / (c + draft_cost * cost(q) + cost(n + 1 + q) - cost(n + 1))
+        if r > best:
+            best_q, best = q, r
+    return best_q
 
 
 def _best_size(logp: list[float], cost: Callable[[int], float] | None, d_cost: float,
