@@ -24,6 +24,7 @@ from selfspec import (
     CostCurve,
     Decoder,
     Runner,
+    TreeCalibration,
     choose_size,
     cost_curve,
     draft_tree,
@@ -302,3 +303,55 @@ def test_tree_plugin_decodes_like_greedy_at_every_length():
         dec = Decoder(model, "tree", plugin_object=TreePlugin)
         ref = selfspec.reference_generate(model, PROMPT, n, ())
         assert dec.generate(PROMPT, n, eos_token_ids=()).output_ids == ref
+
+
+# ------------------------------------------------------------------------------ calibration
+def test_calibration_learns_acceptance_by_draft_probability():
+    cal = TreeCalibration(bins=10, prior=4.0)
+    assert cal(0.3) == pytest.approx(0.3)  # no evidence: the raw probability
+    # a tree: two root children (0.3 accepted, 0.25 not), a child of the accepted one (0.35,
+    # accepted) and a child of the rejected one (never counted: its parent failed)
+    tree = selfspec.DraftTree(torch.tensor([1, 2, 3, 4]), torch.tensor([-1, -1, 0, 1]), torch.ones(4),
+                              local=(0.3, 0.25, 0.35, 0.9))
+    for _ in range(20):
+        cal.observe(tree, (0, 2))
+    assert cal.seen[2] == 20 and cal.accepted[2] == 0  # bin [0.2, 0.3): the 0.25s, never accepted
+    assert cal.seen[3] == 40 and cal.accepted[3] == 40  # bin [0.3, 0.4): 0.3 and 0.35, always accepted
+    assert cal.seen[9] == 0
+    assert cal(0.35) > 0.9 and cal(0.25) < 0.05 and cal(0.95) == pytest.approx(0.95)
+
+
+def test_calibrated_scores_grow_bigger_trees_for_an_underconfident_draft():
+    class Sure(TreeCalibration):
+        def __call__(self, p):
+            return min(1.0, 3 * p)  # accepted three times as often as the draft says
+
+    curve = CostCurve((1, 8, 64), (1.0, 1.3, 4.0))
+    plain = draft_tree(Scripted(2, 6, 2), torch.tensor([2]), 6, max_depth=6, topk=3, cost=curve, draft_cost=0.3)
+    sure = draft_tree(Scripted(2, 6, 2), torch.tensor([2]), 6, max_depth=6, topk=3, cost=curve, draft_cost=0.3,
+                      calibrate=Sure())
+    assert len(sure) > len(plain) and sure.passes >= plain.passes
+    assert all(0 < p <= 1 for p in sure.local)
+
+
+def test_tree_config_observes_its_last_tree():
+    runner = Runner(tiny_model("llama"))
+    config = selfspec.TreeConfig.from_options({"tree": True, "tree_budget": "4", "tree_topk": 2}, runner)
+    assert config.budget == 4 and config.curve is None and config.calibration is not None
+    dec = Decoder(runner.model, "tree", plugin_object=_ConfigPlugin(config))
+    dec.generate(PROMPT, 12, eos_token_ids=())
+    assert sum(config.calibration.seen) > 0 and config.last is None
+
+
+class _ConfigPlugin:
+    def __init__(self, config):
+        self.config = config
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state):
+        step = skip_layer_step(state.runner, state.cache, skip_mlp=(0,))
+        return self.config.draft(step, state, max_depth=min(3, state.max_draft_depth), draft_cost=0.5).draft()
+
+    @selfspec.hookimpl
+    def selfspec_update_policy(self, state, verdict):
+        self.config.observe(verdict)

@@ -52,6 +52,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "choose_size": ("drafttree", "choose_size"),
     "register_tree_options": ("drafttree", "register_tree_options"),
     "TreeConfig": ("drafttree", "TreeConfig"),
+    "TreeCalibration": ("drafttree", "TreeCalibration"),
     "CostCurve": ("costcurve", "CostCurve"),
     "cost_curve": ("costcurve", "cost_curve"),
     "measure_cost_curve": ("costcurve", "measure_cost_curve"),
@@ -112,6 +113,7 @@ __all__ = [
     "choose_size",
     "register_tree_options",
     "TreeConfig",
+    "TreeCalibration",
     "CostCurve",
     "cost_curve",
     "measure_cost_curve",
@@ -150,6 +152,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .data import build_corpus_texts as corpus_texts
     from .drafttree import (
         DraftTree,
+        TreeCalibration,
         TreeConfig,
         choose_size,
         draft_tree,

@@ -67,6 +67,7 @@ class DraftTree:
     expected: float = 1.0
     cost: float = float("nan")
     widths: tuple[int, ...] = field(default=())
+    local: tuple[float, ...] = field(default=())
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -90,6 +91,7 @@ def draft_tree(
     draft_cost: float = 0.5,
     room: int | None = None,
     vocab: torch.Tensor | None = None,
+    calibrate: Callable[[float], float] | None = None,
 ) -> DraftTree:
     """Grow a draft tree after ``pending`` (``[1]`` int64, at cache slot ``slot``) with ``step``.
 
@@ -100,7 +102,9 @@ def draft_tree(
     is the ``budget`` best nodes. draft_cost: a draft pass's cost relative to a full forward of
     the same width. room: free cache slots after ``slot`` (the expanded nodes' draft slots, and
     the tree's size, stay within it). vocab: ``[V']`` token ids of ``step``'s logit columns
-    when it scores a vocabulary subset (``None``: column = token id).
+    when it scores a vocabulary subset (``None``: column = token id). calibrate: maps a node's
+    own draft probability to the probability that it is accepted when its parent is (a
+    :class:`TreeCalibration`); every score above uses the calibrated values.
 
     Cache: the pending token's pass writes slot ``slot``; the ``j``-th expanded node writes slot
     ``slot + 1 + j``, past the committed prefix, so verification overwrites them.
@@ -115,6 +119,7 @@ def draft_tree(
     tokens: list[int] = []
     parents: list[int] = []
     logp: list[float] = []  # cumulative log-probability of each candidate
+    local: list[float] = []  # each candidate's own raw draft probability
     slot_of: dict[int, int] = {}  # expanded node -> its draft slot
     widths: list[int] = []
     d_cost = 0.0
@@ -128,7 +133,7 @@ def draft_tree(
     logits = step(pending, slot, torch.tensor([slot], device=dev), None)  # logits: [1, V']
     widths.append(1)
     d_cost += draft_cost * (cost(1) if cost is not None else 1.0)
-    _add_children(logits[-1], -1, 0.0, topk, vocab, tokens, parents, logp)
+    _add_children(logits[-1], -1, 0.0, topk, vocab, calibrate, tokens, parents, logp, local)
     frontier = list(range(len(tokens)))
     next_slot = slot + 1
     best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
@@ -154,7 +159,7 @@ def draft_tree(
         next_slot = start + q
         first_new = len(tokens)
         for r, i in enumerate(frontier):
-            _add_children(logits[r], i, logp[i], topk, vocab, tokens, parents, logp)
+            _add_children(logits[r], i, logp[i], topk, vocab, calibrate, tokens, parents, logp, local)
         frontier = list(range(first_new, len(tokens)))
         best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
 
@@ -168,6 +173,7 @@ def draft_tree(
         probs=torch.tensor([logp[i] for i in chosen], dtype=torch.float64).exp().to(torch.float32).to(dev),
         passes=len(widths), ran=sum(widths), candidates=len(tokens), expected=best_e,
         cost=best_c if cost is not None else float("nan"), widths=tuple(widths),
+        local=tuple(local[i] for i in chosen),
     )
 
 
@@ -204,7 +210,8 @@ def skip_layer_step(runner: Runner, cache: KVCache, *, skip_attn: Collection[int
 def register_tree_options(register: Callable[[Option], None], *, topk: int = 4) -> None:
     """Declare the tree options every drafter shares: ``tree`` (draft a tree instead of a
     chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
-    probable nodes) and ``tree_topk`` (children per node and nodes expanded per depth).
+    probable nodes), ``tree_topk`` (children per node and nodes expanded per depth) and
+    ``tree_calibrate`` (score nodes by a :class:`TreeCalibration` learned online).
     Read them back with :meth:`TreeConfig.from_options`."""
     register(Option("tree", bool, False, "draft a dynamic tree (top-k candidates at each depth, grown by "
                     "cumulative draft probability) instead of a chain; verified in one tree pass"))
@@ -213,18 +220,54 @@ def register_tree_options(register: Callable[[Option], None], *, topk: int = 4) 
                     check=_check_budget))
     register(Option("tree_topk", int, topk, "tree drafts: children kept per node and nodes expanded per depth",
                     min=1, max=16))
+    register(Option("tree_calibrate", bool, True, "tree drafts: score nodes by how often nodes of their draft "
+                    "probability were accepted so far (learned online) instead of the raw probability"))
 
 
-@dataclass(frozen=True)
+class TreeCalibration:
+    """How often a tree node is accepted, given its parent was, by its own draft probability.
+
+    A layer-skipping draft's probabilities are typically underconfident for greedy
+    verification (a top token at 0.3 may match the full model's argmax most of the time), so
+    sizing trees by them under-drafts. This learns the map online from verified trees: per bin
+    of the raw probability ``p`` (``bins`` equal bins of ``[0, 1]``), ``(accepted + prior * p)
+    / (seen + prior)``, the raw ``p`` until evidence accumulates. Call it as ``calibrate(p)``.
+    """
+
+    def __init__(self, bins: int = 10, prior: float = 4.0) -> None:
+        self.bins, self.prior = bins, prior
+        self.seen = [0] * bins
+        self.accepted = [0] * bins
+
+    def __call__(self, p: float) -> float:
+        b = min(int(p * self.bins), self.bins - 1)
+        return (self.accepted[b] + self.prior * p) / (self.seen[b] + self.prior)
+
+    def observe(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
+        """Count the nodes of a verified ``tree`` whose parent was accepted (or is the pending
+        token): accepted or not, by their raw probability ``tree.local``."""
+        on = set(accepted_nodes)
+        for i, (parent, p) in enumerate(zip(tree.parents.tolist(), tree.local)):
+            if parent < 0 or parent in on:
+                b = min(int(p * self.bins), self.bins - 1)
+                self.seen[b] += 1
+                self.accepted[b] += i in on
+
+
+@dataclass
 class TreeConfig:
     """What the tree options ask for: ``enabled``; ``budget`` (``None`` = auto); ``topk``;
     ``curve``, the machine's cost curve (loaded or measured by :meth:`from_options` when the
-    budget is auto, else ``None``)."""
+    budget is auto, else ``None``); ``calibration``, a :class:`TreeCalibration` learned from
+    this plugin's verified trees (``None``: raw draft probabilities). One per plugin instance:
+    it keeps the last tree until :meth:`observe` sees its verdict."""
 
     enabled: bool = False
     budget: int | None = None
     topk: int = 4
     curve: Any = None
+    calibration: TreeCalibration | None = None
+    last: DraftTree | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any], runner: Runner) -> TreeConfig:
@@ -239,20 +282,34 @@ class TreeConfig:
             from .costcurve import cost_curve
 
             curve = cost_curve(runner)
-        return cls(enabled, budget, int(options.get("tree_topk", 4)), curve)
+        calibration = TreeCalibration() if options.get("tree_calibrate", True) else None
+        return cls(enabled, budget, int(options.get("tree_topk", 4)), curve, calibration)
 
     def draft(self, step: DraftStep, state: DecodeState, *, max_depth: int, draft_cost: float,
               vocab: torch.Tensor | None = None) -> DraftTree:
         """:func:`draft_tree` after ``state``'s pending token, at its slot, within the cache's room."""
         base = state.length - 1
-        return draft_tree(step, state.tokens[base : base + 1], base, max_depth=max_depth, topk=self.topk,
-                          budget=self.budget, cost=self.curve, draft_cost=draft_cost,
-                          room=state.cache.capacity - base - 1, vocab=vocab)
+        self.last = draft_tree(step, state.tokens[base : base + 1], base, max_depth=max_depth, topk=self.topk,
+                               budget=self.budget, cost=self.curve, draft_cost=draft_cost,
+                               room=state.cache.capacity - base - 1, vocab=vocab, calibrate=self.calibration)
+        return self.last
+
+    def observe(self, verdict: Any) -> None:
+        """Learn from the verdict of the last tree drafted (call in ``selfspec_update_policy``;
+        a no-op without a tree or a calibration, or when the host cut the tree)."""
+        tree, self.last = self.last, None
+        if tree is None or self.calibration is None or not len(tree):
+            return
+        nodes = tuple(verdict.accepted_nodes)
+        if any(n >= len(tree) for n in nodes):
+            return
+        self.calibration.observe(tree, nodes)
 
 
 # ------------------------------------------------------------------------------ helpers
 def _add_children(logits: torch.Tensor, parent: int, parent_logp: float, topk: int, vocab: torch.Tensor | None,
-                  tokens: list[int], parents: list[int], logp: list[float]) -> None:
+                  calibrate: Callable[[float], float] | None, tokens: list[int], parents: list[int],
+                  logp: list[float], local: list[float]) -> None:
     """Append ``parent``'s ``topk`` most probable children (logits ``[V']``) as candidates; a
     child's cumulative log-probability never exceeds its parent's (so the most probable
     candidates always form a tree)."""
@@ -260,9 +317,12 @@ def _add_children(logits: torch.Tensor, parent: int, parent_logp: float, topk: i
     vals, idx = torch.topk(lp, min(topk, int(lp.shape[0])))
     ids = idx if vocab is None else vocab.index_select(0, idx)
     for v, t in zip(vals.tolist(), ids.tolist()):
+        p = math.exp(min(float(v), 0.0))
+        own = p if calibrate is None else min(max(float(calibrate(p)), 1e-12), 1.0)
         tokens.append(int(t))
         parents.append(parent)
-        logp.append(parent_logp + min(float(v), 0.0))
+        logp.append(parent_logp + math.log(own))
+        local.append(p)
 
 
 def _frontier_width(probs: list[float], cost: Callable[[int], float], draft_cost: float, n: int, e: float,

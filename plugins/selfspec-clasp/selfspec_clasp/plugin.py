@@ -109,6 +109,7 @@ class CLaSp:
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: DecodeState, verdict: Verdict) -> None:
+        self.tree.observe(verdict)  # tree drafts: learn how often nodes of each draft probability pass
         if self.backoff and self._attempted:
             if verdict.accepted:
                 self._next_pause = 1

@@ -184,6 +184,10 @@ class HiSpec:
         self.counters["full_accepted"] += len(verdict.accepted)
         return verdict
 
+    @selfspec.hookimpl
+    def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: Verdict) -> None:
+        self.tree.observe(verdict)  # tree drafts: learn how often nodes of each draft probability pass
+
 
 # ------------------------------------------------------------------------------ helpers
 def _resolve_heads(spec: str, runner: Any) -> tuple[ExitHeads, str | None]:

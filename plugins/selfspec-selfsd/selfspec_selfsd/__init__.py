@@ -142,6 +142,7 @@ class SelfSD:
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: selfspec.Verdict) -> None:
+        self.tree.observe(verdict)  # tree drafts: learn how often nodes of each draft probability pass
         self.log.append((self.drafted, len(verdict.accepted)))
         self.threshold.update(self.drafted, len(verdict.accepted))
 
