@@ -246,3 +246,17 @@ def test_tree_drafts_are_lossless(arch, heads):
                 "tree_topk": 3, "num_draft": 5}
         result = assert_lossless(model, "hispec", [5, 9, 17, 3, 5, 9], 20, opts)
         assert result.stats.drafted > 0
+
+
+@pytest.mark.parametrize("vocab", [None, 16])
+def test_exit_logits_agree_with_predict(vocab):
+    # the tree drafter scores with ExitHeads.logits: its argmax (through the vocabulary subset)
+    # must be the token predict() drafts
+    model = tiny_model("llama")
+    runner = Runner(model)
+    heads = load_profile(_random_profile(model, 3, vocab), runner).bind(runner)
+    h = runner.forward(torch.tensor([5, 9, 17, 3]), layers=(0, 1)).hidden[0]  # [4, H]
+    logits = heads.logits(runner, 1, h)
+    ids = logits.argmax(-1) if heads.vocab is None else heads.vocab.index_select(0, logits.argmax(-1))
+    assert logits.shape[-1] == (vocab or runner.vocab_size)
+    assert torch.equal(ids, heads.predict(runner, 1, h))
