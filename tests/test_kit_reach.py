@@ -199,4 +199,4 @@ def test_the_coverage_report_counts_examples_with_accepted_drafts_like_its_bucke
     missing = cov.missing(["qwen2", "llama"])
     assert "prompt>512@llama" in missing and "prompt>512@qwen2" not in missing
     assert set(missing) >= {"prompt:129-256", "window-edge"} and "steps>=256" not in missing
-    assert len(REQUIRED) == 12 and len(REQUIRED_PER_ARCH) == 3
+    assert len(REQUIRED) == 13 and "sampled" in REQUIRED and len(REQUIRED_PER_ARCH) == 3

@@ -47,6 +47,16 @@ _LAZY: dict[str, tuple[str, str]] = {
     "chain_verdict": ("verification", "chain_verdict"),
     "accepted_length": ("verification", "accepted_length"),
     "tree_path": ("verification", "tree_path"),
+    "draft_tree": ("drafttree", "draft_tree"),
+    "DraftTree": ("drafttree", "DraftTree"),
+    "skip_layer_step": ("drafttree", "skip_layer_step"),
+    "choose_size": ("drafttree", "choose_size"),
+    "register_tree_options": ("drafttree", "register_tree_options"),
+    "TreeConfig": ("drafttree", "TreeConfig"),
+    "TreeCalibration": ("drafttree", "TreeCalibration"),
+    "CostCurve": ("costcurve", "CostCurve"),
+    "cost_curve": ("costcurve", "cost_curve"),
+    "measure_cost_curve": ("costcurve", "measure_cost_curve"),
     "greedy": ("reference", "greedy"),
     "reference_generate": ("reference", "reference_generate"),
     # sampling
@@ -98,6 +108,16 @@ __all__ = [
     "chain_verdict",
     "accepted_length",
     "tree_path",
+    "draft_tree",
+    "DraftTree",
+    "skip_layer_step",
+    "choose_size",
+    "register_tree_options",
+    "TreeConfig",
+    "TreeCalibration",
+    "CostCurve",
+    "cost_curve",
+    "measure_cost_curve",
     "greedy",
     "reference_generate",
     "Sampling",
@@ -119,6 +139,16 @@ if TYPE_CHECKING:  # pragma: no cover
         cache_dir,
         model_identity,
         resolve_profile,
+    )
+    from .costcurve import CostCurve, cost_curve, measure_cost_curve
+    from .drafttree import (
+        DraftTree,
+        TreeCalibration,
+        TreeConfig,
+        choose_size,
+        draft_tree,
+        register_tree_options,
+        skip_layer_step,
     )
     from .loop import Decoder
     from .ngram import NgramIndex

@@ -3,7 +3,8 @@
 Every mask here answers one question per (query, key) pair: may the new token at row ``r``
 attend to the key in column ``c``? Columns are the cached slots ``[0, start)`` followed by the
 block's own tokens. The prefix is visible to every new token; within the block, visibility
-is the ``block`` mask (causal for a chain, ancestors for a tree, or any mask a caller builds); a sliding-window layer also hides keys whose *position* is ``window`` or more behind
+is the ``block`` mask (causal for a chain, ancestors for a tree, or any mask a caller builds),
+which may also cover the cached slots (``[q, start+q]``); a sliding-window layer also hides keys whose *position* is ``window`` or more behind
 the query's position (``kv_pos > q_pos - window``, as Hugging Face's ``sliding_window_overlay``).
 """
 
@@ -51,15 +52,23 @@ def build(
     """``[q, start+q]`` bool mask, or ``None`` when every key is visible.
 
     ``prefix_pos``: ``[start]`` positions of the cached slots; ``positions``: ``[q]`` of the
-    block; ``block``: ``[q, q]`` bool (``None`` = causal).
+    block; ``block``: ``[q, q]`` bool (``None`` = causal), or ``[q, start+q]`` bool, which of
+    the cached slots *and* the block's tokens each block token sees (a tree drafted depth by
+    depth: a node sees only its ancestors' slots).
     """
     q = int(positions.shape[0])
     start = int(prefix_pos.shape[0])
-    if q == 1 and (window is None or start == 0 or int(positions[0]) - int(prefix_pos.min()) < window):
+    full = block is not None and start > 0 and int(block.shape[1]) == start + q
+    if block is not None and int(block.shape[1]) not in (q, start + q):
+        raise ValueError(f"block mask {tuple(block.shape)} fits neither [{q}, {q}] nor [{q}, {start + q}]")
+    if q == 1 and not full and (window is None or start == 0 or int(positions[0]) - int(prefix_pos.min()) < window):
         return None  # a single query sees everything: let the kernel run unmasked
     if block is None:
         block = causal(q, positions.device)
-    allowed = torch.cat([torch.ones(q, start, dtype=torch.bool, device=positions.device), block], 1)
+    if full:
+        allowed = block.to(torch.bool).clone()
+    else:
+        allowed = torch.cat([torch.ones(q, start, dtype=torch.bool, device=positions.device), block], 1)
     if window is not None:
         kv_pos = torch.cat([prefix_pos, positions])
         allowed &= kv_pos[None, :] > positions[:, None] - window

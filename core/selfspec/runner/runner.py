@@ -152,7 +152,10 @@ class Runner:
             valid length of layer ``a``) and it attends to slots ``[0, start)``; every layer run
             must hold at least ``start`` valid slots. ``cache=None`` runs without a prefix.
         positions: ``[q]`` position ids (default ``start + arange(q)``).
-        block_mask: ``[q, q]`` bool, which block tokens each block token sees (default causal).
+        block_mask: ``[q, q]`` bool, which block tokens each block token sees (default causal;
+            the cached prefix is visible to all), or ``[q, start+q]`` bool, which cached slots
+            and block tokens each block token sees (a tree drafted depth by depth, whose earlier
+            nodes sit in the cache: each node sees only its ancestors' slots).
         skip_attn / skip_mlp: layer indices whose attention / MLP block is skipped (a skipped
             attention block writes no keys/values).
         write: ``False`` attends without writing the cache (read-only).

@@ -12,7 +12,7 @@ import torch
 
 from ..audit import AuditError, Auditor, LosslessError, WeightGuard
 from ..loop import Decoder
-from ..reference import compare
+from ..reference import compare, reference_generate
 from ..sampling import Sampling, reference_sample
 from ..tiebound import explain
 from ..types import Result

@@ -7,7 +7,16 @@ from typing import Any
 import torch
 
 import selfspec
-from selfspec import DecodeState, Draft, Option, Verdict, skip_layer_draft
+from selfspec import (
+    DecodeState,
+    Draft,
+    Option,
+    TreeConfig,
+    Verdict,
+    register_tree_options,
+    skip_layer_draft,
+    skip_layer_step,
+)
 
 from .search import initial_skip, layer_search
 
@@ -37,6 +46,7 @@ class CLaSp:
         self._pause = 0  # steps left without drafting
         self._next_pause = 1  # length of the next pause (doubles while drafts keep failing)
         self._attempted = False  # this step ran the draft model
+        self.tree = TreeConfig()  # tree drafts (the host's draft_tree), off by default
 
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
@@ -50,6 +60,7 @@ class CLaSp:
         register(Option("backoff", int, 0, "not in the paper: after a step whose draft got nothing "
                         "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
                         min=0, max=64))
+        register_tree_options(register)  # tree, tree_budget, tree_topk
 
     @selfspec.hookimpl
     def selfspec_setup(self, runner: Any, options: dict[str, Any]) -> None:
@@ -61,6 +72,7 @@ class CLaSp:
         self.n_skip, self.loi, self.det, self.num_draft = M, options["LOI"], options["DET"], options["num_draft"]
         self.backoff = options["backoff"]
         self.keep_exit = options["keep_exit"]
+        self.tree = TreeConfig.from_options(options, runner)
 
     @selfspec.hookimpl
     def selfspec_start(self, state: DecodeState) -> None:
@@ -83,16 +95,22 @@ class CLaSp:
             return Draft.empty(self.runner.device)
         # both sub-blocks of every layer in S are skipped; drafting stops at a token the draft
         # model gives less than DET (kept and verified with the others when keep_exit)
-        tokens = skip_layer_draft(self.runner, state.cache, pending, slot, max_tokens=k, skip_attn=self.skip,
-                                  skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit,
-                                  pick=state.pick).tokens  # [n]
+        if self.tree.enabled:  # a dynamic tree from the same draft model instead (verified by verify_tree)
+            step = skip_layer_step(self.runner, state.cache, skip_attn=self.skip, skip_mlp=self.skip)
+            share = 1.0 - len(self.skip) / self.runner.n_layers  # layers the draft runs
+            draft = self.tree.draft(step, state, max_depth=k, draft_cost=share).draft()
+        else:
+            draft = Draft(skip_layer_draft(self.runner, state.cache, pending, slot, max_tokens=k, skip_attn=self.skip,
+                                           skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit,
+                                           pick=state.pick).tokens)
         # the skipped layers wrote no draft slots, the others did: forget the draft slots in
         # every layer so all hold the committed prefix again (verification rewrites them)
         state.cache.crop(slot)
-        return Draft(tokens)
+        return draft
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: DecodeState, verdict: Verdict) -> None:
+        self.tree.observe(verdict)  # tree drafts: learn how often nodes of each draft probability pass
         if self.backoff and self._attempted:
             if verdict.accepted:
                 self._next_pause = 1

@@ -19,6 +19,8 @@ class TestCLaSp(PluginSuite):
         "DET": st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.95]) | st.floats(0.0, 1.0),
         "num_draft": st.integers(1, 8),
         "backoff": st.sampled_from([0, 1, 4]),
+        "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
+        "tree_topk": st.integers(1, 4),
     }
     # no exit threshold and a fresh layer set every step: deep drafts every step
     reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 8}
@@ -111,3 +113,29 @@ def test_backoff_pauses_drafting_after_failures():
     result = dec.generate([1, 2, 3], max_new_tokens=20)
     assert result.stats.steps == 20
     assert spy.steps == [0, 2, 5, 10, 15]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("budget", ["auto", "5"])
+def test_tree_drafts_are_lossless(arch, budget):
+    # tree=1: the current layer set drafts a dynamic tree, verified in one tree pass by the host
+    opts = {"M": 1, "LOI": 2, "tree": True, "tree_budget": budget, "tree_topk": 3, "num_draft": 5}
+    model = tiny_model(arch)
+    result = assert_lossless(model, "clasp", [5, 9, 17, 3, 5, 9], 20, opts)
+    assert result.stats.drafted > 0
+    dec = Decoder(model, "clasp", opts)
+    spy = _TreeSpy()
+    dec.pm.register(spy)
+    dec.generate([5, 9, 17, 3, 5, 9], 12, eos_token_ids=())
+    assert any(spy.trees)
+
+
+class _TreeSpy:
+    def __init__(self):
+        self.trees = []
+
+    @selfspec.hookimpl(wrapper=True)
+    def selfspec_propose(self, state):
+        draft = yield
+        self.trees.append(draft.parents is not None)
+        return draft

@@ -64,6 +64,18 @@ class ExitHeads:
             return pick(runner.softcap(logits), at, self.vocab)
         return self.vocab.index_select(0, logits.to(torch.float32).argmax(-1))  # type: ignore[union-attr]
 
+    @torch.inference_mode()
+    def logits(self, runner: Any, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """Logits of the exit at ``layer`` for ``h`` ``[q, H]``: ``[q, V]``, or ``[q, K]`` over
+        :attr:`vocab` when the heads score a subset (its argmax is :meth:`predict`'s token)."""
+        m = self.maps.get(layer)
+        if m is not None:
+            h = torch.addmm(m[1], h, m[0])  # h @ W + b: [q, H]
+        if self._sub is None:
+            return runner.head(h)
+        x = runner.norm(h)
+        return runner.softcap(x @ self._sub.T if self._sub_bias is None else torch.addmm(self._sub_bias, x, self._sub.T))
+
 
 # ------------------------------------------------------------------------------ profiles
 STORE = ArtefactStore("hispec")

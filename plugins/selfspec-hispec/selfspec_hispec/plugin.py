@@ -40,8 +40,10 @@ import selfspec
 from selfspec import (
     Draft,
     Option,
+    TreeConfig,
     Verdict,
     accepted_length,
+    register_tree_options,
     resolve_profile,
     verify_from_layer,
     verify_greedy,
@@ -62,6 +64,7 @@ class HiSpec:
         self.single = False
         self.heads = ExitHeads()
         self.profile_path: str | None = None
+        self.tree = TreeConfig()  # tree drafts from the L_d exit (the host's draft_tree), off by default
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
 
     # ------------------------------------------------------------------------ lifecycle
@@ -78,6 +81,7 @@ class HiSpec:
                         "LayerSkip-style baseline: draft N_i tokens at L_d, no intermediate verification"))
         register(Option("profile", str, "auto",
                         "exit heads: 'auto' (this model's calibrated profile if any), 'none', or a profile path"))
+        register_tree_options(register)  # tree: a tree from the L_d exit, verified by the full model
 
     @selfspec.hookimpl
     def selfspec_setup(self, runner: Any, options: dict[str, Any]) -> None:
@@ -87,6 +91,7 @@ class HiSpec:
         self.ld, self.li, self.n_layers = ld, (ld if self.single else li), n  # single: verify from L_d
         self.nd, self.ni = int(options["round_size"]), int(options["num_draft"])
         self.heads, self.profile_path = _resolve_heads(options["profile"], runner)
+        self.tree = TreeConfig.from_options(options, runner)
 
     @selfspec.hookimpl
     def selfspec_commands(self, register) -> None:
@@ -108,6 +113,17 @@ class HiSpec:
         limit = min(self.ni, state.max_draft_depth)
         if limit <= 0:
             return Draft.empty(dev)
+        if self.tree.enabled:  # a tree from the L_d exit, verified by the host's verify_tree (no L_i stage)
+            ld, heads = self.ld, self.heads
+
+            def step(ids, start, positions, mask):
+                h = runner.forward(ids, cache=cache, start=start, positions=positions, block_mask=mask,
+                                   layers=(0, ld), logits=None).hidden[0]  # [q, H]
+                return heads.logits(runner, ld, h)
+
+            tree = self.tree.draft(step, state, max_depth=limit, draft_cost=ld / self.n_layers, vocab=heads.vocab)
+            self.counters["drafted"] += tree.ran
+            return tree.draft(owner=self)
         buf: list[int] = [state.pending]  # c_0..c_m
         rows: list[torch.Tensor] = []  # states at the verifier's start layer of c_0..c_{m-1}
         eos = state.eos_token_ids
@@ -158,6 +174,8 @@ class HiSpec:
         if len(draft) == 0:  # no room to draft: a plain greedy step
             return verify_greedy(state, draft)
         meta = draft.meta
+        if draft.parents is not None:  # a tree: one full-model tree pass
+            return verify_greedy(state, draft)
         if (not draft.is_from(self) or tuple(draft.tokens.tolist()) != meta["tokens"] or state.capture_layers):
             self.counters["fallbacks"] += 1  # foreign or cut draft: verify with a full forward
             return verify_greedy(state, draft)
@@ -166,6 +184,10 @@ class HiSpec:
         self.counters["steps"] += 1
         self.counters["full_accepted"] += len(verdict.accepted)
         return verdict
+
+    @selfspec.hookimpl
+    def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: Verdict) -> None:
+        self.tree.observe(verdict)  # tree drafts: learn how often nodes of each draft probability pass
 
 
 # ------------------------------------------------------------------------------ helpers

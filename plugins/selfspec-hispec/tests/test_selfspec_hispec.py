@@ -50,7 +50,12 @@ class TestHiSpec(PluginSuite):
     """The kit's standard suite: installed, valid options, lossless (with coverage)."""
 
     plugin = "hispec"
-    option_strategies = {"round_size": st.integers(1, 4), "num_draft": st.integers(1, 8)}
+    option_strategies = {
+        "round_size": st.integers(1, 4),
+        "num_draft": st.integers(1, 8),
+        "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
+        "tree_topk": st.integers(1, 4),
+    }
     reach_options = {"round_size": 4, "num_draft": 8, "profile": "none"}  # the longest buffers
 
     def options_strategy(self, model, declared):
@@ -228,3 +233,30 @@ def test_top_vocab_keeps_the_frequent_and_the_required():
     counts = torch.tensor([0, 5, 1, 9, 0, 3])
     assert top_vocab(counts, 2).tolist() == [1, 3]
     assert top_vocab(counts, 2, must=torch.tensor([4])).tolist() == [1, 3, 4]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("heads", ["none", "random-vocab"])
+def test_tree_drafts_are_lossless(arch, heads):
+    # tree=1: a tree from the L_d exit (its heads, a vocabulary subset too), one full tree pass
+    model = tiny_model(arch)
+    profile = "none" if heads == "none" else _random_profile(model, 1, 16)
+    for budget in ("auto", "5"):
+        opts = {"draft_layer": 1, "verify_layer": 2, "profile": profile, "tree": True, "tree_budget": budget,
+                "tree_topk": 3, "num_draft": 5}
+        result = assert_lossless(model, "hispec", [5, 9, 17, 3, 5, 9], 20, opts)
+        assert result.stats.drafted > 0
+
+
+@pytest.mark.parametrize("vocab", [None, 16])
+def test_exit_logits_agree_with_predict(vocab):
+    # the tree drafter scores with ExitHeads.logits: its argmax (through the vocabulary subset)
+    # must be the token predict() drafts
+    model = tiny_model("llama")
+    runner = Runner(model)
+    heads = load_profile(_random_profile(model, 3, vocab), runner).bind(runner)
+    h = runner.forward(torch.tensor([5, 9, 17, 3]), layers=(0, 1)).hidden[0]  # [4, H]
+    logits = heads.logits(runner, 1, h)
+    ids = logits.argmax(-1) if heads.vocab is None else heads.vocab.index_select(0, logits.argmax(-1))
+    assert logits.shape[-1] == (vocab or runner.vocab_size)
+    assert torch.equal(ids, heads.predict(runner, 1, h))

@@ -17,11 +17,14 @@ from selfspec import (
     Draft,
     Layers,
     Option,
+    TreeConfig,
     check_layers,
     format_layers,
     model_identity,
+    register_tree_options,
     resolve_profile,
     skip_layer_draft,
+    skip_layer_step,
     verify_from_layer,
 )
 
@@ -43,6 +46,7 @@ class SelfSD:
         self.skip_mlp: tuple[int, ...] = ()
         self.reuse = True
         self.threshold = Threshold()
+        self.tree = TreeConfig()  # tree drafts (the host's draft_tree), off by default
         self.source = ""  # where the skip set came from: a profile path, "heuristic", "options"
         self.note: str | None = None  # said once on stderr when falling back to the heuristic
         self.drafted = 0  # length of the draft being verified (after the host's cut)
@@ -67,6 +71,7 @@ class SelfSD:
         register(Option("skip_mlp", Layers, None, "MLP blocks to skip, e.g. '16,18' (overrides the profile)"))
         register(Option("reuse", bool, True,
                         "verify from the first skipped layer on, reusing the draft's exact lower-layer states"))
+        register_tree_options(register)  # tree, tree_budget, tree_topk
 
     @selfspec.hookimpl
     def selfspec_setup(self, runner, options: dict[str, Any]) -> None:
@@ -86,6 +91,7 @@ class SelfSD:
         else:
             self.source = "options"
         self.set_skips(attn if attn_o is None else attn_o, mlp if mlp_o is None else mlp_o, L)
+        self.tree = TreeConfig.from_options(options, runner)
 
     @selfspec.hookimpl
     def selfspec_commands(self, register) -> None:
@@ -109,6 +115,11 @@ class SelfSD:
         self.gammas.append(self.threshold.gamma)
         if kmax <= 0:
             return Draft.empty(runner.device)
+        if self.tree.enabled:  # a dynamic tree from the same draft model, verified by the host's verify_tree
+            L = runner.n_layers
+            step = skip_layer_step(runner, state.cache, skip_attn=self.skip_attn, skip_mlp=self.skip_mlp)
+            share = 1.0 - (len(self.skip_attn) + len(self.skip_mlp)) / (2 * L)  # blocks the draft runs
+            return self.tree.draft(step, state, max_depth=kmax, draft_cost=share).draft(owner=self)
         f = self._first_skip
         reuse = self.reuse and 0 < f
         # the draft model writes keys/values at slots base.. in the layers whose attention runs;
@@ -131,6 +142,7 @@ class SelfSD:
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: selfspec.Verdict) -> None:
+        self.tree.observe(verdict)  # tree drafts: learn how often nodes of each draft probability pass
         self.log.append((self.drafted, len(verdict.accepted)))
         self.threshold.update(self.drafted, len(verdict.accepted))
 

@@ -24,6 +24,8 @@ class TestSelfSD(PluginSuite):
         "num_draft": st.integers(1, 8),
         "gamma": st.sampled_from([0.0, 0.3, 0.6, 0.9, 1.0]),
         "alpha": st.sampled_from([0.5, 0.9]),
+        "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
+        "tree_topk": st.integers(1, 4),
     }
     # see b): one late MLP skipped, no exit threshold: drafts every step, many accepted
     reach_options = {"skip_attn": "none", "skip_mlp": "2", "gamma": 0.0, "adaptive": False, "num_draft": 8}
@@ -297,3 +299,27 @@ def test_the_shipped_profile_is_found_for_the_embedded_default_model(cache_dir):
     assert model_identity(dec.runner).key == "llama-30x576-ea5b98e7aadf037c"
     assert dec.plugin.source.endswith("profiles/llama-30x576-ea5b98e7aadf037c.json")
     assert (dec.plugin.skip_attn, dec.plugin.skip_mlp) == ((20,), ())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("budget", ["auto", "5"])
+def test_tree_drafts_are_lossless(arch, budget):
+    # c) tree=1: a dynamic tree from the same skip set, verified in one tree pass by the host
+    opts = {"skip_attn": "none", "skip_mlp": "1", "tree": True, "tree_budget": budget, "tree_topk": 3, "num_draft": 5}
+    dec = Decoder(tiny_model(arch), "selfsd", opts)
+    seen = []
+    dec.pm.register(_TreeSpy(seen))
+    result = assert_lossless(dec.runner.model, "selfsd", [5, 9, 17, 3, 5, 9], 20, opts)
+    dec.generate([5, 9, 17, 3, 5, 9], 12, eos_token_ids=())
+    assert result.stats.drafted > 0 and any(seen)
+
+
+class _TreeSpy:
+    def __init__(self, seen):
+        self.seen = seen
+
+    @selfspec.hookimpl(wrapper=True)
+    def selfspec_propose(self, state):
+        draft = yield
+        self.seen.append(draft.parents is not None)
+        return draft

@@ -1,0 +1,357 @@
+"""Draft trees from any drafter (``draft_tree``) and the machine's cost curve (docs/api.md).
+
+Set-up, and why:
+a) the expansion order, the choice of size and the cost curve are pure: checked against brute
+   force with a scripted drafter whose logits depend only on a node's path;
+b) the masks and positions of the depth-by-depth passes are checked on tiny float64 models,
+   where a tree node's draft logits must equal exactly those of its path run as a plain chain;
+c) losslessness of a tree-drafting plugin comes from the kit's ``assert_lossless``.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import selfspec
+from selfspec import (
+    ArtefactStore,
+    CostCurve,
+    Decoder,
+    Runner,
+    TreeCalibration,
+    choose_size,
+    cost_curve,
+    draft_tree,
+    skip_layer_step,
+)
+from selfspec.testing import assert_lossless, tiny_model
+
+PROMPT = [3, 7, 11, 7, 3, 9, 2]
+V = 11  # the scripted drafter's vocabulary
+
+
+# ------------------------------------------------------------------------------ a scripted drafter
+class Scripted:
+    """A drafter whose logits for a node depend only on the node's path (see a)): it learns the
+    path from the mask and slots it is given, so a wrong mask gives wrong logits."""
+
+    def __init__(self, seed: int, slot: int, pending: int) -> None:
+        self.seed, self.slot = seed, slot
+        self.paths: dict[int, tuple[int, ...]] = {slot: (pending,)}  # draft slot -> path of tokens
+        self.calls: list[tuple[list[int], int, list[int], torch.Tensor | None]] = []
+
+    def logits(self, path: tuple[int, ...]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(zlib.crc32(repr((self.seed, path)).encode()))
+        return torch.randn(V, generator=g, dtype=torch.float64) * 3
+
+    def __call__(self, ids, start, positions, mask):
+        self.calls.append((ids.tolist(), start, positions.tolist(), mask))
+        rows = []
+        for r, t in enumerate(ids.tolist()):
+            if mask is None:
+                path = self.paths[self.slot]
+            else:  # the path: the slots this row sees past the pending token, in slot order
+                seen = [s for s in range(self.slot + 1, start) if mask[r, s]]
+                path = self.paths[self.slot] + tuple(self.paths[s][-1] for s in seen) + (t,)
+            self.paths[start + r] = path
+            rows.append(self.logits(path))
+        return torch.stack(rows)
+
+
+def _all_candidates(s: Scripted, topk: int, expanded: list[tuple[int, ...]]) -> dict[tuple[int, ...], float]:
+    """Brute force: the cumulative log-probability of every child of every expanded path."""
+    out: dict[tuple[int, ...], float] = {}
+    for path in expanded:
+        base = sum(float(torch.log_softmax(s.logits(path[: i + 1]), -1)[path[i + 1]]) for i in range(len(path) - 1))
+        lp = torch.log_softmax(s.logits(path), -1)
+        for v, t in zip(*torch.topk(lp, topk)):
+            out[path + (int(t),)] = base + float(v)
+    return out
+
+
+def _paths(tree) -> list[tuple[int, ...]]:
+    paths: list[tuple[int, ...]] = []
+    for t, p in zip(tree.tokens.tolist(), tree.parents.tolist()):
+        paths.append((paths[p] if p >= 0 else ()) + (t,))
+    return paths
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), topk=st.integers(1, 4), depth=st.integers(1, 5), budget=st.integers(1, 20))
+def test_tree_is_the_most_probable_candidates(seed, topk, depth, budget):
+    s = Scripted(seed, slot=6, pending=2)
+    tree = draft_tree(s, torch.tensor([2]), 6, max_depth=depth, topk=topk, budget=budget)
+    # the passes: the pending token, then one per depth over at most topk nodes
+    assert len(s.calls) == min(depth, budget) and s.calls[0][:3] == ([2], 6, [6])  # never deeper than budget
+    expanded = [(2,)] + [s.paths[start + r] for ids, start, _, _ in s.calls[1:] for r in range(len(ids))]
+    cands = _all_candidates(s, topk, expanded)
+    assert tree.candidates == len(cands)
+    want = sorted(cands, key=lambda p: -cands[p])[: min(budget, len(cands))]
+    got = [(2,) + p for p in _paths(tree)]
+    assert sorted(got) == sorted(want) or sorted(cands[p] for p in got) == sorted(cands[p] for p in want)
+    parents = tree.parents.tolist()
+    assert all(-1 <= p < i for i, p in enumerate(parents))  # closed under ancestors, creation order
+    for p, prob in zip(got, tree.probs.tolist()):
+        assert prob == pytest.approx(float(torch.tensor(cands[p]).exp()), rel=1e-5)
+    # each depth expands the most probable newest candidates (EAGLE-2's frontier)
+    for d, (ids, start, positions, _mask) in enumerate(s.calls[1:], 1):
+        assert positions == [6 + d] * len(ids) and len(ids) <= topk
+        newest = {p: v for p, v in cands.items() if len(p) == d + 1}
+        chosen = [s.paths[start + r] for r in range(len(ids))]
+        floor = min(cands[p] for p in chosen)
+        assert all(v <= floor + 1e-12 for p, v in newest.items() if p not in chosen)
+
+
+def test_frontier_mask_shows_only_ancestors():
+    s = Scripted(1, slot=4, pending=5)
+    draft_tree(s, torch.tensor([5]), 4, max_depth=4, topk=2, budget=30)
+    for ids, start, positions, mask in s.calls[1:]:
+        assert mask.shape == (len(ids), start + len(ids))
+        assert mask[:, :5].all()  # the prefix and the pending token
+        for r in range(len(ids)):
+            seen = [j for j in range(5, start) if mask[r, j]]
+            assert len(seen) == positions[r] - 4 - 1  # one ancestor per depth above it
+            assert mask[r, start:].tolist() == [j == r for j in range(len(ids))]  # itself, no sibling
+
+
+@settings(max_examples=60, deadline=None)
+@given(probs=st.lists(st.floats(0, 1), max_size=12), slope=st.floats(0.0, 1.0), draft=st.floats(0.0, 3.0))
+def test_choose_size_is_the_best_ratio(probs, slope, draft):
+    probs = sorted(probs, reverse=True)
+    curve = CostCurve((1, 2, 40), (1.0, 1.0 + slope, 1.0 + 39 * slope))
+    n, e, c = choose_size(probs, curve, draft)
+    ratios = [(1 + sum(probs[:m])) / (draft + curve(m + 1)) for m in range(len(probs) + 1)]
+    assert e / c == pytest.approx(max(ratios))
+    assert ratios[n] == pytest.approx(max(ratios)) and (e, c) == pytest.approx((1 + sum(probs[:n]), draft + curve(n + 1)))
+    assert all(r < ratios[n] * (1 + 1e-9) for r in ratios[:n])  # ties go to the smaller tree
+
+
+def test_flat_cost_takes_every_candidate_and_steep_cost_none():
+    probs = [0.9, 0.5, 0.2, 0.1]
+    assert choose_size(probs, CostCurve((1, 64), (1.0, 1.0)), 0.5)[0] == 4
+    assert choose_size(probs, CostCurve((1, 2), (1.0, 3.0)), 0.5)[0] == 0  # a wider block costs too much
+
+
+def test_cost_stops_drafting_when_a_depth_cannot_pay():
+    s = Scripted(3, slot=6, pending=2)
+    steep = CostCurve((1, 2), (1.0, 50.0))
+    tree = draft_tree(s, torch.tensor([2]), 6, max_depth=8, topk=3, cost=steep, draft_cost=0.5)
+    assert len(s.calls) == 1 and len(tree) == 0  # nothing is worth verifying at that price
+    s = Scripted(3, slot=6, pending=2)
+    flat = CostCurve((1, 256), (1.0, 1.0))
+    tree = draft_tree(s, torch.tensor([2]), 6, max_depth=5, topk=3, cost=flat, draft_cost=0.0)
+    assert len(s.calls) == 5 and len(tree) == tree.candidates  # free: draft and verify everything
+
+
+def test_confident_drafts_grow_a_chain_unsure_ones_a_tree():
+    # a peaked drafter: one child takes almost all the mass, so expanding its siblings buys
+    # nothing when a wider pass costs more; a flat drafter spreads the mass over siblings
+    class Peaked(Scripted):
+        def logits(self, path):
+            out = super().logits(path)
+            out[int(out.argmax())] += 40.0
+            return out
+
+    rising = CostCurve((1, 2, 8), (1.0, 1.3, 2.0))
+    s = Peaked(5, slot=6, pending=2)
+    draft_tree(s, torch.tensor([2]), 6, max_depth=6, topk=4, cost=rising, draft_cost=0.1)
+    assert len(s.calls) == 6 and all(len(ids) == 1 for ids, _, _, _ in s.calls)
+
+    class Flat(Scripted):
+        def logits(self, path):
+            return super().logits(path) * 0.01
+
+    s = Flat(5, slot=6, pending=2)
+    draft_tree(s, torch.tensor([2]), 6, max_depth=3, topk=4, cost=CostCurve((1, 8), (1.0, 1.0)), draft_cost=0.1)
+    assert [len(ids) for ids, _, _, _ in s.calls][:2] == [1, 4]  # the root's children all expanded
+
+
+def test_room_bounds_draft_slots_and_size():
+    s = Scripted(0, slot=6, pending=2)
+    tree = draft_tree(s, torch.tensor([2]), 6, max_depth=6, topk=3, budget=50, room=5)
+    assert len(tree) <= 5
+    assert max(start + len(ids) for ids, start, _, _ in s.calls) <= 6 + 1 + 5
+
+
+def test_draft_tree_needs_a_budget_or_a_curve():
+    with pytest.raises(ValueError, match="budget or a cost curve"):
+        draft_tree(Scripted(0, 6, 2), torch.tensor([2]), 6, max_depth=3)
+
+
+# ------------------------------------------------------------------------------ real passes (see b)
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_tree_pass_logits_equal_the_path_run_as_a_chain(arch):
+    runner = Runner(tiny_model(arch))
+    cache = runner.new_cache(64)
+    prompt = torch.tensor(PROMPT)
+    slot = len(PROMPT) - 1
+    runner.forward(prompt[:-1], cache=cache, start=0, logits=None)
+    skip = (1,)
+    inner = skip_layer_step(runner, cache, skip_mlp=skip)
+    seen: list[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]] = []
+
+    def step(ids, start, positions, mask):
+        out = inner(ids, start, positions, mask)
+        seen.append((ids, start, mask, out))
+        return out
+
+    tree = draft_tree(step, prompt[-1:], slot, max_depth=4, topk=3, budget=40)
+    assert len(seen) == 4 and len(tree) > 3
+    paths = {slot: []}
+    for ids, start, mask, out in seen:
+        for r, t in enumerate(ids.tolist()):
+            path = [] if mask is None else [paths[j][-1] for j in range(slot + 1, start) if mask[r, j]] + [t]
+            if mask is not None:
+                paths[start + r] = path
+            # the same prefix (full model), then [pending, path...] as a causal chain
+            fresh = runner.new_cache(64)
+            runner.forward(prompt[:-1], cache=fresh, start=0, logits=None)
+            chain = torch.tensor(PROMPT[-1:] + path)
+            ref = runner.forward(chain, cache=fresh, start=slot, skip_mlp=skip).logits[-1]
+            torch.testing.assert_close(out[r], ref, rtol=0, atol=1e-10)
+
+
+def test_runner_prefix_mask_hides_cached_slots():
+    runner = Runner(tiny_model("llama"))
+    ids = torch.tensor(PROMPT)
+    cache = runner.new_cache(16)
+    runner.forward(ids[:5], cache=cache, start=0, logits=None)
+    block = torch.ones(2, 7, dtype=torch.bool).tril_(5)  # [q, start+q]: all of the prefix, causal block
+    full = runner.forward(ids[5:], cache=cache, start=5, block_mask=block).logits
+    plain = runner.forward(ids[5:], cache=cache, start=5).logits
+    torch.testing.assert_close(full, plain, rtol=0, atol=0)
+    hide = block.clone()
+    hide[:, 2] = False  # slot 2 hidden from the block's two tokens
+    got = runner.forward(ids[5:], cache=cache, start=5, block_mask=hide).logits
+    one = torch.ones(7, 7, dtype=torch.bool).tril_()
+    one[5:, 2] = False  # the same visibility, all seven tokens in one block without a cache
+    ref = runner.forward(ids, block_mask=one).logits[-2:]
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="block mask"):
+        runner.forward(ids[5:], cache=cache, start=5, block_mask=torch.ones(2, 3, dtype=torch.bool))
+
+
+# ------------------------------------------------------------------------------ the cost curve
+def test_cost_curve_interpolates_and_is_monotone():
+    c = CostCurve.from_times([1, 4, 8], [0.010, 0.009, 0.020])
+    assert c.costs == (1.0, 1.0, 2.0)  # a faster wider block is noise: never below the narrower
+    assert c(1) == 1.0 and c(6) == pytest.approx(1.5) and c(12) == pytest.approx(3.0)
+    with pytest.raises(ValueError):
+        CostCurve((2, 4), (1.0, 1.0))
+
+
+def test_cost_curve_is_measured_once_and_kept(tmp_path, monkeypatch):
+    from selfspec import costcurve
+
+    runner = Runner(tiny_model("llama"))
+    store = ArtefactStore("drafttree", root=tmp_path)
+    calls = []
+    real = costcurve.measure_cost_curve
+
+    def counting(r, widths):
+        calls.append(1)
+        return real(r, (1, 2, 4), repeats=1)
+
+    monkeypatch.setattr(costcurve, "measure_cost_curve", counting)
+    monkeypatch.setattr(costcurve, "_MEMO", {})
+    first = cost_curve(runner, store=store)
+    files = list(tmp_path.glob("costcurve-*.json"))
+    assert len(calls) == 1 and len(files) == 1 and first.costs[0] == 1.0
+    blob = json.loads(files[0].read_text())
+    assert blob["widths"] == [1, 2, 4] and blob["meta"]["machine"]["threads"] >= 1
+    monkeypatch.setattr(costcurve, "_MEMO", {})  # a new process: read from the store
+    assert cost_curve(runner, store=store) == first and len(calls) == 1
+    cost_curve(runner, store=store, refresh=True)
+    assert len(calls) == 2
+
+
+# ------------------------------------------------------------------------------ lossless (see c)
+class TreePlugin:
+    """A minimal tree drafter: the model with one MLP block skipped, verified by the host."""
+
+    def __init__(self) -> None:
+        self.budget: int | None = 6
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state):
+        base = state.length - 1
+        step = skip_layer_step(state.runner, state.cache, skip_mlp=(0,))
+        curve = CostCurve((1, 4, 64), (1.0, 1.2, 8.0)) if self.budget is None else None
+        tree = draft_tree(step, state.tokens[base : base + 1], base, max_depth=min(4, state.max_draft_depth),
+                          topk=3, budget=self.budget, cost=curve, room=state.cache.capacity - base - 1)
+        return tree.draft()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "mistral"])
+@pytest.mark.parametrize("budget", [None, 1, 6])
+def test_tree_drafts_are_lossless(arch, budget):
+    plugin = TreePlugin()
+    plugin.budget = budget
+    result = assert_lossless(tiny_model(arch), "tree", [5, 9, 17, 3, 5, 9], 20, plugin_object=plugin)
+    assert result.stats.drafted > 0
+
+
+def test_tree_plugin_decodes_like_greedy_at_every_length():
+    model = tiny_model("qwen2")
+    for n in (1, 2, 7):
+        dec = Decoder(model, "tree", plugin_object=TreePlugin)
+        ref = selfspec.reference_generate(model, PROMPT, n, ())
+        assert dec.generate(PROMPT, n, eos_token_ids=()).output_ids == ref
+
+
+# ------------------------------------------------------------------------------ calibration
+def test_calibration_learns_acceptance_by_draft_probability():
+    cal = TreeCalibration(bins=10, prior=4.0)
+    assert cal(0.3) == pytest.approx(0.3)  # no evidence: the raw probability
+    # a tree: two root children (0.3 accepted, 0.25 not), a child of the accepted one (0.35,
+    # accepted) and a child of the rejected one (never counted: its parent failed)
+    tree = selfspec.DraftTree(torch.tensor([1, 2, 3, 4]), torch.tensor([-1, -1, 0, 1]), torch.ones(4),
+                              local=(0.3, 0.25, 0.35, 0.9))
+    for _ in range(20):
+        cal.observe(tree, (0, 2))
+    assert cal.seen[2] == 20 and cal.accepted[2] == 0  # bin [0.2, 0.3): the 0.25s, never accepted
+    assert cal.seen[3] == 40 and cal.accepted[3] == 40  # bin [0.3, 0.4): 0.3 and 0.35, always accepted
+    assert cal.seen[9] == 0
+    assert cal(0.35) > 0.9 and cal(0.25) < 0.05 and cal(0.95) == pytest.approx(0.95)
+
+
+def test_calibrated_scores_grow_bigger_trees_for_an_underconfident_draft():
+    class Sure(TreeCalibration):
+        def __call__(self, p):
+            return min(1.0, 3 * p)  # accepted three times as often as the draft says
+
+    curve = CostCurve((1, 8, 64), (1.0, 1.3, 4.0))
+    plain = draft_tree(Scripted(2, 6, 2), torch.tensor([2]), 6, max_depth=6, topk=3, cost=curve, draft_cost=0.3)
+    sure = draft_tree(Scripted(2, 6, 2), torch.tensor([2]), 6, max_depth=6, topk=3, cost=curve, draft_cost=0.3,
+                      calibrate=Sure())
+    assert len(sure) > len(plain) and sure.passes >= plain.passes
+    assert all(0 < p <= 1 for p in sure.local)
+
+
+def test_tree_config_observes_its_last_tree():
+    runner = Runner(tiny_model("llama"))
+    config = selfspec.TreeConfig.from_options({"tree": True, "tree_budget": "4", "tree_topk": 2}, runner)
+    assert config.budget == 4 and config.curve is None and config.calibration is not None
+    dec = Decoder(runner.model, "tree", plugin_object=_ConfigPlugin(config))
+    dec.generate(PROMPT, 12, eos_token_ids=())
+    assert sum(config.calibration.seen) > 0 and config.last is None
+
+
+class _ConfigPlugin:
+    def __init__(self, config):
+        self.config = config
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state):
+        step = skip_layer_step(state.runner, state.cache, skip_mlp=(0,))
+        return self.config.draft(step, state, max_depth=min(3, state.max_draft_depth), draft_cost=0.5).draft()
+
+    @selfspec.hookimpl
+    def selfspec_update_policy(self, state, verdict):
+        self.config.observe(verdict)
