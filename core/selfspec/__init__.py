@@ -38,6 +38,11 @@ _LAZY: dict[str, tuple[str, str]] = {
     # drafting and verification mechanics
     "skip_layer_draft": ("skipdraft", "skip_layer_draft"),
     "SkipDraft": ("skipdraft", "SkipDraft"),
+    "DraftWeights": ("draftweights", "DraftWeights"),
+    "DraftWeightsError": ("draftweights", "DraftWeightsError"),
+    "draft_weights": ("draftweights", "draft_weights"),
+    "draft_vocab": ("draftweights", "draft_vocab"),
+    "DRAFT_WEIGHTS": ("draftweights", "BACKENDS"),
     "NgramIndex": ("ngram", "NgramIndex"),
     "verify_greedy": ("verification", "verify_greedy"),
     "verify_tree": ("verification", "verify_tree"),
@@ -89,6 +94,11 @@ __all__ = [
     "ForwardOut",
     "skip_layer_draft",
     "SkipDraft",
+    "DraftWeights",
+    "DraftWeightsError",
+    "draft_weights",
+    "draft_vocab",
+    "DRAFT_WEIGHTS",
     "NgramIndex",
     "verify_greedy",
     "verify_tree",
@@ -129,6 +139,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .cli import Settings, user_errors
     from .data import DataError, Sample, encode_sample, load_task, task_names
     from .data import build_corpus_texts as corpus_texts
+    from .draftweights import BACKENDS as DRAFT_WEIGHTS
+    from .draftweights import DraftWeights, DraftWeightsError, draft_vocab, draft_weights
     from .loop import Decoder
     from .models import format_prompt
     from .models import load as load_model

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .runner import KVCache, Runner
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .draftweights import DraftWeights
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ def skip_layer_draft(
     exit_below: float = 0.0,
     keep_exit: bool = True,
     capture: int | None = None,
+    weights: DraftWeights | None = None,
 ) -> SkipDraft:
     """Up to ``max_tokens`` greedy draft tokens after ``pending`` from the model with blocks skipped.
 
@@ -54,7 +59,11 @@ def skip_layer_draft(
     paid; Draft & Verify's Algorithm 3 keeps it), else it is dropped.
 
     capture: a layer index whose input to return in :attr:`SkipDraft.captured` (for
-    :func:`selfspec.verify_from_layer`: exact when no block below it is skipped).
+    :func:`selfspec.verify_from_layer`: exact when no block below it is skipped, and with
+    ``weights``, never: compressed layers change every state).
+
+    weights: the model's draft weights (:func:`selfspec.draft_weights`): the draft model runs
+    their compressed layers and head (a token outside their draft vocabulary is never drafted).
     """
     tokens: list[torch.Tensor] = []
     captured: list[torch.Tensor] = []
@@ -62,7 +71,7 @@ def skip_layer_draft(
     tok = pending  # tok: [1]
     for n in range(max_tokens):
         out = runner.forward(tok, cache=cache, start=slot + n, skip_attn=skip_attn, skip_mlp=skip_mlp,
-                             capture=want, logits="last")
+                             capture=want, logits="last", weights=weights)
         if want:
             captured.append(out.captured[capture][0])  # [H]
         logits = out.logits[-1]  # logits: [V]
