@@ -135,7 +135,14 @@ _HEADS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[nn.Module | None,
 def _weights_key(runner) -> tuple:
     ps = [p for layer in runner.layers for p in layer.parameters()]
     ps += list(runner.lm_head.parameters()) + list(runner.lm_head.buffers())
-    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in ps)
+    return tuple((_ptr(p), p._version, p.dtype, p.device) for p in ps)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # an opaque (oneDNN-packed) tensor has no storage: the object stands for it
+        return id(t)
 
 
 def _vocab_key(vocab: torch.Tensor | None) -> str:
@@ -144,7 +151,8 @@ def _vocab_key(vocab: torch.Tensor | None) -> str:
     return hashlib.sha256(vocab.detach().to("cpu", torch.int64).numpy().tobytes()).hexdigest()[:16]
 
 
-def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = None) -> DraftWeights:
+def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = None, *,
+                  layers: bool = True) -> DraftWeights:
     """The :class:`DraftWeights` of ``runner``'s model with ``backend`` (resolved with
     :func:`resolve_backend`) and draft vocabulary ``vocab`` (``[V']`` distinct token ids, or
     ``None`` for the whole vocabulary).
@@ -153,6 +161,8 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
     whole model is made; later calls for the same model, backend and vocabulary (from any
     runner or plugin) return the same copies. They are rebuilt if the model's weights were
     replaced since (the key holds each weight's storage pointer and version).
+    ``layers=False``: the head only (``layers`` empty, nothing built for them), for a drafter
+    that runs the model's own layers and compresses only its projection onto the vocabulary.
     """
     kind = resolve_backend(backend, runner.device)
     V = int(runner.vocab_size)
@@ -167,11 +177,15 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
     model = runner.model
     wkey = _weights_key(runner)
     per_model = _LAYERS.setdefault(model, {})
-    if (kind, wkey) not in per_model:
+    if not layers:
+        built: tuple[dict[int, nn.Module], int] = ({}, 0)
+    elif (kind, wkey) not in per_model:
         for k in [k for k in per_model if k[1] != wkey]:
             del per_model[k]  # stale: the weights changed
-        per_model[(kind, wkey)] = _build_layers(runner, kind)
-    layers, layer_bytes = per_model[(kind, wkey)]
+        per_model[(kind, wkey)] = built = _build_layers(runner, kind)
+    else:
+        built = per_model[(kind, wkey)]
+    subs, layer_bytes = built
     heads = _HEADS.setdefault(model, {})
     hkey = (kind, _vocab_key(vocab), wkey)
     if hkey not in heads:
@@ -179,7 +193,7 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
             del heads[k]
         heads[hkey] = _build_head(runner, kind, vocab)
     head_module, head_bytes = heads[hkey]
-    return DraftWeights(kind, V, layers, head_module, vocab, layer_bytes, head_bytes)
+    return DraftWeights(kind, V, subs, head_module, vocab, layer_bytes, head_bytes)
 
 
 def built_nbytes(model: nn.Module) -> int:

@@ -7,7 +7,11 @@ from typing import Any
 import torch
 
 import selfspec
-from selfspec import DecodeState, Draft, Option, Verdict, skip_layer_draft
+from selfspec import DRAFT_WEIGHTS, DecodeState, Draft, Option, Verdict, skip_layer_draft
+
+#: Draft weights and vocabulary by default (see README; measured at 1.5B on CPU).
+DEFAULT_DRAFT_WEIGHTS = "auto"
+DEFAULT_DRAFT_VOCAB = 0
 
 from .search import initial_skip, layer_search
 
@@ -37,6 +41,7 @@ class CLaSp:
         self._pause = 0  # steps left without drafting
         self._next_pause = 1  # length of the next pause (doubles while drafts keep failing)
         self._attempted = False  # this step ran the draft model
+        self.weights: selfspec.DraftWeights | None = None  # the draft model's weights (host's draft_weights)
 
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
@@ -50,9 +55,16 @@ class CLaSp:
         register(Option("backoff", int, 0, "not in the paper: after a step whose draft got nothing "
                         "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
                         min=0, max=64))
+        register(Option("draft_weights", str, DEFAULT_DRAFT_WEIGHTS,
+                        "weights the draft model reads (the host's shared compressed copy): none (the model's "
+                        "own), int8, int8wo, bf16, bnb (CUDA), auto (the host's choice for the device)",
+                        choices=DRAFT_WEIGHTS))
+        register(Option("draft_vocab", int, DEFAULT_DRAFT_VOCAB,
+                        "draft vocabulary: the draft head scores only the N most frequent corpus tokens (0: all)",
+                        min=0))
 
     @selfspec.hookimpl
-    def selfspec_setup(self, runner: Any, options: dict[str, Any]) -> None:
+    def selfspec_setup(self, runner: Any, options: dict[str, Any], tokenizer: Any = None) -> None:
         L = runner.n_layers
         M = L // 2 if options["M"] is None else options["M"]
         if M > L:
@@ -61,6 +73,8 @@ class CLaSp:
         self.n_skip, self.loi, self.det, self.num_draft = M, options["LOI"], options["DET"], options["num_draft"]
         self.backoff = options["backoff"]
         self.keep_exit = options["keep_exit"]
+        vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
+        self.weights = selfspec.draft_weights(runner, options["draft_weights"], vocab)
 
     @selfspec.hookimpl
     def selfspec_start(self, state: DecodeState) -> None:
@@ -84,7 +98,8 @@ class CLaSp:
         # both sub-blocks of every layer in S are skipped; drafting stops at a token the draft
         # model gives less than DET (kept and verified with the others when keep_exit)
         tokens = skip_layer_draft(self.runner, state.cache, pending, slot, max_tokens=k, skip_attn=self.skip,
-                                  skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit).tokens  # [n]
+                                  skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit,
+                                  weights=self.weights).tokens  # [n]
         # the skipped layers wrote no draft slots, the others did: forget the draft slots in
         # every layer so all hold the committed prefix again (verification rewrites them)
         state.cache.crop(slot)
