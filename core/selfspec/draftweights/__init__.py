@@ -1,7 +1,14 @@
 """Draft weights: compressed copies of a model's layers and LM head, and a draft vocabulary,
 that only draft passes read (see :mod:`.shadow`, :mod:`.layers`, :mod:`.linears`, :mod:`.vocab`)."""
 
-from .shadow import BACKENDS, DraftWeights, DraftWeightsError, built_nbytes, draft_weights, resolve_backend
+from .shadow import (
+    BACKENDS,
+    DraftWeights,
+    DraftWeightsError,
+    built_nbytes,
+    draft_weights,
+    resolve_backend,
+)
 from .vocab import draft_vocab, vocab_ranking
 
 __all__ = [

@@ -71,27 +71,27 @@ class Int8WeightOnlyLinear(CompressedLinear):
 
 class DynamicInt8Linear(CompressedLinear):
     """Dynamic quantization: int8 weights (a scale per output channel), activations quantized
-    per call; PyTorch's quantized engine (x86: fbgemm/oneDNN int8 GEMM)."""
+    per call; PyTorch's quantized engine (x86: fbgemm/oneDNN int8 GEMM), the kernels of
+    ``torch.ao.nn.quantized.dynamic.Linear`` called directly (no float module, no extra copy)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
-        from torch.ao.nn.quantized.dynamic import Linear as QLinear  # noqa: PLC0415 (heavy)
-
         q, scale = quantize_rows(weight)
         out_f, in_f = weight.shape
-        with warnings.catch_warnings():  # torch.ao.quantization is deprecated, still works
+        b = None if bias is None else bias.detach().float().clone()
+        with warnings.catch_warnings():  # quantized tensors are deprecated, the kernels still work
             warnings.simplefilter("ignore")
             qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros(out_f, dtype=torch.long), 0)
-            del q
-            self.q = QLinear(in_f, out_f, bias_=bias is not None, dtype=torch.qint8)
-            self.q.set_weight_bias(qw, None if bias is None else bias.detach().float().clone())
+            self._packed = torch.ops.quantized.linear_prepack(qw, b)  # the engine's own int8 copy
+        del q, qw
         self.in_features, self.out_features = in_f, out_f
         self._bytes = out_f * in_f + out_f * 8 + (0 if bias is None else out_f * 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return self.q(x)
-        return self.q(x.float()).to(x.dtype)
+        x2 = x if x.dtype == torch.float32 else x.float()
+        # reduce_range: 7-bit activations, as the quantized module does on x86 (no int16 saturation)
+        y = torch.ops.quantized.linear_dynamic(x2, self._packed, reduce_range=True)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def nbytes(self) -> int:
         return self._bytes  # the packed weight is opaque to torch: its int8 size and scales

@@ -176,6 +176,14 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
             vocab = None
     model = runner.model
     wkey = _weights_key(runner)
+    # the head first: its build's temporaries then sit beside the model alone, not the layers too
+    heads = _HEADS.setdefault(model, {})
+    hkey = (kind, _vocab_key(vocab), wkey)
+    if hkey not in heads:
+        for k in [k for k in heads if k[2] != wkey]:
+            del heads[k]
+        heads[hkey] = _build_head(runner, kind, vocab)
+    head_module, head_bytes = heads[hkey]
     per_model = _LAYERS.setdefault(model, {})
     if not layers:
         built: tuple[dict[int, nn.Module], int] = ({}, 0)
@@ -186,13 +194,6 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
     else:
         built = per_model[(kind, wkey)]
     subs, layer_bytes = built
-    heads = _HEADS.setdefault(model, {})
-    hkey = (kind, _vocab_key(vocab), wkey)
-    if hkey not in heads:
-        for k in [k for k in heads if k[2] != wkey]:
-            del heads[k]
-        heads[hkey] = _build_head(runner, kind, vocab)
-    head_module, head_bytes = heads[hkey]
     return DraftWeights(kind, V, subs, head_module, vocab, layer_bytes, head_bytes)
 
 

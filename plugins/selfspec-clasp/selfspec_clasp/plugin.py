@@ -9,11 +9,11 @@ import torch
 import selfspec
 from selfspec import DRAFT_WEIGHTS, DecodeState, Draft, Option, Verdict, skip_layer_draft
 
+from .search import initial_skip, layer_search
+
 #: Draft weights and vocabulary by default (see README; measured at 1.5B on CPU).
 DEFAULT_DRAFT_WEIGHTS = "auto"
 DEFAULT_DRAFT_VOCAB = 0
-
-from .search import initial_skip, layer_search
 
 
 class CLaSp:

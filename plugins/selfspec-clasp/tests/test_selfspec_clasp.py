@@ -19,9 +19,11 @@ class TestCLaSp(PluginSuite):
         "DET": st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.95]) | st.floats(0.0, 1.0),
         "num_draft": st.integers(1, 8),
         "backoff": st.sampled_from([0, 1, 4]),
+        "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),  # the CPU's backends
+        "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     # no exit threshold and a fresh layer set every step: deep drafts every step
-    reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 8}
+    reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 8, "draft_weights": "none"}
 
     def options_strategy(self, model, declared):
         # a) M ranges over every size the model allows, from no layer skipped to all of them

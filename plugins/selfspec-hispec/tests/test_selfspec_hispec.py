@@ -50,8 +50,10 @@ class TestHiSpec(PluginSuite):
     """The kit's standard suite: installed, valid options, lossless (with coverage)."""
 
     plugin = "hispec"
-    option_strategies = {"round_size": st.integers(1, 4), "num_draft": st.integers(1, 8)}
-    reach_options = {"round_size": 4, "num_draft": 8, "profile": "none"}  # the longest buffers
+    option_strategies = {"round_size": st.integers(1, 4), "num_draft": st.integers(1, 8),
+                         "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),
+                         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20))}
+    reach_options = {"round_size": 4, "num_draft": 8, "profile": "none", "draft_weights": "none"}  # the longest buffers
 
     def options_strategy(self, model, declared):
         depth = model.config.num_hidden_layers

@@ -24,9 +24,12 @@ class TestSelfSD(PluginSuite):
         "num_draft": st.integers(1, 8),
         "gamma": st.sampled_from([0.0, 0.3, 0.6, 0.9, 1.0]),
         "alpha": st.sampled_from([0.5, 0.9]),
+        "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),  # the CPU's backends
+        "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     # see b): one late MLP skipped, no exit threshold: drafts every step, many accepted
-    reach_options = {"skip_attn": "none", "skip_mlp": "2", "gamma": 0.0, "adaptive": False, "num_draft": 8}
+    reach_options = {"skip_attn": "none", "skip_mlp": "2", "gamma": 0.0, "adaptive": False, "num_draft": 8,
+                     "draft_weights": "none"}
 
     def options_strategy(self, model, declared):
         n_layers = model.config.num_hidden_layers
@@ -153,7 +156,7 @@ def test_skip_set_is_honoured():
     # (prefill and verification), a kept one also once per drafted token
     model = tiny_model("mistral")
     dec = Decoder(model, "selfsd", {"skip_attn": "0,2", "skip_mlp": "1", "gamma": 0.0, "adaptive": False, "num_draft": 3,
-                                    "reuse": False})
+                                    "reuse": False, "draft_weights": "none"})
     runner = dec.runner
     index = {id(m): i for i, m in enumerate(runner._run_layers)}
     calls = {"attn": [0] * runner.n_layers, "mlp": [0] * runner.n_layers}
