@@ -122,7 +122,7 @@ def _identity_after_first_layer(arch: str):
 def test_reuse_no_layer_runs_twice_for_a_token(arch, options):
     model = _identity_after_first_layer(arch)
     depth = model.config.num_hidden_layers
-    dec = Decoder(model, "hispec", {"draft_layer": 1, "verify_layer": 2, **options})
+    dec = Decoder(model, "hispec", {"draft_layer": 1, "verify_layer": 2, "draft_weights": "none", **options})
     calls: list[int] = []
     inner = dec.runner.forward
 
