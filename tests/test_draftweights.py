@@ -213,3 +213,13 @@ def test_token_counts_are_cached_per_tokenizer(monkeypatch, tmp_path):
     assert counts.tolist()[:4] == [0, 1, 3, 1]
     assert vocab.token_counts(Tok(), 12, progress=False).tolist() == counts.tolist()
     assert Tok.calls == 1  # the second came from the artefact
+
+
+def test_no_corpus_means_the_whole_vocabulary(monkeypatch, tmp_path, capsys):
+    # the data packages missing: nothing to rank by, so no subset (and nothing cached)
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("selfspec.data.build_corpus_texts", lambda tasks: iter(()))
+    runner = Runner(tiny_model("llama"))
+    assert selfspec.draft_vocab(runner, 16, _Tokenizer(), progress=False) is None
+    assert "no corpus" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.npy"))

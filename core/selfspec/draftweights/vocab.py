@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from typing import Any
 
 import numpy as np
@@ -72,15 +73,19 @@ def token_counts(tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKEN
         total += n
         bar.update(n)
     bar.close()
-    STORE.save(path, lambda tmp: np.save(tmp, counts))
+    if total:  # no corpus (data packages missing) is not cached: installing them fixes it
+        STORE.save(path, lambda tmp: np.save(tmp, counts))
     return counts[:vocab_size]
 
 
-def vocab_ranking(vocab_size: int, tokenizer: Any = None, *, progress: bool = True) -> torch.Tensor:
-    """``[vocab_size]`` int64: every token id, most useful to a draft first (see the module doc)."""
+def vocab_ranking(vocab_size: int, tokenizer: Any = None, *, progress: bool = True) -> torch.Tensor | None:
+    """``[vocab_size]`` int64: every token id, most useful to a draft first (see the module doc);
+    ``None`` when there is a tokenizer but no corpus to count (the data packages are missing)."""
     if tokenizer is None:
         return torch.arange(vocab_size)
     counts = token_counts(tokenizer, vocab_size, progress=progress)
+    if not counts.any():
+        return None
     special = [i for i in (getattr(tokenizer, "all_special_ids", None) or []) if 0 <= i < vocab_size]
     key = counts.astype(np.float64)
     key[special] = np.inf  # first
@@ -90,9 +95,16 @@ def vocab_ranking(vocab_size: int, tokenizer: Any = None, *, progress: bool = Tr
 
 def draft_vocab(runner, size: int, tokenizer: Any = None, *, progress: bool = True) -> torch.Tensor | None:
     """The ``size`` highest-ranked token ids (sorted, ``[size]`` int64 on the runner's device),
-    or ``None`` for the whole vocabulary (``size`` 0 or at least the vocabulary)."""
+    or ``None`` for the whole vocabulary: ``size`` 0 or at least the vocabulary, or no corpus to
+    rank by (said once on stderr; the benchmark data packages hold the corpus)."""
     V = int(runner.vocab_size)
     if size <= 0 or size >= V:
         return None
-    ids = vocab_ranking(V, tokenizer, progress=progress)[:size]
-    return ids.sort().values.to(runner.device)
+    ranking = vocab_ranking(V, tokenizer, progress=progress)
+    if ranking is None:
+        from ..data import INSTALL  # noqa: PLC0415
+
+        print(f"selfspec: no corpus to rank a draft vocabulary by (install the benchmark data: {INSTALL}); "
+              "drafting over the whole vocabulary", file=sys.stderr)
+        return None
+    return ranking[:size].sort().values.to(runner.device)

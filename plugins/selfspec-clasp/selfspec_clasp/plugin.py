@@ -13,7 +13,7 @@ from .search import initial_skip, layer_search
 
 #: Draft weights and vocabulary by default (see README; measured at 1.5B on CPU).
 DEFAULT_DRAFT_WEIGHTS = "auto"
-DEFAULT_DRAFT_VOCAB = 0
+DEFAULT_DRAFT_VOCAB = 32768
 
 
 class CLaSp:

@@ -53,7 +53,7 @@ from .stats import COUNTERS
 
 #: Exit-head weights and vocabulary by default (see README; measured at 1.5B on CPU).
 DEFAULT_DRAFT_WEIGHTS = "auto"
-DEFAULT_DRAFT_VOCAB = 0
+DEFAULT_DRAFT_VOCAB = 32768
 
 
 class HiSpec:

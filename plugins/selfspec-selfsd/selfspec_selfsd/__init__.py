@@ -32,7 +32,7 @@ __all__ = ["SelfSD", "Threshold"]
 
 #: Draft weights and vocabulary by default (see README, "Cheap drafts"; measured at 1.5B on CPU).
 DEFAULT_DRAFT_WEIGHTS = "auto"
-DEFAULT_DRAFT_VOCAB = 0
+DEFAULT_DRAFT_VOCAB = 32768
 
 
 def _unit(x: float) -> str | None:
