@@ -39,6 +39,11 @@ _LAZY: dict[str, tuple[str, str]] = {
     # drafting and verification mechanics
     "skip_layer_draft": ("skipdraft", "skip_layer_draft"),
     "SkipDraft": ("skipdraft", "SkipDraft"),
+    "DraftWeights": ("draftweights", "DraftWeights"),
+    "DraftWeightsError": ("draftweights", "DraftWeightsError"),
+    "draft_weights": ("draftweights", "draft_weights"),
+    "draft_vocab": ("draftweights", "draft_vocab"),
+    "DRAFT_WEIGHTS": ("draftweights", "BACKENDS"),
     "NgramIndex": ("ngram", "NgramIndex"),
     "verify_greedy": ("verification", "verify_greedy"),
     "verify_tree": ("verification", "verify_tree"),
@@ -100,6 +105,11 @@ __all__ = [
     "ForwardOut",
     "skip_layer_draft",
     "SkipDraft",
+    "DraftWeights",
+    "DraftWeightsError",
+    "draft_weights",
+    "draft_vocab",
+    "DRAFT_WEIGHTS",
     "NgramIndex",
     "verify_greedy",
     "verify_tree",
@@ -150,6 +160,8 @@ if TYPE_CHECKING:  # pragma: no cover
         register_tree_options,
         skip_layer_step,
     )
+    from .draftweights import BACKENDS as DRAFT_WEIGHTS
+    from .draftweights import DraftWeights, DraftWeightsError, draft_vocab, draft_weights
     from .loop import Decoder
     from .ngram import NgramIndex
     from .options import Layers, Option, OptionError, check_layers, format_layers

@@ -195,14 +195,15 @@ def choose_size(probs: Sequence[float], cost: Callable[[int], float], draft_cost
 
 
 def skip_layer_step(runner: Runner, cache: KVCache, *, skip_attn: Collection[int] = (),
-                    skip_mlp: Collection[int] = ()) -> DraftStep:
+                    skip_mlp: Collection[int] = (), weights: Any = None) -> DraftStep:
     """A draft pass of the model with the given attention/MLP blocks skipped (the drafter of
     ``skip_layer_draft``, for :func:`draft_tree`): a forward at ``start`` with ``positions``
-    and the block mask, the LM head on every row."""
+    and the block mask, the LM head on every row; ``weights``: the model's draft weights
+    (:func:`selfspec.draft_weights`), as for ``skip_layer_draft``."""
 
     def step(ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return runner.forward(ids, cache=cache, start=start, positions=positions, block_mask=mask,
-                              skip_attn=skip_attn, skip_mlp=skip_mlp).logits
+                              skip_attn=skip_attn, skip_mlp=skip_mlp, weights=weights).logits
 
     return step
 

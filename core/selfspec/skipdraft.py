@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .runner import KVCache, Runner
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .draftweights import DraftWeights
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ def skip_layer_draft(
     keep_exit: bool = True,
     capture: int | None = None,
     pick: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
+    weights: DraftWeights | None = None,
 ) -> SkipDraft:
     """Up to ``max_tokens`` greedy draft tokens after ``pending`` from the model with blocks skipped.
 
@@ -55,11 +60,15 @@ def skip_layer_draft(
     paid; Draft & Verify's Algorithm 3 keeps it), else it is dropped.
 
     capture: a layer index whose input to return in :attr:`SkipDraft.captured` (for
-    :func:`selfspec.verify_from_layer`: exact when no block below it is skipped).
+    :func:`selfspec.verify_from_layer`: exact when no block below it is skipped, and with
+    ``weights``, never: compressed layers change every state).
 
     pick: how a draft token is chosen from the draft logits ``[1, V]`` and its absolute
     position ``[slot + n + 1]``; pass ``state.pick`` so that a sampling decode drafts with the
     target's noise (coupled drafts; :meth:`selfspec.DecodeState.pick`). ``None``: the argmax.
+
+    weights: the model's draft weights (:func:`selfspec.draft_weights`): the draft model runs
+    their compressed layers and head (a token outside their draft vocabulary is never drafted).
     """
     tokens: list[torch.Tensor] = []
     captured: list[torch.Tensor] = []
@@ -67,7 +76,7 @@ def skip_layer_draft(
     tok = pending  # tok: [1]
     for n in range(max_tokens):
         out = runner.forward(tok, cache=cache, start=slot + n, skip_attn=skip_attn, skip_mlp=skip_mlp,
-                             capture=want, logits="last")
+                             capture=want, logits="last", weights=weights)
         if want:
             captured.append(out.captured[capture][0])  # [H]
         logits = out.logits[-1]  # logits: [V]

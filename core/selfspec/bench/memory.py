@@ -11,6 +11,8 @@ JSON line:
 * ``load_s``: loading the model (from the converted cache);
 * ``setup_s``: what the method builds before its first token (layout, the plugin's setup:
   profiles, compressed layers, exit heads, corpora; for ``hf-assisted`` loading the assistant);
+* ``draft_weights_bytes``: the compressed draft weights built for the model
+  (:func:`selfspec.draft_weights`, shared by every plugin; 0 when none were built);
 * ``peak_rss_bytes``: the process's peak resident set size (``VmHWM``) at the end.
 """
 
@@ -72,6 +74,7 @@ def _peak_rss() -> int:
 def _child(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
+    from ..draftweights import built_nbytes
     from ..loop import Decoder
     from ..models import load
     from .harness import Method, Run, make_runner
@@ -101,6 +104,7 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
     decode_s = time.perf_counter() - t0
     return {"method": spec["name"], "weights_bytes": weights, "load_s": load_s, "setup_s": setup_s,
             "decode_s": decode_s, "new_tokens": len(out.output_ids), "rss_after_load_bytes": rss_loaded,
+            "draft_weights_bytes": built_nbytes(loaded.model),
             "peak_rss_bytes": _peak_rss(), "pid": os.getpid()}
 
 

@@ -210,14 +210,16 @@ def memory_markdown(summary: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "**Memory and load time** (each method alone in a fresh process, as `specdec` runs it; "
              "peak RSS includes the Python runtime and libraries)", "",
-             "| method | peak RSS GB | × weights | model load s | method setup s |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+             "| method | peak RSS GB | × weights | draft weights GB | model load s | method setup s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, m in mem.items():
         if "error" in m:
-            lines.append(f"| {name} | – | – | – | – ({m['error']}) |")
+            lines.append(f"| {name} | – | – | – | – | – ({m['error']}) |")
             continue
         gb = m["peak_rss_bytes"] / 1e9
-        lines.append(f"| {name} | {gb:.2f} | {m['peak_rss_bytes'] / m['weights_bytes']:.2f} | "
+        dw = m.get("draft_weights_bytes")  # absent in records from before it was measured
+        dw_gb = "–" if dw is None else f"{dw / 1e9:.2f}"
+        lines.append(f"| {name} | {gb:.2f} | {m['peak_rss_bytes'] / m['weights_bytes']:.2f} | {dw_gb} | "
                      f"{m['load_s']:.1f} | {m['setup_s']:.1f} |")
     return lines
 

@@ -5,7 +5,7 @@ One call of :meth:`Runner.forward` runs a block of ``q`` new tokens through laye
 skipped attention/MLP blocks, an early exit (``layers=(0, b)`` then :meth:`Runner.head`),
 a start from given hidden states at layer ``a``, explicit positions and any block mask (causal,
 a tree's ancestors, or one a plugin builds), read-only attention (``write=False``), hidden-state capture, and
-substitute layer modules. A full forward equals the model's own forward (tested in float64);
+substitute layer modules or a model's compressed draft weights. A full forward equals the model's own forward (tested in float64);
 with ``weight_layout="transposed"`` or ``"packed"`` it runs faster on CPU and equals it up to rounding
 (see :mod:`.layout`).
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,6 +23,9 @@ from . import masks
 from .adapters import Adapter, adapter_for
 from .cache import KVCache
 from .layout import adopt_layout, check_layout, shared_layout_copies
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..draftweights import DraftWeights
 
 
 @dataclass
@@ -144,6 +148,7 @@ class Runner:
         capture: Collection[int] = (),
         logits: str | torch.Tensor | None = "all",
         substitutes: Mapping[int, nn.Module] | None = None,
+        weights: DraftWeights | None = None,
     ) -> ForwardOut:
         """Run a block of ``q`` tokens through layers ``[a, b)``.
 
@@ -163,6 +168,10 @@ class Runner:
         logits: ``"all"``, ``"last"``, ``None``, or ``[n]`` row indices; computed only when
             ``b`` is the last layer (use :meth:`head` for an early exit).
         substitutes: ``{layer: module}`` to run instead of the model's own layer.
+        weights: draft weights (:func:`selfspec.draft_weights`) for a *draft* pass: their
+            compressed layers run instead of the model's (``substitutes`` still win for the
+            layers they name) and logits come from their head (``[n, V]``, ``-inf`` outside a
+            draft vocabulary). Verification never passes it: it reads the model's own weights.
         """
         a, b = layers if layers is not None else (0, self.n_layers)
         if not 0 <= a <= b <= self.n_layers:
@@ -198,7 +207,12 @@ class Runner:
         for i in range(a, b):
             if a == i and i in capture:
                 captured[i] = h[0]
-            layer = substitutes[i] if substitutes and i in substitutes else self._run_layers[i]
+            if substitutes and i in substitutes:
+                layer = substitutes[i]
+            elif weights is not None and i in weights.layers:
+                layer = weights.layers[i]
+            else:
+                layer = self._run_layers[i]
             if i not in skip_attn:
                 key = self._rope_keys[i]
                 if key not in ropes:
@@ -220,5 +234,5 @@ class Runner:
                 rows = h[0] if logits == "all" else h[0, -1:]
             else:
                 rows = h[0].index_select(0, logits)
-            out.logits = self.head(rows)  # [n, V]
+            out.logits = self.head(rows) if weights is None else weights.head(self, rows)  # [n, V]
         return out

@@ -178,10 +178,12 @@ class PluginSuite:
         drawn = scenarios([suite_arch], max_prompt=lim.max_prompt, max_new=lim.max_new,
                           boundaries=self.boundaries, positions=lim.positions)
         test = given(scenario=drawn, options=opts)(check)
+        # explicit examples run last-applied first: the reach set (where most bugs live), then
+        # the sampling example, then the draws
+        test = example(scenario=sampled(suite_arch), options={**self.reach_options, **self.fixed_options})(test)
         for sc in fixed:
             if sc.arch == suite_arch:
                 test = example(scenario=sc, options={**self.reach_options, **self.fixed_options})(test)
-        test = example(scenario=sampled(suite_arch), options={**self.reach_options, **self.fixed_options})(test)
         if base.derandomize:  # a fixed sequence per plugin and architecture, not one for all
             test = seed(zlib.crc32(f"{self.plugin}:{suite_arch}".encode()))(test)
         # not shrinking: stop at the first failing example, as drawn (no further explicit ones)

@@ -8,6 +8,7 @@ import torch
 
 import selfspec
 from selfspec import (
+    DRAFT_WEIGHTS,
     DecodeState,
     Draft,
     Option,
@@ -19,6 +20,10 @@ from selfspec import (
 )
 
 from .search import initial_skip, layer_search
+
+#: Draft weights and vocabulary by default (see README; measured at 1.5B on CPU).
+DEFAULT_DRAFT_WEIGHTS = "auto"
+DEFAULT_DRAFT_VOCAB = 32768
 
 
 class CLaSp:
@@ -47,6 +52,7 @@ class CLaSp:
         self._next_pause = 1  # length of the next pause (doubles while drafts keep failing)
         self._attempted = False  # this step ran the draft model
         self.tree = TreeConfig()  # tree drafts (the host's draft_tree), off by default
+        self.weights: selfspec.DraftWeights | None = None  # the draft model's weights (host's draft_weights)
 
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
@@ -61,9 +67,16 @@ class CLaSp:
                         "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
                         min=0, max=64))
         register_tree_options(register)  # tree, tree_budget, tree_topk
+        register(Option("draft_weights", str, DEFAULT_DRAFT_WEIGHTS,
+                        "weights the draft model reads (the host's shared compressed copy): none (the model's "
+                        "own), int8, int8wo, bf16, bnb (CUDA), auto (the host's choice for the device)",
+                        choices=DRAFT_WEIGHTS))
+        register(Option("draft_vocab", int, DEFAULT_DRAFT_VOCAB,
+                        "draft vocabulary: the draft head scores only the N most frequent corpus tokens (0: all)",
+                        min=0))
 
     @selfspec.hookimpl
-    def selfspec_setup(self, runner: Any, options: dict[str, Any]) -> None:
+    def selfspec_setup(self, runner: Any, options: dict[str, Any], tokenizer: Any = None) -> None:
         L = runner.n_layers
         M = L // 2 if options["M"] is None else options["M"]
         if M > L:
@@ -73,6 +86,8 @@ class CLaSp:
         self.backoff = options["backoff"]
         self.keep_exit = options["keep_exit"]
         self.tree = TreeConfig.from_options(options, runner)
+        vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
+        self.weights = selfspec.draft_weights(runner, options["draft_weights"], vocab)
 
     @selfspec.hookimpl
     def selfspec_start(self, state: DecodeState) -> None:
@@ -96,13 +111,14 @@ class CLaSp:
         # both sub-blocks of every layer in S are skipped; drafting stops at a token the draft
         # model gives less than DET (kept and verified with the others when keep_exit)
         if self.tree.enabled:  # a dynamic tree from the same draft model instead (verified by verify_tree)
-            step = skip_layer_step(self.runner, state.cache, skip_attn=self.skip, skip_mlp=self.skip)
+            step = skip_layer_step(self.runner, state.cache, skip_attn=self.skip, skip_mlp=self.skip,
+                                   weights=self.weights)
             share = 1.0 - len(self.skip) / self.runner.n_layers  # layers the draft runs
             draft = self.tree.draft(step, state, max_depth=k, draft_cost=share).draft()
         else:
             draft = Draft(skip_layer_draft(self.runner, state.cache, pending, slot, max_tokens=k, skip_attn=self.skip,
                                            skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit,
-                                           pick=state.pick).tokens)
+                                           pick=state.pick, weights=self.weights).tokens)
         # the skipped layers wrote no draft slots, the others did: forget the draft slots in
         # every layer so all hold the committed prefix again (verification rewrites them)
         state.cache.crop(slot)

@@ -21,9 +21,11 @@ class TestCLaSp(PluginSuite):
         "backoff": st.sampled_from([0, 1, 4]),
         "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
         "tree_topk": st.integers(1, 4),
+        "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),  # the CPU's backends
+        "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     # no exit threshold and a fresh layer set every step: deep drafts every step
-    reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 8}
+    reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 8, "draft_weights": "none"}
 
     def options_strategy(self, model, declared):
         # a) M ranges over every size the model allows, from no layer skipped to all of them

@@ -4,8 +4,9 @@ copies injected before the fractal layers.
 The original layers run over ``[prefix rows..., w placeholders]``. Before each fractal layer
 ``f`` the hidden state ``h`` (the input of layer ``f``) goes through the compressed upper
 layers ``L'_f..L'_{L-1}`` and the compressed head; the argmax at the last prefix row and at
-every draft row gives ``m + 1`` tokens (``m`` draft rows so far). They are re-embedded with
-the compressed embedding, run through the compressed lower layers ``L'_0..L'_{f-1}``, and
+every draft row gives ``m + 1`` tokens (``m`` draft rows so far). They are re-embedded (the
+model's own embedding: a lookup of a few rows, nothing to save by compressing it), run through
+the compressed lower layers ``L'_0..L'_{f-1}``, and
 replace the draft rows of ``h`` (the prefix rows are kept as they are): one more draft row
 per fractal layer. After ``n`` fractal layers the original head reads ``w + n + 1`` tokens.
 
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import compress
+from selfspec import DraftWeights
 
 MergeHook = Callable[[int, torch.Tensor, torch.Tensor], None]
 
@@ -51,7 +52,7 @@ def merge(h: torch.Tensor, hat: torch.Tensor, r: int) -> torch.Tensor:
 @torch.inference_mode()
 def draft_pass(
     runner,
-    cm: compress.CompressedModel,
+    dw: DraftWeights,
     cache,
     committed: torch.Tensor,
     positions: Sequence[int],
@@ -62,6 +63,7 @@ def draft_pass(
 ) -> torch.Tensor:
     """Draft ``w + len(positions) + 1`` tokens after ``committed`` ``[T]`` (the last one is the
     pending token, ``cache`` holds the other ``T - 1``). Returns ``[w + n + 1]`` int64.
+    ``dw``: the host's draft weights the compressed layers and head come from.
 
     ``on_merge(f, before, after)`` (tests) sees ``h`` entering fractal layer ``f`` before and
     after the merge. ``pick(logits, positions)`` chooses the tokens (``state.pick``: coupled
@@ -70,7 +72,7 @@ def draft_pass(
     choose = pick or (lambda logits, at: logits.argmax(-1))
     T = int(committed.shape[0])
     L = runner.n_layers
-    subs = cm.layers or None
+    subs = dw.layers or None
     if kv == "shared":
         r, s0 = 1, T - 1  # prefix rows: the pending token, at its own slot
         prefix = committed[-1:]
@@ -92,14 +94,14 @@ def draft_pass(
             up = runner.forward(hidden=h, cache=cache, start=s0, layers=(f, L), logits=None, substitutes=subs)
         else:
             up = runner.forward(hidden=h, layers=(f, L), logits=None, substitutes=subs)
-        rows = compress.head(cm, runner, up.hidden[0, r - 1 :])  # rows: [m+1, V], predicting positions T..
+        rows = dw.head(runner, up.hidden[0, r - 1 :])  # rows: [m+1, V], predicting positions T..
         new = choose(rows, torch.arange(T, T + rows.shape[0], device=rows.device))  # new: [m+1]
-        # re-embed (compressed embedding) and run the compressed lower layers L'_0..L'_{f-1}
+        # re-embed and run the compressed lower layers L'_0..L'_{f-1}
         if kv == "shared":
-            x = compress.embed(cm, runner, new)  # [1, m+1, H] at positions s0+1..
+            x = runner.embed(new)  # [1, m+1, H] at positions s0+1..
             low = runner.forward(hidden=x, cache=cache, start=s0 + 1, layers=(0, f), logits=None, substitutes=subs).hidden
         else:
-            x = compress.embed(cm, runner, torch.cat([committed, new]))
+            x = runner.embed(torch.cat([committed, new]))
             low = runner.forward(hidden=x, layers=(0, f), logits=None, substitutes=subs).hidden[:, r:]
         merged = merge(h, low, r)  # [1, r+m+1, H]
         if on_merge is not None:

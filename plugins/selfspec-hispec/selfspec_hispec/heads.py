@@ -31,6 +31,8 @@ class ExitHeads:
     maps: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     vocab: torch.Tensor | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    #: the host's draft weights whose (compressed) head the exits use when no profile subset is set
+    draft: Any = field(default=None, repr=False)
     _sub: torch.Tensor | None = field(default=None, repr=False)  # [K, H] LM-head rows of vocab
     _sub_bias: torch.Tensor | None = field(default=None, repr=False)
 
@@ -55,7 +57,7 @@ class ExitHeads:
         if m is not None:
             h = torch.addmm(m[1], h, m[0])  # h @ W + b: [q, H]
         if self._sub is None:
-            logits = runner.head(h)
+            logits = runner.head(h) if self.draft is None else self.draft.head(runner, h)
             return logits.to(torch.float32).argmax(-1) if pick is None else pick(logits, at)
         # soft-capping is monotonic: the argmax of the capped logits is the argmax of these
         x = runner.norm(h)
@@ -72,7 +74,7 @@ class ExitHeads:
         if m is not None:
             h = torch.addmm(m[1], h, m[0])  # h @ W + b: [q, H]
         if self._sub is None:
-            return runner.head(h)
+            return runner.head(h) if self.draft is None else self.draft.head(runner, h)
         x = runner.norm(h)
         return runner.softcap(x @ self._sub.T if self._sub_bias is None else torch.addmm(self._sub_bias, x, self._sub.T))
 

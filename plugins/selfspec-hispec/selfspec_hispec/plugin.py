@@ -38,6 +38,7 @@ import torch
 
 import selfspec
 from selfspec import (
+    DRAFT_WEIGHTS,
     Draft,
     Option,
     TreeConfig,
@@ -51,6 +52,10 @@ from selfspec import (
 
 from .heads import STORE, ExitHeads, exit_layers, load_profile, profile_name
 from .stats import COUNTERS
+
+#: Exit-head weights and vocabulary by default (see README; measured at 1.5B on CPU).
+DEFAULT_DRAFT_WEIGHTS = "auto"
+DEFAULT_DRAFT_VOCAB = 32768
 
 
 class HiSpec:
@@ -82,9 +87,16 @@ class HiSpec:
         register(Option("profile", str, "auto",
                         "exit heads: 'auto' (this model's calibrated profile if any), 'none', or a profile path"))
         register_tree_options(register)  # tree: a tree from the L_d exit, verified by the full model
+        register(Option("draft_weights", str, DEFAULT_DRAFT_WEIGHTS,
+                        "weights of the exit heads' LM head (the host's shared compressed copy; the layers stay the "
+                        "model's own, whose states verification reuses): none, int8, int8wo, bf16, bnb (CUDA), auto",
+                        choices=DRAFT_WEIGHTS))
+        register(Option("draft_vocab", int, DEFAULT_DRAFT_VOCAB,
+                        "draft vocabulary of the exit heads: the N most frequent corpus tokens (0: all; a "
+                        "profile's own subset wins)", min=0))
 
     @selfspec.hookimpl
-    def selfspec_setup(self, runner: Any, options: dict[str, Any]) -> None:
+    def selfspec_setup(self, runner: Any, options: dict[str, Any], tokenizer: Any = None) -> None:
         n = runner.n_layers
         self.single = bool(options["single_exit"])
         ld, li = exit_layers(options, n)
@@ -92,6 +104,8 @@ class HiSpec:
         self.nd, self.ni = int(options["round_size"]), int(options["num_draft"])
         self.heads, self.profile_path = _resolve_heads(options["profile"], runner)
         self.tree = TreeConfig.from_options(options, runner)
+        vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
+        self.heads.draft = selfspec.draft_weights(runner, options["draft_weights"], vocab, layers=False)
 
     @selfspec.hookimpl
     def selfspec_commands(self, register) -> None:

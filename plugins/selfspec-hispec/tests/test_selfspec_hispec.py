@@ -55,8 +55,10 @@ class TestHiSpec(PluginSuite):
         "num_draft": st.integers(1, 8),
         "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
         "tree_topk": st.integers(1, 4),
+        "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),
+        "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
-    reach_options = {"round_size": 4, "num_draft": 8, "profile": "none"}  # the longest buffers
+    reach_options = {"round_size": 4, "num_draft": 8, "profile": "none", "draft_weights": "none"}  # the longest buffers
 
     def options_strategy(self, model, declared):
         depth = model.config.num_hidden_layers
@@ -125,7 +127,7 @@ def _identity_after_first_layer(arch: str):
 def test_reuse_no_layer_runs_twice_for_a_token(arch, options):
     model = _identity_after_first_layer(arch)
     depth = model.config.num_hidden_layers
-    dec = Decoder(model, "hispec", {"draft_layer": 1, "verify_layer": 2, **options})
+    dec = Decoder(model, "hispec", {"draft_layer": 1, "verify_layer": 2, "draft_weights": "none", **options})
     calls: list[int] = []
     inner = dec.runner.forward
 

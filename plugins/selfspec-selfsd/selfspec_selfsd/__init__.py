@@ -14,6 +14,7 @@ from typing import Any
 
 import selfspec
 from selfspec import (
+    DRAFT_WEIGHTS,
     Draft,
     Layers,
     Option,
@@ -32,6 +33,10 @@ from .policy import Threshold
 
 __all__ = ["SelfSD", "Threshold"]
 
+#: Draft weights and vocabulary by default (see README, "Cheap drafts"; measured at 1.5B on CPU).
+DEFAULT_DRAFT_WEIGHTS = "auto"
+DEFAULT_DRAFT_VOCAB = 32768
+
 
 def _unit(x: float) -> str | None:
     return None if 0.0 <= x <= 1.0 else "must lie in [0, 1]"
@@ -45,6 +50,7 @@ class SelfSD:
         self.skip_attn: tuple[int, ...] = ()
         self.skip_mlp: tuple[int, ...] = ()
         self.reuse = True
+        self.weights: selfspec.DraftWeights | None = None  # the draft model's weights (host's draft_weights)
         self.threshold = Threshold()
         self.tree = TreeConfig()  # tree drafts (the host's draft_tree), off by default
         self.source = ""  # where the skip set came from: a profile path, "heuristic", "options"
@@ -70,13 +76,24 @@ class SelfSD:
         register(Option("skip_attn", Layers, None, "attention blocks to skip, e.g. '15-28' (overrides the profile)"))
         register(Option("skip_mlp", Layers, None, "MLP blocks to skip, e.g. '16,18' (overrides the profile)"))
         register(Option("reuse", bool, True,
-                        "verify from the first skipped layer on, reusing the draft's exact lower-layer states"))
+                        "verify from the first skipped layer on, reusing the draft's exact lower-layer states "
+                        "(only when the draft runs the model's own weights: draft_weights=none)"))
+        register(Option("draft_weights", str, DEFAULT_DRAFT_WEIGHTS,
+                        "weights the draft model reads (the host's shared compressed copy): none (the model's "
+                        "own), int8, int8wo, bf16, bnb (CUDA), auto (the host's choice for the device)",
+                        choices=DRAFT_WEIGHTS))
+        register(Option("draft_vocab", int, DEFAULT_DRAFT_VOCAB,
+                        "draft vocabulary: the draft head scores only the N most frequent corpus tokens (0: all)",
+                        min=0))
         register_tree_options(register)  # tree, tree_budget, tree_topk
 
     @selfspec.hookimpl
-    def selfspec_setup(self, runner, options: dict[str, Any]) -> None:
+    def selfspec_setup(self, runner, options: dict[str, Any], tokenizer: Any = None) -> None:
         self.num_draft = options["num_draft"]
-        self.reuse = options["reuse"]
+        vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
+        self.weights = selfspec.draft_weights(runner, options["draft_weights"], vocab)
+        # compressed layers change every state, so none is exact for verification to reuse
+        self.reuse = options["reuse"] and not self.weights.layers
         self.threshold = Threshold(gamma0=options["gamma"], epsilon=options["epsilon"], beta1=options["beta1"],
                                    beta2=options["beta2"], alpha=options["alpha"], adaptive=options["adaptive"])
         L = runner.n_layers
@@ -117,7 +134,8 @@ class SelfSD:
             return Draft.empty(runner.device)
         if self.tree.enabled:  # a dynamic tree from the same draft model, verified by the host's verify_tree
             L = runner.n_layers
-            step = skip_layer_step(runner, state.cache, skip_attn=self.skip_attn, skip_mlp=self.skip_mlp)
+            step = skip_layer_step(runner, state.cache, skip_attn=self.skip_attn, skip_mlp=self.skip_mlp,
+                                   weights=self.weights)
             share = 1.0 - (len(self.skip_attn) + len(self.skip_mlp)) / (2 * L)  # blocks the draft runs
             return self.tree.draft(step, state, max_depth=kmax, draft_cost=share).draft(owner=self)
         f = self._first_skip
@@ -127,7 +145,7 @@ class SelfSD:
         # token whose probability is below gamma (Algorithm 3, line 5); that token is verified too
         out = skip_layer_draft(runner, state.cache, state.tokens[base : base + 1], base, max_tokens=kmax,
                                skip_attn=self.skip_attn, skip_mlp=self.skip_mlp, exit_below=self.threshold.gamma,
-                               capture=f if reuse else None, pick=state.pick)
+                               capture=f if reuse else None, pick=state.pick, weights=self.weights)
         # the exact input of layer f of every token run, for verification from layer f
         return Draft(out.tokens, meta={"hidden": out.captured} if reuse else {}, owner=self)
 

@@ -26,9 +26,12 @@ class TestSelfSD(PluginSuite):
         "alpha": st.sampled_from([0.5, 0.9]),
         "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
         "tree_topk": st.integers(1, 4),
+        "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),  # the CPU's backends
+        "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     # see b): one late MLP skipped, no exit threshold: drafts every step, many accepted
-    reach_options = {"skip_attn": "none", "skip_mlp": "2", "gamma": 0.0, "adaptive": False, "num_draft": 8}
+    reach_options = {"skip_attn": "none", "skip_mlp": "2", "gamma": 0.0, "adaptive": False, "num_draft": 8,
+                     "draft_weights": "none"}
 
     def options_strategy(self, model, declared):
         n_layers = model.config.num_hidden_layers
@@ -157,7 +160,7 @@ def test_skip_set_is_honoured():
     # the model's own layout, so the runner executes the model's own modules, which forward
     # hooks count (no reaching into the runner's internals)
     dec = Decoder(model, "selfsd", {"skip_attn": "0,2", "skip_mlp": "1", "gamma": 0.0, "adaptive": False, "num_draft": 3,
-                                    "reuse": False}, weight_layout="model")
+                                    "reuse": False, "draft_weights": "none"}, weight_layout="model")
     runner = dec.runner
     calls = {"attn": [0] * runner.n_layers, "mlp": [0] * runner.n_layers}
 

@@ -1,0 +1,23 @@
+"""Draft weights: compressed copies of a model's layers and LM head, and a draft vocabulary,
+that only draft passes read (see :mod:`.shadow`, :mod:`.layers`, :mod:`.linears`, :mod:`.vocab`)."""
+
+from .shadow import (
+    BACKENDS,
+    DraftWeights,
+    DraftWeightsError,
+    built_nbytes,
+    draft_weights,
+    resolve_backend,
+)
+from .vocab import draft_vocab, vocab_ranking
+
+__all__ = [
+    "BACKENDS",
+    "DraftWeights",
+    "DraftWeightsError",
+    "built_nbytes",
+    "draft_vocab",
+    "draft_weights",
+    "resolve_backend",
+    "vocab_ranking",
+]

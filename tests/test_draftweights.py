@@ -1,0 +1,225 @@
+"""The host's draft weights (``selfspec.draft_weights``) and draft vocabulary.
+
+Set-up, and why:
+a) float32 for the compressed backends, as they run on CPU: a small per-layer relative error
+   and most greedy tokens kept (bounds measured on the tiny random model, whose outliers make
+   dynamic int8 coarse; the real model's agreement is in results/logs/draftweights.md).
+b) float64 for the ``none`` backend: it reads the model's own weights, so its draft pass must
+   equal a plain forward exactly, and its head over a vocabulary must equal those rows.
+c) a draft vocabulary keeps the logits ``[.., V]`` with ``-inf`` outside it: a token outside
+   can never be the argmax, so it is never drafted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import selfspec
+from selfspec import DraftWeightsError, Runner, draft_weights, skip_layer_draft
+from selfspec.draftweights import built_nbytes, linears, resolve_backend, vocab
+from selfspec.draftweights.layers import FusedMember, FusedProduct
+from selfspec.testing import ARCHS, tiny_model
+
+CPU = ("int8", "int8wo", "bf16")
+BOUND = {"int8": 0.12, "int8wo": 0.03, "bf16": 0.02}  # see a)
+AGREE = {"int8": 0.6, "int8wo": 0.8, "bf16": 0.8}
+
+
+def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
+    assert resolve_backend("auto", torch.device("cpu")) == "int8"
+    assert resolve_backend("none", torch.device("cpu")) == "none"
+    with pytest.raises(DraftWeightsError, match="CUDA"):
+        resolve_backend("bnb", torch.device("cpu"))
+    with pytest.raises(DraftWeightsError, match="CPU only"):
+        resolve_backend("int8", torch.device("meta"))
+    with pytest.raises(DraftWeightsError, match="unknown"):
+        resolve_backend("int4", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_compressed_layers_and_head_stay_close(arch, backend):
+    model = tiny_model(arch, dtype=torch.float32, seed=3)  # see a)
+    runner = Runner(model, weight_layout="model")
+    dw = draft_weights(runner, backend)
+    ids = torch.arange(2, 40) % model.config.vocab_size
+    h = runner.embed(ids)
+    for i in range(runner.n_layers):
+        ref = runner.forward(hidden=h, layers=(i, i + 1), logits=None).hidden
+        out = runner.forward(hidden=h, layers=(i, i + 1), logits=None, weights=dw).hidden
+        assert ((out - ref).norm() / ref.norm()).item() < BOUND[backend]  # see a)
+        h = ref
+    ref_logits = runner.forward(ids).logits
+    q_logits = runner.forward(ids, weights=dw).logits
+    assert q_logits.shape == ref_logits.shape
+    assert ((q_logits - ref_logits).norm() / ref_logits.norm()).item() < 2 * BOUND[backend]
+    assert (q_logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item() >= AGREE[backend]
+    assert dw.nbytes > 0 and dw.layer_bytes > 0 and dw.head_bytes > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_none_backend_is_the_model_itself(arch):
+    model = tiny_model(arch)  # float64, see b)
+    runner = Runner(model)
+    ids = torch.arange(1, 15) % model.config.vocab_size
+    dw = draft_weights(runner, "none")
+    assert dw.layers == {} and dw.head_module is None and dw.nbytes == 0
+    assert torch.equal(runner.forward(ids, weights=dw).logits, runner.forward(ids).logits)
+
+
+@settings(max_examples=15, deadline=None)
+@given(arch=st.sampled_from(ARCHS), data=st.data())
+def test_a_draft_vocabulary_keeps_its_rows_and_masks_the_rest(arch, data):
+    model = tiny_model(arch)  # float64, see b)
+    runner = Runner(model)
+    V = runner.vocab_size
+    ids = sorted(data.draw(st.sets(st.integers(0, V - 1), min_size=1, max_size=V - 1)))
+    v = torch.tensor(ids)
+    dw = draft_weights(runner, "none", v)
+    x = torch.arange(3, 12) % V
+    full = runner.forward(x).logits
+    sub = runner.forward(x, weights=dw).logits  # see c)
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[v] = False
+    torch.testing.assert_close(sub[:, v], full[:, v], rtol=1e-12, atol=1e-12)
+    assert torch.isinf(sub[:, outside]).all() and (sub[:, outside] < 0).all()
+    assert bool(torch.isin(sub.argmax(-1), v).all())
+
+
+@pytest.mark.parametrize("backend", ["none", "int8"])
+def test_a_draft_never_leaves_its_vocabulary(backend):
+    model = tiny_model("llama", dtype=torch.float32)
+    runner = Runner(model)
+    v = torch.arange(0, runner.vocab_size, 3)
+    dw = draft_weights(runner, backend, v)
+    prompt = torch.tensor([5, 9, 2, 7])
+    cache = runner.new_cache(32)
+    runner.forward(prompt[:-1], cache=cache, logits=None)
+    out = skip_layer_draft(runner, cache, prompt[-1:], 3, max_tokens=8, weights=dw)
+    assert len(out.tokens) == 8 and bool(torch.isin(out.tokens, v).all())  # see c)
+
+
+def test_built_once_per_model_and_shared_by_runners():
+    model = tiny_model("qwen2", dtype=torch.float32)
+    a, b = Runner(model), Runner(model)
+    first = draft_weights(a, "int8")
+    again = draft_weights(b, "int8", torch.arange(10))  # another runner, another vocabulary
+    assert again.layers is first.layers  # one copy of the layers
+    assert draft_weights(a, "int8").head_module is first.head_module
+    assert built_nbytes(model) == first.nbytes + again.head_bytes
+    with torch.no_grad():  # new weights: the copies are rebuilt, never stale
+        model.model.layers[0].mlp.up_proj.weight.mul_(2.0)
+    assert draft_weights(a, "int8").layers is not first.layers
+
+
+def test_head_only_builds_no_layers():
+    model = tiny_model("llama", dtype=torch.float32)
+    runner = Runner(model)
+    dw = draft_weights(runner, "int8", layers=False)
+    assert dw.layers == {} and dw.layer_bytes == 0 and dw.head_bytes > 0
+    assert built_nbytes(model) == dw.head_bytes
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_the_model_is_never_modified(backend):
+    model = tiny_model("qwen2", dtype=torch.float32)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    runner = Runner(model)
+    draft_weights(runner, backend, torch.arange(20))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+
+
+def test_adopted_packed_weights_compress_too():
+    # the CLI adopts oneDNN-packed weights in place: compressing reads them through .weight
+    model = tiny_model("llama", dtype=torch.float32, seed=3)
+    ref = Runner(model, weight_layout="model")
+    ids = torch.arange(2, 30) % model.config.vocab_size
+    want = ref.forward(ids).logits
+    runner = Runner(model, weight_layout="packed", adopt=True)
+    got = runner.forward(ids, weights=draft_weights(runner, "int8wo")).logits
+    assert ((got - want).norm() / want.norm()).item() < 2 * BOUND["int8wo"]
+
+
+def test_bad_vocabularies_are_refused():
+    runner = Runner(tiny_model("llama"))
+    V = runner.vocab_size
+    for bad, message in (([], "needs"), ([0, V], "needs"), ([-1], "needs"), ([3, 3], "repeated")):
+        with pytest.raises(DraftWeightsError, match=message):
+            draft_weights(runner, "none", torch.tensor(bad, dtype=torch.long))
+    assert draft_weights(runner, "none", torch.arange(V)).vocab is None  # all of it: no subset
+
+
+def test_quantization_is_the_same_in_any_chunking(monkeypatch):
+    w = torch.randn(37, 16)
+    q_all, s_all = linears.quantize_rows(w)
+    monkeypatch.setattr(linears, "CHUNK_ROWS", 5)  # built a few rows at a time
+    q, s = linears.quantize_rows(w)
+    assert torch.equal(q, q_all) and torch.equal(s, s_all)
+    assert (q.float() * s[:, None] - w).abs().max() <= s.max() / 2 + 1e-6
+
+
+def test_fused_products_are_used_and_fall_back_on_other_inputs():
+    lin_a, lin_b = torch.nn.Linear(8, 4), torch.nn.Linear(8, 6)
+    product = FusedProduct([lin_a, lin_b], "int8wo")
+    a, b = FusedMember(product, 0), FusedMember(product, 1)
+    x, y = torch.randn(3, 8), torch.randn(3, 8)
+    with torch.no_grad():
+        out_a = a(x)
+        out_b = b(y)  # a different input: recomputed, not the slice of x's product
+        torch.testing.assert_close(out_b, lin_b(y), rtol=0.05, atol=0.05)
+        torch.testing.assert_close(out_a, lin_a(x), rtol=0.05, atol=0.05)
+
+
+class _Tokenizer:
+    all_special_ids = [9]
+
+    def get_vocab(self):
+        return {f"t{i}": i for i in range(12)}
+
+    def __len__(self):
+        return 12
+
+
+def test_the_ranking_puts_special_tokens_then_the_frequent_first(monkeypatch):
+    counts = np.array([0, 5, 0, 9, 1, 0, 5, 0, 0, 0, 2, 0], dtype=np.int64)
+    monkeypatch.setattr(vocab, "token_counts", lambda tok, n, progress=True: counts[:n])
+    order = vocab.vocab_ranking(12, _Tokenizer()).tolist()
+    assert order[:6] == [9, 3, 1, 6, 10, 4]  # special, then by count, ties by id
+    assert sorted(order) == list(range(12))
+    assert vocab.vocab_ranking(5).tolist() == [0, 1, 2, 3, 4]  # no tokenizer: the ids in order
+    runner = Runner(tiny_model("llama"))
+    assert selfspec.draft_vocab(runner, 0) is None
+    assert selfspec.draft_vocab(runner, runner.vocab_size) is None
+    assert selfspec.draft_vocab(runner, 4).tolist() == [0, 1, 2, 3]
+
+
+def test_token_counts_are_cached_per_tokenizer(monkeypatch, tmp_path):
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("selfspec.data.build_corpus_texts", lambda tasks: iter(["a b", "b c b"]))
+
+    class Tok(_Tokenizer):
+        calls = 0
+
+        def __call__(self, texts, add_special_tokens=False):
+            Tok.calls += 1
+            return {"input_ids": [[{"a": 1, "b": 2, "c": 3}[w] for w in t.split()] for t in texts]}
+
+    counts = vocab.token_counts(Tok(), 12, progress=False)
+    assert counts.tolist()[:4] == [0, 1, 3, 1]
+    assert vocab.token_counts(Tok(), 12, progress=False).tolist() == counts.tolist()
+    assert Tok.calls == 1  # the second came from the artefact
+
+
+def test_no_corpus_means_the_whole_vocabulary(monkeypatch, tmp_path, capsys):
+    # the data packages missing: nothing to rank by, so no subset (and nothing cached)
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("selfspec.data.build_corpus_texts", lambda tasks: iter(()))
+    runner = Runner(tiny_model("llama"))
+    assert selfspec.draft_vocab(runner, 16, _Tokenizer(), progress=False) is None
+    assert "no corpus" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.npy"))
