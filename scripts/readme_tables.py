@@ -175,7 +175,7 @@ def _parse_args(
         elif item.startswith("geo="):
             geo = tuple(item[4:].split(","))
         elif item.startswith("rows="):
-            keep = tuple(item[5:].split(","))
+            keep = tuple(re.findall(r"[^,\[]+(?:\[[^\]]*\])?", item[5:]))  # a comma inside [...] stays
         elif "=" in item:
             label, path = item.split("=", 1)
             sources.append((label, ROOT / path))

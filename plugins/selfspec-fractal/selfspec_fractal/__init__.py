@@ -23,7 +23,7 @@ KV_MODES = ("shared", "none")
 DEFAULT_N = 2
 #: Draft vocabulary by default: 32,768 tokens keep 99.6 % of the corpus's tokens of Qwen2.5's
 #: 151,936 and every measured draft agreement (results/logs/draftweights.md).
-DEFAULT_DRAFT_VOCAB = 32768
+DEFAULT_DRAFT_VOCAB = 0  # the whole vocabulary; opt-in as draft_weights (issue 24)
 
 
 class Fractal:
@@ -50,8 +50,9 @@ class Fractal:
                         "(the model's own weights: a control)", choices=DRAFT_WEIGHTS))
         register(Option("draft_vocab", int, DEFAULT_DRAFT_VOCAB, "draft vocabulary: the compressed head "
                         "projects onto the N most frequent tokens of the corpus (0: all)", min=0))
-        register(Option("backend", str, None, "deprecated alias of draft_weights (old names: dynamic-int8, "
-                        "int8-weight-only, bitsandbytes)", choices=(*DRAFT_WEIGHTS, *OLD_BACKENDS)))
+        register(Option("backend", str, "auto", "deprecated alias of draft_weights (old names: dynamic-int8, "
+                        "int8-weight-only, bitsandbytes); a draft_weights other than auto wins",
+                        choices=(*DRAFT_WEIGHTS, *OLD_BACKENDS)))
         register(Option("kv", str, "shared",
                         "KV cache of the draft pass: shared (the committed prefix's cache, work ~ new tokens) "
                         "or none (recompute the sequence every pass, as in the paper)", choices=KV_MODES))
@@ -75,7 +76,8 @@ class Fractal:
         self.positions = positions
         self.w = w
         self.kv = options["kv"]
-        kind = options["backend"] or options["draft_weights"]
+        # draft_weights wins unless left at auto; then the old alias (default auto) decides
+        kind = options["draft_weights"] if options["draft_weights"] != "auto" else (options["backend"] or "auto")
         vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
         self.dw = selfspec.draft_weights(runner, OLD_BACKENDS.get(kind, kind), vocab)
 

@@ -54,8 +54,8 @@ from .heads import STORE, ExitHeads, exit_layers, load_profile, profile_name
 from .stats import COUNTERS
 
 #: Exit-head weights and vocabulary by default (see README; measured at 1.5B on CPU).
-DEFAULT_DRAFT_WEIGHTS = "auto"
-DEFAULT_DRAFT_VOCAB = 32768
+DEFAULT_DRAFT_WEIGHTS = "none"  # opt-in until an end-to-end bench at 1.5B picks the default (issue 24)
+DEFAULT_DRAFT_VOCAB = 0  # the whole vocabulary; opt-in as draft_weights (issue 24)
 
 
 class HiSpec:
