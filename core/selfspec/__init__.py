@@ -43,6 +43,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DraftWeightsError": ("draftweights", "DraftWeightsError"),
     "draft_weights": ("draftweights", "draft_weights"),
     "draft_vocab": ("draftweights", "draft_vocab"),
+    "register_draft_options": ("draftweights", "register_draft_options"),
     "DRAFT_WEIGHTS": ("draftweights", "BACKENDS"),
     "NgramIndex": ("ngram", "NgramIndex"),
     "verify_greedy": ("verification", "verify_greedy"),
@@ -109,6 +110,7 @@ __all__ = [
     "DraftWeightsError",
     "draft_weights",
     "draft_vocab",
+    "register_draft_options",
     "DRAFT_WEIGHTS",
     "NgramIndex",
     "verify_greedy",
@@ -161,7 +163,13 @@ if TYPE_CHECKING:  # pragma: no cover
         skip_layer_step,
     )
     from .draftweights import BACKENDS as DRAFT_WEIGHTS
-    from .draftweights import DraftWeights, DraftWeightsError, draft_vocab, draft_weights
+    from .draftweights import (
+        DraftWeights,
+        DraftWeightsError,
+        draft_vocab,
+        draft_weights,
+        register_draft_options,
+    )
     from .loop import Decoder
     from .ngram import NgramIndex
     from .options import Layers, Option, OptionError, check_layers, format_layers

@@ -1,6 +1,7 @@
 """Draft weights: compressed copies of a model's layers and LM head, and a draft vocabulary,
 that only draft passes read (see :mod:`.shadow`, :mod:`.layers`, :mod:`.linears`, :mod:`.vocab`)."""
 
+from .options import register_draft_options
 from .shadow import (
     BACKENDS,
     DraftWeights,
@@ -18,6 +19,7 @@ __all__ = [
     "built_nbytes",
     "draft_vocab",
     "draft_weights",
+    "register_draft_options",
     "resolve_backend",
     "vocab_ranking",
 ]

@@ -8,12 +8,12 @@ import torch
 
 import selfspec
 from selfspec import (
-    DRAFT_WEIGHTS,
     DecodeState,
     Draft,
     Option,
     TreeConfig,
     Verdict,
+    register_draft_options,
     register_tree_options,
     skip_layer_draft,
     skip_layer_step,
@@ -67,13 +67,7 @@ class CLaSp:
                         "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
                         min=0, max=64))
         register_tree_options(register)  # tree, tree_budget, tree_topk
-        register(Option("draft_weights", str, DEFAULT_DRAFT_WEIGHTS,
-                        "weights the draft model reads (the host's shared compressed copy): none (the model's "
-                        "own), int8, int8wo, bf16, bnb (CUDA), auto (the host's choice for the device)",
-                        choices=DRAFT_WEIGHTS))
-        register(Option("draft_vocab", int, DEFAULT_DRAFT_VOCAB,
-                        "draft vocabulary: the draft head scores only the N most frequent corpus tokens (0: all)",
-                        min=0))
+        register_draft_options(register, weights=DEFAULT_DRAFT_WEIGHTS, vocab=DEFAULT_DRAFT_VOCAB)
 
     @selfspec.hookimpl
     def selfspec_setup(self, runner: Any, options: dict[str, Any], tokenizer: Any = None) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 
 import selfspec
 from selfspec import (
-    DRAFT_WEIGHTS,
     Draft,
     Layers,
     Option,
@@ -22,6 +21,7 @@ from selfspec import (
     check_layers,
     format_layers,
     model_identity,
+    register_draft_options,
     register_tree_options,
     resolve_profile,
     skip_layer_draft,
@@ -78,13 +78,7 @@ class SelfSD:
         register(Option("reuse", bool, True,
                         "verify from the first skipped layer on, reusing the draft's exact lower-layer states "
                         "(only when the draft runs the model's own weights: draft_weights=none)"))
-        register(Option("draft_weights", str, DEFAULT_DRAFT_WEIGHTS,
-                        "weights the draft model reads (the host's shared compressed copy): none (the model's "
-                        "own), int8, int8wo, bf16, bnb (CUDA), auto (the host's choice for the device)",
-                        choices=DRAFT_WEIGHTS))
-        register(Option("draft_vocab", int, DEFAULT_DRAFT_VOCAB,
-                        "draft vocabulary: the draft head scores only the N most frequent corpus tokens (0: all)",
-                        min=0))
+        register_draft_options(register, weights=DEFAULT_DRAFT_WEIGHTS, vocab=DEFAULT_DRAFT_VOCAB)
         register_tree_options(register)  # tree, tree_budget, tree_topk
 
     @selfspec.hookimpl
