@@ -7,6 +7,9 @@ full verification forward over ``q = 1..K+1`` tokens. A decode's cost is then
     sum over steps of (drafted_s * draft_token_cost(z) + verify[drafted_s + 1])
 
 where ``draft_token_cost(z) = head + attn * (attention blocks run) + mlp * (MLP blocks run)``.
+The draft blocks and head are timed on the weights the draft reads (the host's draft weights,
+``draft_weights``: an int8 draft token costs about half a float32 one at 1.5B, so the best skip
+set skips fewer blocks), the verification forwards on the model's own.
 Divided by the committed tokens and by ``verify[1]`` (one plain greedy step), it is the cost
 per token relative to vanilla decoding: below 1 means faster. Greedy decoding makes the
 drafted/accepted counts of a skip set deterministic, so the objective is too.
@@ -82,8 +85,11 @@ class BlockCosts:
                    tuple(float(x) for x in d["verify"]), d.get("meta"))
 
 
-def measure(runner: Any, max_q: int = 13, prefix: int = 64, reps: int = 7) -> BlockCosts:
-    """Time the blocks of ``runner``'s model (medians of ``reps`` runs after a warm-up)."""
+def measure(runner: Any, max_q: int = 13, prefix: int = 64, reps: int = 7, weights: Any = None) -> BlockCosts:
+    """Time the blocks of ``runner``'s model (medians of ``reps`` runs after a warm-up).
+
+    ``weights``: the :class:`selfspec.DraftWeights` draft forwards read (``None``: the model's
+    own); the attention, MLP and head costs are timed on them, ``verify`` on the model's own."""
     import torch
 
     L = runner.n_layers
@@ -93,12 +99,12 @@ def measure(runner: Any, max_q: int = 13, prefix: int = 64, reps: int = 7) -> Bl
     runner.forward(ids[:prefix], cache=cache, start=0, logits=None)
     every = tuple(range(L))
 
-    def timed(q: int, skip_attn: Sequence[int] = (), skip_mlp: Sequence[int] = ()) -> float:
+    def timed(q: int, skip_attn: Sequence[int] = (), skip_mlp: Sequence[int] = (), draft: bool = False) -> float:
         times = []
         for r in range(reps + 1):
             t0 = time.perf_counter()
             runner.forward(ids[prefix : prefix + q], cache=cache, start=prefix, skip_attn=skip_attn,
-                           skip_mlp=skip_mlp, logits="all")
+                           skip_mlp=skip_mlp, logits="all", weights=weights if draft else None)
             if runner.device.type == "cuda":
                 torch.cuda.synchronize()
             if r:
@@ -106,27 +112,40 @@ def measure(runner: Any, max_q: int = 13, prefix: int = 64, reps: int = 7) -> Bl
         return statistics.median(times)
 
     full = timed(1)
-    no_attn = timed(1, skip_attn=every)
-    no_mlp = timed(1, skip_mlp=every)
-    none = timed(1, skip_attn=every, skip_mlp=every)
+    draft_full = timed(1, draft=True) if weights is not None else full
+    no_attn = timed(1, skip_attn=every, draft=True)
+    no_mlp = timed(1, skip_mlp=every, draft=True)
+    none = timed(1, skip_attn=every, skip_mlp=every, draft=True)
     verify = [full] + [timed(q) for q in range(2, max_q + 1)]
-    return BlockCosts(L, max(0.0, (full - no_attn) / L), max(0.0, (full - no_mlp) / L), none, tuple(verify),
-                      {"prefix": prefix, "reps": reps, "threads": torch.get_num_threads(),
-                       "dtype": str(runner.dtype), "layout": runner.weight_layout})
+    return BlockCosts(L, max(0.0, (draft_full - no_attn) / L), max(0.0, (draft_full - no_mlp) / L), none,
+                      tuple(verify), {"prefix": prefix, "reps": reps, "threads": torch.get_num_threads(),
+                                      "dtype": str(runner.dtype), "layout": runner.weight_layout,
+                                      "draft_weights": weights_name(weights)})
 
 
-def costs_for(runner: Any, identity_key: str, *, remeasure: bool = False, max_q: int = 13) -> BlockCosts:
-    """The stored block costs of this model/dtype/threads/layout, measured on first use."""
+def costs_for(runner: Any, identity_key: str, *, remeasure: bool = False, max_q: int = 13,
+              weights: Any = None) -> BlockCosts:
+    """The stored block costs of this model/dtype/threads/layout/draft weights, measured on first use."""
     import torch
 
     from .profiles import STORE
 
-    name = f"{identity_key}-{str(runner.dtype).replace('torch.', '')}-{runner.weight_layout}-t{torch.get_num_threads()}.json"
+    draft = weights_name(weights)
+    suffix = "" if draft == "none" else f"-draft-{draft}"
+    name = (f"{identity_key}-{str(runner.dtype).replace('torch.', '')}-{runner.weight_layout}"
+            f"-t{torch.get_num_threads()}{suffix}.json")
     path = STORE.path("costs", name)
     if path.is_file() and not remeasure:
         c = BlockCosts.load(path)
         if len(c.verify) >= max_q:
             return c
-    c = measure(runner, max_q=max_q)
+    c = measure(runner, max_q=max_q, weights=weights)
     c.save(path)
     return c
+
+
+def weights_name(weights: Any) -> str:
+    """``none`` for the model's own weights, else the backend (and draft vocabulary size)."""
+    if weights is None or (not weights.layers and weights.head_module is None):
+        return "none"
+    return weights.backend if weights.vocab is None else f"{weights.backend}-v{len(weights.vocab)}"

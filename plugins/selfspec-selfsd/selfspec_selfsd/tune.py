@@ -100,7 +100,8 @@ def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, ta
     eos = None  # the model's own EOS
 
     click.echo(f"selfsd tune: {key}, {len(prompts)} dev prompts x {tokens} tokens, objective {objective}", err=True)
-    costs = costmodel.costs_for(runner, key, remeasure=remeasure, max_q=plugin.num_draft + 1) if objective == "cost" else None
+    costs = (costmodel.costs_for(runner, key, remeasure=remeasure, max_q=plugin.num_draft + 1, weights=plugin.weights)
+             if objective == "cost" else None)
     base_time = None
     if objective == "time":
         van = command.decoder(loaded, "vanilla")
@@ -142,7 +143,8 @@ def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, ta
         return value
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    name = study or f"{key}-{objective}"
+    drafts = costmodel.weights_name(plugin.weights)  # costs differ per draft weights: one study each
+    name = study or (f"{key}-{objective}" if drafts == "none" else f"{key}-{objective}-draft-{drafts}")
     st = optuna.create_study(study_name=name, storage=_storage_url(storage), direction="minimize",
                              sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=10),
                              load_if_exists=True)
@@ -172,7 +174,7 @@ def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, ta
     mlp = tuple(i for i in range(L) if best.params.get(f"m{i}"))
     prof = profiles.Profile(identity.as_dict(), attn, mlp, {
         "objective": objective, "value": best.value, "trial": best.number, "study": name,
-        "trials": len(st.trials), "prompts": len(prompts), "tokens": tokens,
+        "trials": len(st.trials), "prompts": len(prompts), "tokens": tokens, "draft_weights": drafts,
         "options": {k: v for k, v in opts.items() if k != "profile"},
         **{k: best.user_attrs.get(k) for k in ("tau", "acceptance", "drafted_per_step")},
     })

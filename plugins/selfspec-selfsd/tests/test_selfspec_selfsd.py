@@ -286,6 +286,30 @@ def test_cost_model_save_load(tmp_path):
     assert BlockCosts.load(tmp_path / "c.json") == c
 
 
+def test_cost_model_times_the_draft_blocks_on_the_draft_weights():
+    # the search must price a draft token at what it reads: with int8 draft weights the draft
+    # blocks and head run the compressed copies, the verification forwards the model's own
+    from selfspec_selfsd import costmodel
+
+    dec = Decoder(tiny_model("llama"), "selfsd", {"draft_weights": "int8"})
+    weights = dec.plugin.weights
+    calls = {"draft": 0, "own": 0}
+    hooks = [m.mlp.register_forward_hook(lambda *_: calls.__setitem__("draft", calls["draft"] + 1))
+             for m in weights.layers.values()]
+    hooks += [layer.mlp.register_forward_hook(lambda *_: calls.__setitem__("own", calls["own"] + 1))
+              for layer in dec.runner.layers]
+    c = costmodel.measure(dec.runner, max_q=3, prefix=8, reps=1, weights=weights)
+    for h in hooks:
+        h.remove()
+    L = dec.runner.n_layers
+    # MLP blocks: 2 of the 4 draft timings run them (full, no attention), each a warm-up and a
+    # rep, on the draft weights; the prefix forward and 3 verify sizes (x2) on the model's own
+    assert calls["draft"] == 2 * 2 * L and calls["own"] == L + 3 * 2 * L
+    assert c.meta["draft_weights"] == "int8" and len(c.verify) == 3
+    assert costmodel.weights_name(None) == "none"
+    assert costmodel.weights_name(Decoder(tiny_model("llama"), "selfsd", {}).plugin.weights) == "none"
+
+
 def test_log_records_every_step():
     dec, res = _decode(tiny_model("qwen2"), 15, gamma=0.0, adaptive=False, num_draft=2)
     assert len(dec.plugin.log) == res.stats.steps
