@@ -355,3 +355,14 @@ class _ConfigPlugin:
     @selfspec.hookimpl
     def selfspec_update_policy(self, state, verdict):
         self.config.observe(verdict)
+
+
+def test_register_tree_options_takes_the_plugins_default():
+    # a plugin whose measurements favour trees declares tree=True; the rest stay as declared
+    from selfspec import register_tree_options
+
+    for default in (False, True):
+        options = []
+        register_tree_options(options.append, topk=3, tree=default)
+        got = {o.name: o.default for o in options}
+        assert got == {"tree": default, "tree_budget": "auto", "tree_topk": 3, "tree_calibrate": True}

@@ -208,13 +208,13 @@ def skip_layer_step(runner: Runner, cache: KVCache, *, skip_attn: Collection[int
     return step
 
 
-def register_tree_options(register: Callable[[Option], None], *, topk: int = 4) -> None:
-    """Declare the tree options every drafter shares: ``tree`` (draft a tree instead of a
-    chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
+def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = False) -> None:
+    """Declare the tree options every drafter shares: ``tree`` (default ``tree``: draft a tree
+    instead of a chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
     probable nodes), ``tree_topk`` (children per node and nodes expanded per depth) and
     ``tree_calibrate`` (score nodes by a :class:`TreeCalibration` learned online).
     Read them back with :meth:`TreeConfig.from_options`."""
-    register(Option("tree", bool, False, "draft a dynamic tree (top-k candidates at each depth, grown by "
+    register(Option("tree", bool, tree, "draft a dynamic tree (top-k candidates at each depth, grown by "
                     "cumulative draft probability) instead of a chain; verified in one tree pass"))
     register(Option("tree_budget", str, "auto", "most nodes of a tree draft: 'auto' (the size that maximises "
                     "expected tokens per unit of cost, from this machine's measured cost-per-width curve) or N",
