@@ -19,7 +19,8 @@ side by side (geo-mean against HF greedy and against ``vanilla``, τ), one colum
 relative to the repository root. An optional ``geo=a,b,c`` item in a marker picks the geo-mean
 tasks (default: humaneval, gsm8k, mtbench, sharegpt where present); an optional ``rows=a,b``
 item keeps the methods named ``a`` or ``a[...]`` (its variants), in the summary's order, so a
-plugin's README shows its own rows of the full bench::
+plugin's README shows its own rows of the full bench; an item with options, ``a[k=1]``, keeps
+that one row (so a plugin's old-default row can be left out while its variants stay)::
 
     <!-- bench-table: results/smollm2-135m-instruct/bench-zen4-avx512-2026-11-23/summary.json rows=hf,vanilla,selfsd -->
 
@@ -79,7 +80,8 @@ class Run:
         self.by = {(r["task"], r["method"]): r for r in rows}
         self.tasks = [t for t in dict.fromkeys(r["task"] for r in rows) if t != "all"]
         methods = list(dict.fromkeys(r["method"] for r in rows))
-        self.methods = methods if keep is None else [m for m in methods if m.split("[", 1)[0] in keep]
+        # rows=: a bare name keeps the method and its variants, a name with [...] that row only
+        self.methods = methods if keep is None else [m for m in methods if m in keep or m.split("[", 1)[0] in keep]
         if not self.methods:
             raise ValueError(f"{path}: no method among {list(keep or ())}")
         self.configs = {m["name"]: m for m in self.summary.get("config", {}).get("methods", [])}

@@ -67,6 +67,9 @@ def test_rows_keep_a_plugin_and_its_variants(tmp_path, monkeypatch):
     assert "| 2.00× |" in x  # against vanilla, though vanilla's row is not shown
     with pytest.raises(ValueError, match="no method"):
         readme_tables.render("<!-- bench-table: summary.json rows=nothing -->\n<!-- /bench-table -->")
+    # an item with options keeps that row only: here x's variant without x itself
+    one = readme_tables.render(doc.replace("rows=hf,x", "rows=hf,x[k=1]"))
+    assert [line.split(" | ")[0] for line in one.splitlines() if line.startswith("| `")] == ["| `x[k=1]`"]
 
 
 def test_a_row_measured_at_other_defaults_is_refused(tmp_path, monkeypatch):
