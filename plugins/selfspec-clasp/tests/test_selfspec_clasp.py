@@ -109,7 +109,7 @@ def test_backoff_pauses_drafting_after_failures():
     # e) DET=1 makes every attempt exit at its first token, dropped without keep_exit (nothing
     # accepted), so with backoff=4 the attempts come at steps 0, 2, 5, 10, 15 (pauses 1, 2, 4, 4)
     model = tiny_model("llama", num_hidden_layers=4)
-    dec = Decoder(model, "clasp", {"M": 2, "DET": 1.0, "backoff": 4, "keep_exit": False})
+    dec = Decoder(model, "clasp", {"M": 2, "DET": 1.0, "backoff": 4, "keep_exit": False, "tree": False})  # chain drafts
     spy = _AttemptSpy(dec.plugin)
     dec.pm.register(spy)
     result = dec.generate([1, 2, 3], max_new_tokens=20)

@@ -84,6 +84,7 @@ def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, ta
         if "skip_attn" in opts or "skip_mlp" in opts:
             raise click.BadParameter("the search chooses skip_attn/skip_mlp; do not pass them", param_hint="-o")
         opts["profile"] = "none"
+        opts.setdefault("tree", False)  # the cost model prices chains: k draft tokens, then verify[k + 1]
         loaded = command.load_model()
         dec = command.decoder(loaded, "selfsd", opts)
     plugin = dec.plugin

@@ -47,15 +47,25 @@ class TestSelfSD(PluginSuite):
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])  # the property test covers every architecture
 @pytest.mark.parametrize("reuse", [True, False])
-def test_it_drafts_and_accepts(arch, reuse):
+@pytest.mark.parametrize("weights", ["none", "auto"])
+def test_it_drafts_and_accepts(arch, reuse, weights):
     # b) skipping one late MLP block leaves a draft close to the full model: drafts are made
-    # every step and some are accepted, with and without the lower-layer reuse
+    # every step and some are accepted, with and without the lower-layer reuse (which runs only
+    # on the model's own weights), on the model's own and on the default compressed weights
     model = tiny_model(arch)
     last = model.config.num_hidden_layers - 1
-    opts = {"skip_attn": "none", "skip_mlp": str(last), "gamma": 0.0, "adaptive": False, "num_draft": 4, "reuse": reuse}
+    opts = {"skip_attn": "none", "skip_mlp": str(last), "gamma": 0.0, "adaptive": False, "num_draft": 4,
+            "reuse": reuse, "draft_weights": weights}
     result = assert_lossless(model, "selfsd", PROMPT, 24, opts)
     assert result.stats.drafted > 0
     assert result.stats.accepted > 0
+    assert Decoder(model, "selfsd", opts).plugin.reuse == (reuse and weights == "none")
+
+
+def test_the_default_draft_reads_int8_weights_on_cpu():
+    # issue 24: compressed draft weights are the default where they measured fastest (int8 on CPU)
+    dec = Decoder(tiny_model("qwen2"), "selfsd", {})
+    assert dec.plugin.weights.backend == "int8" and dec.plugin.weights.layers and not dec.plugin.reuse
 
 
 # ------------------------------------------------------------------------------ the threshold
@@ -90,7 +100,7 @@ def test_gamma_update_edges():
 
 # ------------------------------------------------------------------------------ drafting
 def _decode(model, n=20, **opts):
-    dec = Decoder(model, "selfsd", {"profile": "heuristic", **opts})
+    dec = Decoder(model, "selfsd", {"profile": "heuristic", "tree": False, **opts})  # the chain's mechanics
     result = dec.generate(PROMPT, n, eos_token_ids=())
     return dec, result
 
@@ -128,7 +138,7 @@ def test_draft_exit_matches_the_draft_probability():
     # f) gamma between the draft's top probabilities: a draft ends exactly at the first token
     # whose probability is below gamma, or at K (recomputed here with the same skipped blocks)
     model = tiny_model("qwen2")
-    opts = {"skip_attn": "1", "skip_mlp": "0", "gamma": 0.5, "adaptive": False, "num_draft": 6}
+    opts = {"skip_attn": "1", "skip_mlp": "0", "gamma": 0.5, "adaptive": False, "num_draft": 6, "tree": False}
     dec = Decoder(model, "selfsd", opts, plugin_object=Spy())
     dec.generate(PROMPT, 16, eos_token_ids=())
     seen = dec.plugin.seen
@@ -160,7 +170,7 @@ def test_skip_set_is_honoured():
     # the model's own layout, so the runner executes the model's own modules, which forward
     # hooks count (no reaching into the runner's internals)
     dec = Decoder(model, "selfsd", {"skip_attn": "0,2", "skip_mlp": "1", "gamma": 0.0, "adaptive": False, "num_draft": 3,
-                                    "reuse": False, "draft_weights": "none"}, weight_layout="model")
+                                    "reuse": False, "draft_weights": "none", "tree": False}, weight_layout="model")
     runner = dec.runner
     calls = {"attn": [0] * runner.n_layers, "mlp": [0] * runner.n_layers}
 
@@ -307,7 +317,7 @@ def test_cost_model_times_the_draft_blocks_on_the_draft_weights():
     assert calls["draft"] == 2 * 2 * L and calls["own"] == L + 3 * 2 * L
     assert c.meta["draft_weights"] == "int8" and len(c.verify) == 3
     assert costmodel.weights_name(None) == "none"
-    assert costmodel.weights_name(Decoder(tiny_model("llama"), "selfsd", {}).plugin.weights) == "none"
+    assert costmodel.weights_name(Decoder(tiny_model("llama"), "selfsd", {"draft_weights": "none"}).plugin.weights) == "none"
 
 
 def test_log_records_every_step():
