@@ -58,7 +58,8 @@ class TestHiSpec(PluginSuite):
         "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),
         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
-    reach_options = {"round_size": 4, "num_draft": 8, "profile": "none", "draft_weights": "none"}  # the longest buffers
+    reach_options = {"round_size": 4, "num_draft": 8, "profile": "none", "draft_weights": "none",
+                     "tree": False}  # the longest buffers (the paper's Algorithm 2; trees are drawn too)
 
     def options_strategy(self, model, declared):
         depth = model.config.num_hidden_layers
@@ -102,7 +103,7 @@ def test_buffers_are_rejected_in_the_middle():
     # intermediate verifier both accepts and corrects drafts
     for arch in ARCHS:
         plugin = Recording()
-        dec = Decoder(tiny_model(arch), "hispec", {"num_draft": 6}, plugin_object=plugin)
+        dec = Decoder(tiny_model(arch), "hispec", {"num_draft": 6, "tree": False}, plugin_object=plugin)
         res = dec.generate(PROMPT, 40, eos_token_ids=())
         assert res.output_ids == reference_generate(dec.model, PROMPT, 40)
         assert res.stats.drafted > 0
@@ -127,7 +128,8 @@ def _identity_after_first_layer(arch: str):
 def test_reuse_no_layer_runs_twice_for_a_token(arch, options):
     model = _identity_after_first_layer(arch)
     depth = model.config.num_hidden_layers
-    dec = Decoder(model, "hispec", {"draft_layer": 1, "verify_layer": 2, "draft_weights": "none", **options})
+    dec = Decoder(model, "hispec", {"draft_layer": 1, "verify_layer": 2, "draft_weights": "none", "tree": False,
+                                    **options})
     calls: list[int] = []
     inner = dec.runner.forward
 
@@ -149,7 +151,7 @@ def test_reuse_no_layer_runs_twice_for_a_token(arch, options):
 
 def test_layer_defaults_follow_the_paper():
     plugin = HiSpec()
-    dec = Decoder(tiny_model("llama", num_hidden_layers=16), "hispec", plugin_object=plugin)
+    dec = Decoder(tiny_model("llama", num_hidden_layers=16), "hispec", {"tree": False}, plugin_object=plugin)
     assert (plugin.ld, plugin.li) == (2, 4)  # L/8 and L/4
     assert dec.options["round_size"] == 2 and dec.options["num_draft"] == 4
 
@@ -262,3 +264,16 @@ def test_exit_logits_agree_with_predict(vocab):
     ids = logits.argmax(-1) if heads.vocab is None else heads.vocab.index_select(0, logits.argmax(-1))
     assert logits.shape[-1] == (vocab or runner.vocab_size)
     assert torch.equal(ids, heads.predict(runner, 1, h))
+
+
+def test_the_defaults_draft_a_tree_through_the_int8_head():
+    # issue 24: measured fastest at 1.5B with calibrated exit heads (a tree from the L_d exit on
+    # the host's int8 head); tree=0 runs the paper's buffer with intermediate verification
+    plugin = HiSpec()
+    Decoder(tiny_model("qwen2"), "hispec", plugin_object=plugin)
+    assert plugin.tree.enabled
+    assert plugin.heads.draft.backend == "int8" and plugin.heads.draft.head_module is not None
+    assert not plugin.heads.draft.layers  # the layers stay the model's own
+    paper = HiSpec()
+    Decoder(tiny_model("qwen2"), "hispec", {"tree": False}, plugin_object=paper)
+    assert not paper.tree.enabled
