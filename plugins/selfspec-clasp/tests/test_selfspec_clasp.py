@@ -24,8 +24,9 @@ class TestCLaSp(PluginSuite):
         "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),  # the CPU's backends
         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
-    # no exit threshold and a fresh layer set every step: deep drafts every step
-    reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 8, "draft_weights": "none"}
+    # no exit threshold and a fresh layer set every step: deep chain drafts every step (a tree's
+    # depth follows its cost curve; trees are drawn by the property test)
+    reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 8, "draft_weights": "none", "tree": False}
 
     def options_strategy(self, model, declared):
         # a) M ranges over every size the model allows, from no layer skipped to all of them
