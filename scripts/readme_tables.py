@@ -3,11 +3,11 @@
 
 A table lives between two markers; everything between them is this script's output::
 
-    <!-- bench-table: results/smollm2-135m-instruct/bench-zen4-avx512-2026-11-23/summary.json -->
+    <!-- bench-table: lab/results/smollm2-135m-instruct/bench-zen4-avx512-2026-11-23/summary.json -->
     ...
     <!-- /bench-table -->
 
-    <!-- bench-compare: AVX-512=results/smollm2-135m-instruct/bench-zen4-avx512-2026-11-23/summary.json AVX2=results/smollm2-135m-instruct/bench-zen3-avx2-2026-11-24/summary.json -->
+    <!-- bench-compare: AVX-512=lab/results/smollm2-135m-instruct/bench-zen4-avx512-2026-11-23/summary.json AVX2=lab/results/smollm2-135m-instruct/bench-zen3-avx2-2026-11-24/summary.json -->
     ...
     <!-- /bench-compare -->
 
@@ -22,7 +22,7 @@ item keeps the methods named ``a`` or ``a[...]`` (its variants), in the summary'
 plugin's README shows its own rows of the full bench; an item with options, ``a[k=1]``, keeps
 that one row (so a plugin's old-default row can be left out while its variants stay)::
 
-    <!-- bench-table: results/smollm2-135m-instruct/bench-zen4-avx512-2026-11-23/summary.json rows=hf,vanilla,selfsd -->
+    <!-- bench-table: lab/results/smollm2-135m-instruct/bench-zen4-avx512-2026-11-23/summary.json rows=hf,vanilla,selfsd -->
 
     python scripts/readme_tables.py            # rewrite every table in place
     python scripts/readme_tables.py --check    # exit 1, naming the file, if any is stale
@@ -95,8 +95,8 @@ class Run:
         if recorded is None or not entry.get("plugin"):
             return []
         try:
-            from selfspec.bench.harness import resolved_options
-            from selfspec.plugins import PluginError
+            from selfspec._engine.plugins import PluginError
+            from selfspec.app._bench.harness import resolved_options
         except ImportError:
             return []
         try:

@@ -7,12 +7,12 @@ import torch
 from torch import nn
 
 from selfspec import Decoder
-from selfspec.runner import Runner
-from selfspec.runner.layout import PackedLinear, adopt_layout, choose_layout, is_transposed
+from selfspec._engine.runner import Runner
+from selfspec._engine.runner.layout import PackedLinear, adopt_layout, choose_layout, is_transposed
 from selfspec.testing import tiny_model
 
 needs_packing = pytest.mark.skipif(
-    choose_layout("auto", "cpu", torch.float32, __import__("selfspec.machine", fromlist=["x"]).cpu_capability())
+    choose_layout("auto", "cpu", torch.float32, __import__("selfspec._engine.machine", fromlist=["x"]).cpu_capability())
     != "packed", reason="oneDNN cannot prepack float32 here")
 
 
@@ -92,7 +92,7 @@ def _rss_file_kb() -> int:
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc/self")
 def test_released_file_pages_leave_the_resident_set_and_the_values_intact(tmp_path):
-    from selfspec.runner.layout import _file_mappings, _release_file_pages
+    from selfspec._engine.runner.layout import _file_mappings, _release_file_pages
 
     n = 8 * 1024 * 1024  # 32 MB of float32
     path = tmp_path / "weights.bin"

@@ -3,21 +3,24 @@
 a) Plugins (everything under ``plugins/``, the template included) use the host only through
    the plugin contract, the top-level ``selfspec`` namespace, as a third-party author must:
    ``import selfspec`` / ``from selfspec import X`` with ``X`` in ``selfspec.__all__``, and
-   ``selfspec.X`` attributes likewise; and through the app namespace ``selfspec.app`` (their
-   commands: model loading, data, the command context) by the names of ``selfspec.app.__all__``.
+   ``selfspec.X`` attributes likewise; through the provisional namespace ``selfspec.provisional``
+   by its ``__all__``; and through the app namespace ``selfspec.app`` (their commands: model
+   loading, data, the command context) by the names of ``selfspec.app.__all__``.
    Their tests may also use the ``selfspec.testing`` kit. Parsed with ``ast``, so
    function-local imports count.
 b) No plugin file reads ``.adapter`` or ``.base`` (the runner's adapter and the model's inner
    module are the host's business; the runner's documented accessors give the final norm, the
    head and the embedding).
-c) docs/api.md documents every name of the contract in its contract part and every name of the
-   app namespace in its own part, and the names moved from the top level to ``selfspec.app``
-   still work there for one release, with a DeprecationWarning.
+c) docs/api.md documents exactly the names of each public namespace in that namespace's part
+   (the stable contract, the provisional namespace, the app's), and every import its examples
+   show works.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +29,11 @@ import pytest
 
 import selfspec
 import selfspec.app
+import selfspec.provisional
 
 ROOT = Path(__file__).resolve().parents[1]
 API = set(selfspec.__all__)
+PROVISIONAL_API = set(selfspec.provisional.__all__)
 APP_API = set(selfspec.app.__all__)
 #: attributes no plugin file reads: the runner's adapter, the model's inner (base) module
 PRIVATE_ATTRIBUTES = ("adapter", "base")
@@ -42,7 +47,7 @@ def violations(path: Path, source: str | None = None) -> list[str]:
     """Every way ``path`` reaches into the host past its public API (see a and b)."""
     tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
     in_tests = "tests" in path.parts
-    allowed_modules = {"selfspec", "selfspec.app"} | ({"selfspec.testing"} if in_tests else set())
+    allowed_modules = {"selfspec", "selfspec.app", "selfspec.provisional"} | ({"selfspec.testing"} if in_tests else set())
     out: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -55,19 +60,23 @@ def violations(path: Path, source: str | None = None) -> list[str]:
             mod = node.module
             if mod.split(".")[0] != "selfspec":
                 continue
-            if mod in ("selfspec", "selfspec.app"):
-                names = API | {"app"} if mod == "selfspec" else APP_API
+            if mod in ("selfspec", "selfspec.app", "selfspec.provisional"):
+                names = {"selfspec": API | {"app", "provisional"}, "selfspec.app": APP_API,
+                         "selfspec.provisional": PROVISIONAL_API}[mod]
                 out += [f"{path}:{node.lineno}: from {mod} import {a.name} (not in {mod}.__all__)"
                         for a in node.names if a.name not in names]
             elif not (in_tests and (mod == "selfspec.testing" or mod.startswith("selfspec.testing."))):
                 out.append(f"{path}:{node.lineno}: from {mod} import ...")
         elif isinstance(node, ast.Attribute):
             if isinstance(node.value, ast.Name) and node.value.id == "selfspec":
-                if node.attr not in API and node.attr != "app" and not (in_tests and node.attr == "testing"):
+                if node.attr not in API | {"app", "provisional"} and not (in_tests and node.attr == "testing"):
                     out.append(f"{path}:{node.lineno}: selfspec.{node.attr} (not in selfspec.__all__)")
             elif (isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name)
-                  and node.value.value.id == "selfspec" and node.value.attr == "app" and node.attr not in APP_API):
-                out.append(f"{path}:{node.lineno}: selfspec.app.{node.attr} (not in selfspec.app.__all__)")
+                  and node.value.value.id == "selfspec" and node.value.attr in ("app", "provisional")):
+                names = APP_API if node.value.attr == "app" else PROVISIONAL_API
+                if node.attr not in names:
+                    out.append(f"{path}:{node.lineno}: selfspec.{node.value.attr}.{node.attr} "
+                               f"(not in selfspec.{node.value.attr}.__all__)")
             if node.attr in PRIVATE_ATTRIBUTES:
                 out.append(f"{path}:{node.lineno}: .{node.attr} (the host's internals: use the runner's accessors)")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr"):
@@ -84,17 +93,20 @@ def test_plugins_use_the_host_only_through_its_public_api():
 
 
 @pytest.mark.parametrize("source, n", [
-    ("from selfspec.runner import Runner", 1),
-    ("def f():\n    from selfspec.models import cache_dir", 1),  # function-local imports count
-    ("import selfspec.loop", 1),
-    ("from selfspec import _LAZY", 1),
+    ("from selfspec._engine.runner import Runner", 1),
+    ("def f():\n    from selfspec.app._models import cache_dir", 1),  # function-local imports count
+    ("import selfspec._engine.loop", 1),
+    ("from selfspec import _API", 1),
+    ("from selfspec.provisional import cost_curve", 0),
+    ("from selfspec.provisional import Draft", 1),
+    ("import selfspec\nselfspec.provisional.tree_path", 0),
     ("from selfspec import Draft, verify_greedy\nimport selfspec\nselfspec.hookimpl", 0),
     ("import selfspec\nselfspec.models.cache_dir()", 1),
     ("from selfspec.testing import tiny_model", 1),  # the kit is for tests only
     ("from selfspec.app import CommandContext, load_task\nimport selfspec.app\nselfspec.app.load_model()", 0),
     ("from selfspec.app import Runner", 1),  # the app namespace holds only its own names
     ("import selfspec\nselfspec.app.cli", 1),
-    ("from selfspec.cli import Settings", 1),  # the app's modules are no more public than the engine's
+    ("from selfspec.app._cli import Settings", 1),  # the app's modules are no more public than the engine's
     ("runner.adapter.final_norm(h)", 1),  # the runner's adapter: use runner.norm / runner.head
     ("model.base.embed_tokens", 1),
     ("runner.adapter.attn_block = f", 1),  # writing counts too
@@ -113,55 +125,69 @@ def test_the_template_is_checked_too():
     assert any("_template" in p.parts and "tests" not in p.parts for p in _plugin_files())
 
 
-def _api_sections() -> tuple[str, str]:
-    """docs/api.md's contract part and its app-namespace part."""
+PARTS = ("\n# The provisional namespace", "\n# The app namespace")
+
+
+def _api_sections() -> tuple[str, str, str]:
+    """docs/api.md's three parts: the stable contract, the provisional namespace, the app's."""
     text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
-    marker = "\n# The app namespace"
-    assert marker in text, "docs/api.md has no '# The app namespace' part"
-    contract, app = text.split(marker, 1)
-    return contract, app
+    for marker in PARTS:
+        assert marker in text, f"docs/api.md has no '{marker.strip()}' part"
+    contract, rest = text.split(PARTS[0], 1)
+    provisional, app = rest.split(PARTS[1], 1)
+    return contract, provisional, app
 
 
-def test_every_contract_name_is_documented_in_the_contract_part():
-    contract, _ = _api_sections()
-    missing = sorted(n for n in API if f"### `{n}`" not in contract)
-    assert not missing, f"docs/api.md's contract part does not document {missing}"
+def _documented(part: str) -> set[str]:
+    return set(re.findall(r"^### `(\w+)`", part, re.M))
 
 
-def test_every_app_name_is_documented_in_the_app_part():
-    _, app = _api_sections()
-    missing = sorted(n for n in APP_API if f"### `{n}`" not in app)
-    assert not missing, f"docs/api.md's app part does not document {missing}"
+@pytest.mark.parametrize("index, names", [(0, API), (1, PROVISIONAL_API), (2, APP_API)],
+                         ids=["contract", "provisional", "app"])
+def test_each_part_of_api_md_documents_exactly_its_namespace(index, names):
+    documented = _documented(_api_sections()[index])
+    assert not names - documented, f"public names docs/api.md does not document here: {sorted(names - documented)}"
+    assert not documented - names, f"names docs/api.md documents here that the namespace lacks: {sorted(documented - names)}"
 
 
-def test_the_contract_holds_no_app_names():
-    # the CLI's settings, data splits and model loaders left the contract for selfspec.app
-    assert not API & APP_API
-    assert not API & set(selfspec._MOVED_TO_APP)
-    for name in API - {"__version__", "hookimpl"}:
-        module = selfspec._LAZY[name][0]
-        assert module.split(".")[0] not in ("cli", "bench", "data", "models", "app"), (name, module)
+def test_the_namespaces_are_disjoint_and_the_contract_is_the_engine():
+    assert not API & APP_API and not API & PROVISIONAL_API and not PROVISIONAL_API & APP_API
+    for name, (module, _) in {**selfspec._API, **selfspec.provisional._API}.items():
+        assert importlib.import_module(f"selfspec._engine.{module}"), (name, module)
+    for name, (module, _) in selfspec.app._API.items():
+        assert module.startswith("app._"), (name, module)
 
 
-def test_all_lists_exactly_the_lazy_names():
-    assert selfspec.__all__ == ["__version__", "hookimpl", *selfspec._LAZY]
-    assert selfspec.app.__all__ == [*selfspec.app._LAZY]
+def _documented_imports() -> list[str]:
+    """Every ``import selfspec...`` / ``from selfspec... import ...`` line in docs/api.md's code."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    lines = []
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if re.match(r"(from selfspec[\w.]* import [\w, ]+|import selfspec[\w.]*)$", line):
+                lines.append(line)
+    return sorted(set(lines))
 
 
-@pytest.mark.parametrize("name", sorted(selfspec._MOVED_TO_APP))
-def test_moved_names_still_work_with_a_deprecation_warning(name):
-    assert name in APP_API
-    with pytest.warns(DeprecationWarning, match=rf"selfspec\.{name} moved to selfspec\.app\.{name}"):
-        old = getattr(selfspec, name)
-    assert old is getattr(selfspec.app, name)
-    with pytest.warns(DeprecationWarning):  # `from selfspec import X` warns too, every time
-        exec(f"from selfspec import {name}", {})
+def test_docs_api_md_shows_imports():
+    assert len(_documented_imports()) >= 5
+
+
+@pytest.mark.parametrize("line", _documented_imports())
+def test_every_import_docs_api_md_documents_works(line):
+    exec(line, {})
 
 
 def test_app_names_resolve():
     for name in selfspec.app.__all__:
         assert getattr(selfspec.app, name) is not None
-    assert selfspec.app.load_model is selfspec.models.load
+    assert selfspec.app.load_model is importlib.import_module("selfspec.app._models").load
+
+
+def test_provisional_names_resolve():
+    for name in selfspec.provisional.__all__:
+        assert getattr(selfspec.provisional, name) is not None
 
 
 def test_every_api_name_resolves_and_import_is_cheap():
@@ -194,8 +220,8 @@ def test_a_plain_decode_never_imports_the_benchmark_package():
         "from selfspec.testing import tiny_model\n"
         "for name in ('vanilla', 'lookup'):\n"
         "    Decoder(tiny_model('llama'), name).generate([1, 2, 3, 1, 2], 4)\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('selfspec.bench', 'selfspec.data', 'selfspec.cli', "
-        "'selfspec.models', 'selfspec.app'))))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('selfspec.app._bench', 'selfspec.app._data', 'selfspec.app._cli', "
+        "'selfspec.app._models', 'selfspec.app'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -205,7 +231,7 @@ RUNNER_ACCESSORS = ("final_norm", "norm", "lm_head", "logit_softcap", "softcap",
 
 
 def test_the_runner_accessors_exist_and_are_documented():
-    contract, _ = _api_sections()
+    contract = _api_sections()[0]
     runner_part = contract.split("### `Runner`", 1)[1].split("### `KVCache`", 1)[0]
     for name in RUNNER_ACCESSORS:
         assert hasattr(selfspec.Runner, name), name

@@ -17,7 +17,8 @@ import torch
 from hypothesis import strategies as st
 
 import selfspec
-from selfspec import Decoder, Draft, Option, greedy, tree_path, verify_greedy
+from selfspec import Decoder, Draft, Option, greedy, verify_greedy
+from selfspec.provisional import chain_verdict, tree_path
 from selfspec.testing import PluginSuite, assert_lossless
 
 PROMPT = [5, 17, 3, 99, 42, 7, 7, 1, 5, 17, 3]
@@ -200,7 +201,7 @@ def test_verify_tree_hands_over_the_tree_rows_only(model):
 def test_chain_verdict_keeps_the_callers_logits_and_a_custom_verdict_has_none():
     logits = torch.randn(3, 10, dtype=torch.float64)
     draft = Draft.chain(greedy(logits)[:2].tolist())
-    verdict = selfspec.chain_verdict(draft, logits, forwards=0.5)
+    verdict = chain_verdict(draft, logits, forwards=0.5)
     assert verdict.logits is logits and verdict.committed == tuple(greedy(logits).tolist())
     assert verdict.logit_rows == (0, 1, 2)
     assert selfspec.Verdict((), 4).logits is None and selfspec.Verdict((), 4).top_k(3) is None

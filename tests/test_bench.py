@@ -1,10 +1,10 @@
-"""Tests of the benchmark harness (``selfspec.bench``) on a tiny random model.
+"""Tests of the benchmark harness (``selfspec.app._bench``) on a tiny random model.
 
 Set-up: a) a 2-layer Llama with random weights and a word-level tokenizer with a chat template,
 saved to a temporary directory and loaded in float64, so any divergence from HF greedy is a real
 one (the near-tie tolerance is zero in float64); b) tiny tasks injected with
 ``data.register_task`` and removed after each test; c) the CLI commands are run through
-``CliRunner`` on that directory, loaded by ``selfspec.models.load`` like any model directory.
+``CliRunner`` on that directory, loaded by ``selfspec.app._models.load`` like any model directory.
 No timing is asserted anywhere.
 """
 
@@ -18,13 +18,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from selfspec import Draft, Verdict, data
-from selfspec.bench import harness, results, sweep
-from selfspec.bench.commands import bench, report
-from selfspec.bench.commands import sweep as sweep_cmd
-from selfspec.builtin.verify import verify_greedy
-from selfspec.data import Sample
-from selfspec.options import OptionError
+from selfspec import Draft, Verdict
+from selfspec._engine.builtin.verify import verify_greedy
+from selfspec._engine.options import OptionError
+from selfspec.app import _data as data
+from selfspec.app._bench import harness, results, sweep
+from selfspec.app._bench.commands import bench, report
+from selfspec.app._bench.commands import sweep as sweep_cmd
+from selfspec.app._data import Sample
 
 WORDS = ("the cat sat on a mat and then the dog ran to the cat because it was late "
          "def add ( x , y ) : return x + y summarize this text please count to ten one two three").split()
@@ -65,7 +66,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture()
 def loaded(model_dir):
-    from selfspec import models
+    from selfspec.app import _models as models
 
     return models.load(model_dir, dtype="float64")
 
@@ -229,7 +230,7 @@ def test_losslessness_check_catches_a_broken_plugin(loaded, tiny_task, capsys):
     assert rows[("all", "broken")]["divergences"] == len(broken)
     assert "DIVERGED" in results.markdown({"rows": results.summarize(recs)})
     with pytest.raises(SystemExit) as exc:
-        from selfspec.bench.commands import _finish
+        from selfspec.app._bench.commands import _finish
 
         _finish(recs, allow=False)
     assert exc.value.code == 1
@@ -376,7 +377,7 @@ def test_bench_command_runs_hf_assisted_and_measures_memory(cli, model_dir, tiny
 
 
 def test_an_assistant_with_another_vocabulary_is_refused(loaded):
-    from selfspec.bench.harness import check_assistant
+    from selfspec.app._bench.harness import check_assistant
     from selfspec.testing import tiny_model
 
     other = tiny_model("llama", dtype=torch.float64, vocab_size=80)
@@ -385,7 +386,7 @@ def test_an_assistant_with_another_vocabulary_is_refused(loaded):
 
 
 def test_parse_variant():
-    from selfspec.bench.commands import parse_variant
+    from selfspec.app._bench.commands import parse_variant
 
     assert parse_variant("selfsd") == ("selfsd", {})
     assert parse_variant(" clasp[m=8, loi=4] ") == ("clasp", {"m": "8", "loi": "4"})
@@ -393,7 +394,7 @@ def test_parse_variant():
 
 
 def test_bench_command_exits_nonzero_on_divergence(cli, model_dir, tiny_task, tmp_path, monkeypatch):
-    from selfspec import plugins
+    from selfspec._engine import plugins
 
     real = plugins._load_object
     monkeypatch.setattr(plugins, "_load_object", lambda name: BrokenBonus if name == "broken" else real(name))
@@ -434,7 +435,7 @@ def test_parse_grid():
 
 
 def test_typed_grid_and_methods():
-    from selfspec.options import Option
+    from selfspec._engine.options import Option
 
     declared = {"n": Option("n", int, 3, "n"), "w": Option("w", int, 3, "w", min=1), "a": Option("a", bool, True, "a")}
     fixed, axes = sweep.typed_grid(declared, {"a": "false"}, [("n", ["2", "4"]), ("w", ["1", "5", "9"])], "p")
@@ -470,7 +471,7 @@ def test_sweep_command_on_dev_prompts(cli, model_dir, tiny_task, tmp_path):
 
 
 def test_commands_are_plain_click_commands():
-    from selfspec.bench.commands import COMMANDS
+    from selfspec.app._bench.commands import COMMANDS
 
     assert [c.name for c in COMMANDS] == ["bench", "sweep", "report"]
     assert all(isinstance(c, click.Command) for c in COMMANDS)
@@ -484,7 +485,7 @@ def test_sweep_needs_a_plugin(cli):
 @pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
 def test_sweep_takes_the_plugin_given_to_specdec(model_dir, tiny_task, tmp_path):
     # `specdec --plugin lookup sweep -o ...`, the form the plugin READMEs use
-    from selfspec.cli import cli as specdec
+    from selfspec.app._cli import cli as specdec
 
     out = tmp_path / "sw"
     args = ["--plugin", "lookup", "sweep", "--model", model_dir, "--dtype", "float64", "--tasks", "tiny",
@@ -496,7 +497,7 @@ def test_sweep_takes_the_plugin_given_to_specdec(model_dir, tiny_task, tmp_path)
 
 
 def test_bar_styles_are_distinct_for_many_methods():
-    from selfspec.bench.plot import bar_styles
+    from selfspec.app._bench.plot import bar_styles
 
     for n in (3, 10, 17, 20, 45):
         styles = bar_styles(n)

@@ -1,4 +1,4 @@
-"""``scripts/vanilla_vs_hf.py`` and ``selfspec.bench.vanilla`` on a tiny random model (no timing assertions)."""
+"""``lab/scripts/vanilla_vs_hf.py`` and ``selfspec.app._bench.vanilla`` on a tiny random model (no timing assertions)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import selfspec
-from selfspec.bench import vanilla as bench
-from selfspec.runner import Runner
-from selfspec.runner.layout import is_transposed
+from selfspec._engine.runner import Runner
+from selfspec._engine.runner.layout import is_transposed
+from selfspec.app._bench import vanilla as bench
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "vanilla_vs_hf.py"
+SCRIPT = ROOT / "lab" / "scripts" / "vanilla_vs_hf.py"
 sys.path.insert(0, str(SCRIPT.parent))
 
 import vanilla_vs_hf  # noqa: E402
@@ -127,7 +127,7 @@ def test_transposed_layout_equals_the_model_up_to_rounding() -> None:
 
 
 def test_packed_layout_is_refused_in_float64_and_close_in_float32() -> None:
-    from selfspec.runner.layout import PackedLinear
+    from selfspec._engine.runner.layout import PackedLinear
 
     with pytest.raises(ValueError, match="'packed' cannot run here: it needs float32"):
         Runner(_tiny_llama(torch.float64), weight_layout="packed")

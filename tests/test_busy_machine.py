@@ -16,8 +16,9 @@ import torch
 from _tiny_models import save_tiny_llama
 from click.testing import CliRunner
 
-from selfspec import machine, models
-from selfspec.cli import cli
+from selfspec._engine import machine
+from selfspec.app import _models as models
+from selfspec.app._cli import cli
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +49,7 @@ def test_choose_threads(monkeypatch, requested, load, cores, want):
 
 FRESH = """
 import os, sys
-from selfspec import machine
+from selfspec._engine import machine
 machine.load_average = lambda: LOAD
 machine.physical_cores = lambda: 2
 print(machine.prefer_passive_wait(), os.environ.get("OMP_WAIT_POLICY"))

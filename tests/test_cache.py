@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from selfspec.runner import CacheError, KVCache, Runner
+from selfspec._engine.runner import CacheError, KVCache, Runner
 
 HEADS, DIM = 2, 3
 
@@ -117,7 +117,7 @@ def test_runner_cache_after_tree_keep_equals_chain_cache(tiny_model_factory):
 
     Also a regression test: ``keep`` called outside inference mode (here, outside the decode
     loop) used to fail on the inference-tensor buffers ``Runner.forward`` allocates."""
-    from selfspec.runner import masks
+    from selfspec._engine.runner import masks
 
     runner = Runner(tiny_model_factory("gemma3"))
     prompt = torch.arange(3, 15)

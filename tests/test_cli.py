@@ -14,9 +14,9 @@ import torch
 from _tiny_models import save_tiny_gpt2, save_tiny_llama
 from click.testing import CliRunner
 
-from selfspec import models
-from selfspec.cli import cli
-from selfspec.reference import reference_generate
+from selfspec._engine.reference import reference_generate
+from selfspec.app import _models as models
+from selfspec.app._cli import cli
 
 PROMPT = "the cat sat on a mat"
 JSON_KEYS = {"plugin", "model", "prompt_ids", "output_ids", "text", "stats"}
@@ -103,7 +103,7 @@ def test_options_after_the_prompt_and_run_command(model_dir):
 
 
 def test_streamer_holds_back_incomplete_characters():
-    from selfspec.cli import Streamer
+    from selfspec.app._cli import Streamer
 
     class Tok:  # decodes ids as UTF-8 bytes, like a byte-level tokenizer
         def decode(self, ids, skip_special_tokens=True):
@@ -255,7 +255,7 @@ def test_check_vanilla_passes(model_dir):
 
 
 def test_check_default_prompts_json(model_dir):
-    from selfspec.cli import DEFAULT_CHECK_PROMPTS
+    from selfspec.app._cli import DEFAULT_CHECK_PROMPTS
 
     data = json.loads(invoke("check", "-m", model_dir, "--dtype", "float64", "-n", 4, "--json").stdout)
     assert [row["prompt"] for row in data["results"]] == list(DEFAULT_CHECK_PROMPTS)
@@ -265,7 +265,7 @@ def test_check_default_prompts_json(model_dir):
 def test_check_reports_a_broken_plugin(model_dir, tmp_path):
     broken = plugin_file(tmp_path, "wrongbonus", """
         from selfspec import Verdict, hookimpl
-        from selfspec.builtin.verify import verify_greedy
+        from selfspec._engine.builtin.verify import verify_greedy
 
         @hookimpl
         def selfspec_verify(state, draft):
@@ -326,9 +326,8 @@ def test_plugin_subcommand(tmp_path, model_dir):
     assert "output_ids" in json.loads(r2.stdout)
 
 
-def test_a_plugin_command_written_for_settings_still_works_with_a_warning(tmp_path, model_dir):
+def test_a_plugin_command_sees_only_the_command_context(tmp_path, model_dir):
     path = plugin_file(tmp_path, "oldcmd", """
-        import warnings
         import click
         from selfspec import hookimpl
 
@@ -336,17 +335,16 @@ def test_a_plugin_command_written_for_settings_still_works_with_a_warning(tmp_pa
         def selfspec_commands(register):
             @click.command("old")
             @click.pass_obj
-            def old(settings):
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    name, pairs = settings.plugin_name, settings.parsed_options()
-                kinds = sorted({w.category.__name__ for w in caught})
-                click.echo(f"{name} {pairs} {kinds}")
+            def old(ctx):
+                try:
+                    ctx.parsed_options()  # the CLI's Settings is not what a command receives
+                except AttributeError as exc:
+                    click.echo(f"{ctx.plugin} {ctx.given_options()} {exc}")
 
             register(old)
         """)
     r = invoke("--plugin-file", path, "-m", model_dir, "-o", "x=1", "old")
-    assert r.stdout.strip() == "oldcmd {'x': '1'} ['DeprecationWarning']"
+    assert r.stdout.strip() == "oldcmd {'x': '1'} 'CommandContext' object has no attribute 'parsed_options'"
 
 
 def test_plugin_command_clash(tmp_path):
@@ -369,7 +367,7 @@ def test_help_and_no_args():
 
 
 def test_python_dash_m_is_light():
-    code = ("import sys; from selfspec.cli import main\n"
+    code = ("import sys; from selfspec.app._cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit: pass\n"
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from selfspec.cli import cli
+from selfspec.app._cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")

@@ -19,17 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import selfspec
-from selfspec import (
-    ArtefactStore,
-    CostCurve,
-    Decoder,
-    Runner,
-    TreeCalibration,
-    choose_size,
-    cost_curve,
-    draft_tree,
-    skip_layer_step,
-)
+from selfspec import ArtefactStore, Decoder, Runner, draft_tree, skip_layer_step
+from selfspec.provisional import CostCurve, TreeCalibration, choose_size, cost_curve
 from selfspec.testing import assert_lossless, tiny_model
 
 PROMPT = [3, 7, 11, 7, 3, 9, 2]
@@ -247,7 +238,7 @@ def test_cost_curve_interpolates_and_is_monotone():
 
 
 def test_cost_curve_is_measured_once_and_kept(tmp_path, monkeypatch):
-    from selfspec import costcurve
+    from selfspec._engine import costcurve
 
     runner = Runner(tiny_model("llama"))
     store = ArtefactStore("drafttree", root=tmp_path)

@@ -3,7 +3,7 @@
 Set-up, and why:
 a) float32 for the compressed backends, as they run on CPU: a small per-layer relative error
    and most greedy tokens kept (bounds measured on the tiny random model, whose outliers make
-   dynamic int8 coarse; the real model's agreement is in results/logs/draftweights.md).
+   dynamic int8 coarse; the real model's agreement is in lab/results/logs/draftweights.md).
 b) float64 for the ``none`` backend: it reads the model's own weights, so its draft pass must
    equal a plain forward exactly, and its head over a vocabulary must equal those rows.
 c) a draft vocabulary keeps the logits ``[.., V]`` with ``-inf`` outside it: a token outside
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 import selfspec
 from selfspec import DraftWeightsError, Runner, draft_weights, skip_layer_draft
-from selfspec.draftweights import built_nbytes, linears, resolve_backend, vocab
-from selfspec.draftweights.layers import FusedMember, FusedProduct
+from selfspec._engine.draftweights import built_nbytes, linears, resolve_backend, vocab
+from selfspec._engine.draftweights.layers import FusedMember, FusedProduct
 from selfspec.testing import ARCHS, tiny_model
 
 CPU = ("int8", "int8wo", "bf16")
@@ -200,7 +200,7 @@ def test_the_ranking_puts_special_tokens_then_the_frequent_first(monkeypatch):
 
 def test_token_counts_are_cached_per_tokenizer(monkeypatch, tmp_path):
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("selfspec.data.build_corpus_texts", lambda tasks: iter(["a b", "b c b"]))
+    monkeypatch.setattr("selfspec.app._data.build_corpus_texts", lambda tasks: iter(["a b", "b c b"]))
 
     class Tok(_Tokenizer):
         calls = 0
@@ -218,7 +218,7 @@ def test_token_counts_are_cached_per_tokenizer(monkeypatch, tmp_path):
 def test_no_corpus_means_the_whole_vocabulary(monkeypatch, tmp_path, capsys):
     # the data packages missing: nothing to rank by, so no subset (and nothing cached)
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("selfspec.data.build_corpus_texts", lambda tasks: iter(()))
+    monkeypatch.setattr("selfspec.app._data.build_corpus_texts", lambda tasks: iter(()))
     runner = Runner(tiny_model("llama"))
     assert selfspec.draft_vocab(runner, 16, _Tokenizer(), progress=False) is None
     assert "no corpus" in capsys.readouterr().err

@@ -10,10 +10,17 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from selfspec import models
-from selfspec.cli import cli
-from selfspec.models import ModelLoadError
-from selfspec.models.embedded import EMBEDDED, QWEN_0_5B, QWEN_1_5B, Parts, _Embedded, _parts_model
+from selfspec.app import _models as models
+from selfspec.app._cli import cli
+from selfspec.app._models import ModelLoadError
+from selfspec.app._models.embedded import (
+    EMBEDDED,
+    QWEN_0_5B,
+    QWEN_1_5B,
+    Parts,
+    _Embedded,
+    _parts_model,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +114,7 @@ def test_models_install_refuses_an_unknown_name():
 
 
 def test_bf16_gets_its_own_copy_only_without_a_float32_one(tmp_path, monkeypatch):
-    from selfspec.models import convert
+    from selfspec.app._models import convert
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + b"\0" * 64)
@@ -134,7 +141,7 @@ def _installed(name: str) -> bool:
 def test_qwen_0_5b_decodes_losslessly(monkeypatch):
     monkeypatch.delenv(models.CACHE_ENV)  # the user's cache, where the converted copy is
     from selfspec import Decoder
-    from selfspec.reference import compare, reference_generate
+    from selfspec._engine.reference import compare, reference_generate
 
     loaded = models.load("qwen2.5-coder-0.5b")
     assert loaded.chat and len(loaded.model.model.layers) == 24

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from selfspec import hookspecs
+from selfspec._engine import hookspecs
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent

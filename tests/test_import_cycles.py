@@ -53,7 +53,7 @@ def import_graph(root: Path, package: str = "selfspec") -> dict[str, set[str]]:
                     pkg = node.module or ""
                 targets = [f"{pkg}.{a.name}" if f"{pkg}.{a.name}" in modules else pkg for a in node.names]
             for t in targets:
-                while t and t not in modules and "." in t:  # `import selfspec.runner.masks` style
+                while t and t not in modules and "." in t:  # `import selfspec._engine.runner.masks` style
                     t = t.rsplit(".", 1)[0]
                 if t in modules and t != mod:
                     graph[mod].add(t)
@@ -97,7 +97,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles_in_core():
     graph = import_graph(CORE)
-    assert "selfspec.loop" in graph and "selfspec.markers" in graph["selfspec.builtin.verify"]
+    assert "selfspec._engine.loop" in graph and "selfspec._engine.markers" in graph["selfspec._engine.builtin.verify"]
     found = cycles(graph)
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
@@ -127,14 +127,21 @@ def test_no_import_cycles_in_plugin_packages():
 
 
 # ------------------------------------------------------------------------------ the two layers
-#: The app: the command line, the benchmarks, the data splits, model loading, and the namespace
-#: that exposes them (selfspec.app). Every other module of the package is the engine.
-APP_PACKAGES = ("selfspec.app", "selfspec.cli", "selfspec.bench", "selfspec.data", "selfspec.models",
-                "selfspec.__main__")
+#: The app: the command line, the benchmarks, the data splits, model loading, behind the
+#: ``selfspec.app`` namespace, and ``python -m selfspec``. The engine is ``selfspec._engine``
+#: behind the namespaces ``selfspec`` and ``selfspec.provisional``, plus the kit
+#: (``selfspec.testing``). Each is one tree on disk.
+APP_PACKAGES = ("selfspec.app", "selfspec.__main__")
+ENGINE_PACKAGES = ("selfspec._engine", "selfspec.testing")
+NAMESPACES = ("selfspec", "selfspec.provisional")  # the engine's public namespaces: one file each
+
+
+def _under(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
 def is_app(module: str) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in APP_PACKAGES)
+    return _under(module, APP_PACKAGES)
 
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -145,17 +152,51 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
 def test_the_engine_imports_nothing_from_the_app():
     graph = import_graph(CORE)
     engine = [m for m in graph if not is_app(m)]
-    assert {"selfspec.loop", "selfspec.runner.runner", "selfspec.verification", "selfspec.artefacts"} <= set(engine)
-    assert {"selfspec.cli.settings", "selfspec.bench.harness", "selfspec.models.load", "selfspec.data"} <= set(graph) - set(engine)
+    assert {"selfspec._engine.loop", "selfspec._engine.runner.runner", "selfspec._engine.verification",
+            "selfspec._engine.artefacts"} <= set(engine)
+    assert {"selfspec.app._cli.settings", "selfspec.app._bench.harness", "selfspec.app._models.load",
+            "selfspec.app._data"} <= set(graph) - set(engine)
     bad = layer_violations(graph)
     assert not bad, "engine modules import the app:\n" + "\n".join(bad)
 
 
+def test_every_module_sits_in_one_of_the_two_trees():
+    graph = import_graph(CORE)
+    stray = sorted(m for m in graph if not (_under(m, APP_PACKAGES) or _under(m, ENGINE_PACKAGES) or m in NAMESPACES))
+    assert not stray, f"modules outside the engine tree (selfspec/_engine, selfspec/testing) and the app tree (selfspec/app): {stray}"
+
+
+def test_implementation_modules_are_private_by_name():
+    """Below the public namespaces every module name starts with an underscore, except the
+    kit's public ``strategies`` and its pytest plugin (an entry point)."""
+    public_ok = {"selfspec.testing.strategies", "selfspec.testing.pytest_plugin"}
+    graph = import_graph(CORE)
+    public = {"selfspec", "selfspec.provisional", "selfspec.app", "selfspec.testing", "selfspec.__main__"}
+    leaked = []
+    for m in sorted(set(graph) - public - public_ok):
+        parts = m.split(".")
+        if not any(part.startswith("_") for part in parts[1:]):
+            leaked.append(m)
+    assert not leaked, f"implementation modules without a private name: {leaked}"
+
+
+def test_no_entry_point_the_package_consumes_itself():
+    """The host declares entry points only for others to load (the console script, the kit's
+    pytest plugin), never a group it reads itself to get around the layer rule."""
+    import tomllib
+
+    meta = tomllib.loads((CORE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    groups = set(meta["project"].get("entry-points", {}))
+    assert groups <= {"pytest11"}, f"entry-point groups the host declares: {sorted(groups)}"
+
+
 def test_the_layer_rule_itself(tmp_path):
     pkg = tmp_path / "selfspec"
-    (pkg / "models").mkdir(parents=True)
+    (pkg / "app").mkdir(parents=True)
+    (pkg / "_engine").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "models" / "__init__.py").write_text("")
-    (pkg / "loop.py").write_text("def eos():\n    from .models import x\n")  # function-local counts
-    (pkg / "cli.py").write_text("from . import loop\n")  # the app may import the engine
-    assert layer_violations(import_graph(tmp_path)) == ["selfspec.loop -> selfspec.models"]
+    (pkg / "app" / "__init__.py").write_text("")
+    (pkg / "_engine" / "__init__.py").write_text("")
+    (pkg / "_engine" / "loop.py").write_text("def eos():\n    from ..app import x\n")  # function-local counts
+    (pkg / "app" / "cli.py").write_text("from .._engine import loop\n")  # the app may import the engine
+    assert layer_violations(import_graph(tmp_path)) == ["selfspec._engine.loop -> selfspec.app"]

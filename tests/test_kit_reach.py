@@ -1,7 +1,7 @@
 """The kit's reach (issue 28): long examples on every architecture, closed coverage buckets,
 weights that are not the plugin's to change, and blame with one step number for all hooks.
 
-a) Each blame test uses a mutant of ``selfspec.testing.mutants`` made to fail early (a low
+a) Each blame test uses a mutant of ``selfspec.testing._mutants`` made to fail early (a low
    threshold), so that the step it went wrong at is small and known: the mutant records it
    (``fault_step``) and the audit's message must name that step and the hook.
 """
@@ -16,21 +16,21 @@ from hypothesis import given, settings
 
 import selfspec
 from selfspec import Decoder
-from selfspec.audit import AuditError, LosslessError, WeightGuard
-from selfspec.plugins import PluginError
-from selfspec.reference import reference_generate
+from selfspec._engine.audit import AuditError, LosslessError, WeightGuard
+from selfspec._engine.plugins import PluginError
+from selfspec._engine.reference import reference_generate
 from selfspec.testing import ARCHS, assert_lossless
 from selfspec.testing import LosslessError as KitLosslessError
-from selfspec.testing.coverage import REQUIRED, REQUIRED_PER_ARCH, Coverage, length_bucket
-from selfspec.testing.lossless import greedy_reference
-from selfspec.testing.mutants import (
+from selfspec.testing._coverage import REQUIRED, REQUIRED_PER_ARCH, Coverage, length_bucket
+from selfspec.testing._lossless import greedy_reference
+from selfspec.testing._mutants import (
     DropsSlotEvery130,
     Echo,
     EditsHeadInSetup,
     PolicyCorruptsKVLate,
     WrongTokenAfter200,
 )
-from selfspec.testing.scenarios import LONG_NEW, LONGEST_NEW, Limits, reach, scenarios
+from selfspec.testing._scenarios import LONG_NEW, LONGEST_NEW, Limits, reach, scenarios
 
 PROMPT = [1, 2] * 32
 
@@ -178,8 +178,8 @@ def test_length_buckets_close():
 
 
 def test_the_coverage_report_counts_examples_with_accepted_drafts_like_its_bucket():
-    from selfspec.audit import StepRecord
-    from selfspec.types import Result, Stats
+    from selfspec._engine.audit import StepRecord
+    from selfspec._engine.types import Result, Stats
 
     class Accepting:
         steps = [StepRecord(600, 0, 5, 5, False, 2, (7, 8, 9))] + [StepRecord(603, 3 + i, 1, 1, False, 0, (9,))

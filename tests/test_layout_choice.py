@@ -12,8 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from selfspec.machine import CpuCapability
-from selfspec.runner.layout import WeightLayoutError, choose_layout, packing_unsupported
+from selfspec._engine.machine import CpuCapability
+from selfspec._engine.runner.layout import WeightLayoutError, choose_layout, packing_unsupported
 
 AVX2 = CpuCapability(aten="AVX2")  # oneDNN's fp32 kernels, no bf16/fp16 ones
 AVX512 = CpuCapability(aten="AVX512", avx512=True, onednn_bf16=True)  # bf16 via BW/VL/DQ
@@ -84,8 +84,8 @@ _FORCED_SCRIPT = textwrap.dedent("""
     import json, warnings
     import torch
     from selfspec import Decoder
-    from selfspec.machine import cpu_capability, machine_info
-    from selfspec.runner.layout import WeightLayoutError, check_layout
+    from selfspec._engine.machine import cpu_capability, machine_info
+    from selfspec._engine.runner.layout import WeightLayoutError, check_layout
     from selfspec.testing import NearTieWarning, assert_lossless, tiny_model
 
     cap = cpu_capability()

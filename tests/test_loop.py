@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 import selfspec
 from selfspec import Decoder, Draft, Verdict
-from selfspec.builtin.verify import verify_greedy
-from selfspec.plugins import PluginError
-from selfspec.reference import reference_generate
+from selfspec._engine.builtin.verify import verify_greedy
+from selfspec._engine.plugins import PluginError
+from selfspec._engine.reference import reference_generate
 from selfspec.testing import assert_lossless
 from selfspec.testing import strategies as sst
 
@@ -345,7 +345,7 @@ def test_default_eos_comes_from_the_model(tiny_model_factory):
 
 
 def test_default_eos_includes_the_tokenizers(tiny_model_factory):
-    # the one EOS rule (selfspec.models.eos_token_ids) that specdec and specdec bench stop by
+    # the one EOS rule (selfspec.app._models.eos_token_ids) that specdec and specdec bench stop by
     m = tiny_model_factory("llama")  # no EOS in its configs
     ref = ref_of(m)
 
@@ -619,7 +619,7 @@ def test_property_low_precision_is_lossless_up_to_near_ties(tiny_model_factory, 
 
 
 def test_chain_verdict_is_the_longest_matching_prefix_plus_the_bonus():
-    from selfspec import chain_verdict
+    from selfspec.provisional import chain_verdict
 
     logits = torch.zeros(4, 10, dtype=torch.float64)
     for row, tok in enumerate([5, 6, 1, 9]):  # the model's token after pending, d1, d2, d3

@@ -35,11 +35,11 @@ from selfspec import (
     model_identity,
     resolve_profile,
     skip_layer_draft,
-    tree_path,
     verify_from_layer,
     verify_greedy,
     verify_tree,
 )
+from selfspec.provisional import tree_path
 from selfspec.testing import ARCHS, assert_lossless, tiny_model
 from selfspec.testing import strategies as sst
 
@@ -245,7 +245,7 @@ def test_layers_round_trip(layers):
 def test_layers_option_parses_and_refuses():
     opt = Option("skip", Layers, "1,3-4", "h")
     assert opt.convert("3,5,10-12") == (3, 5, 10, 11, 12) and opt.convert("none") == () and opt.convert([2, 1]) == (1, 2)
-    assert selfspec.options.resolve({"skip": opt}, {}, "p") == {"skip": (1, 3, 4)}  # the default is parsed too
+    assert selfspec._engine.options.resolve({"skip": opt}, {}, "p") == {"skip": (1, 3, 4)}  # the default is parsed too
     assert opt.describe()["type"] == "layers" and opt.describe()["default"] == "1,3-4"
     for bad, why in (("a-b", "not a layer"), ("2,2", "listed twice"), ("1-3,3", "listed twice"), ("-1", "not a layer")):
         with pytest.raises(OptionError, match=why):

@@ -1,4 +1,4 @@
-"""selfspec.models: loading directories and GGUF files, the converted-copy cache, prompts."""
+"""selfspec.app._models: loading directories and GGUF files, the converted-copy cache, prompts."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from _tiny_models import EOS_ID, save_tiny_gpt2, save_tiny_llama, write_tiny_gguf
 
-from selfspec import models
-from selfspec.models import ModelLoadError
+from selfspec.app import _models as models
+from selfspec.app._models import ModelLoadError
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """The kit's mutation score: a plugin's standard suite under ``selfspec-ci`` catches every
-known-lossy plugin of :mod:`selfspec.testing.mutants`, and passes the correct control.
+known-lossy plugin of :mod:`selfspec.testing._mutants`, and passes the correct control.
 
 a) Each mutant runs exactly as a plugin author's suite does (a :class:`PluginSuite` with
    ``plugin_object=``, the ``selfspec-ci`` profile), architecture after architecture, without
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from selfspec.plugins import PluginError
+from selfspec._engine.plugins import PluginError
 from selfspec.testing import LosslessError, PluginSuite
-from selfspec.testing.mutants import MUTANTS, Echo
+from selfspec.testing._mutants import MUTANTS, Echo
 from selfspec.testing.pytest_plugin import CI_PROFILE
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "testing-plugins.md"
@@ -76,7 +76,7 @@ def test_the_ci_profile_catches_every_mutant(mutant, tiny_model_factory):
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.__name__)
 def test_the_ci_profile_catches_every_mutant_in_bf16(mutant, tiny_model_factory):
     """c) The same suite on bf16 tiny models, where differences within the near-tie bound
-    (selfspec.tiebound) are allowed: every mutant is still caught, at a margin above it or by
+    (selfspec._engine.tiebound) are allowed: every mutant is still caught, at a margin above it or by
     the audit's KV check. (The number of examples may differ from float64's: not asserted.)"""
     n, message = run_suite(mutant, tiny_model_factory, dtype=torch.bfloat16)
     assert n is not None, f"{mutant.__name__} ({mutant.bug}; {mutant.trigger}) escaped in bf16:\n{message}"

@@ -14,8 +14,8 @@ from _tiny_models import save_tiny_llama
 from click.testing import CliRunner
 
 import selfspec
-from selfspec import models
-from selfspec.cli import cli
+from selfspec.app import _models as models
+from selfspec.app._cli import cli
 from selfspec.testing import PluginSuite
 
 STARTS: list[int] = []  # the serial number of the instance, once per selfspec_start
@@ -40,7 +40,7 @@ def _fresh(tmp_path, monkeypatch):
 
 
 def test_bench_runs_the_warm_up_and_every_prompt_through_one_instance(tiny_model_factory):
-    from selfspec.bench.harness import Method, make_runner
+    from selfspec.app._bench.harness import Method, make_runner
 
     run = make_runner(Method.of_plugin("counting", plugin_object=Counting), tiny_model_factory("llama"))
     for prompt in ([1, 2, 3], [4, 5, 6, 7], [1, 2, 3]):  # run_bench calls it for the warm-up, then per prompt
@@ -84,7 +84,7 @@ class CountingSuite(PluginSuite):  # not collected (no Test prefix): the test be
 
 
 def test_the_kit_runs_a_sequence_through_one_instance(tiny_model_factory):
-    from selfspec.testing.suite import DECODE_SEQUENCE
+    from selfspec.testing._suite import DECODE_SEQUENCE
 
     CountingSuite().test_lossless_across_decodes("llama", "cpu", tiny_model_factory)
     assert len(STARTS) == 1 + len(DECODE_SEQUENCE) and len(set(STARTS)) == 1  # the warm-up, then each prompt

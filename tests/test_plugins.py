@@ -10,9 +10,10 @@ import click
 import pytest
 
 import selfspec
-from selfspec import Decoder, Option, plugins
-from selfspec.options import OptionError, parse_pairs, resolve
-from selfspec.plugins import PluginError, UnknownPluginError, declared_options, make_manager
+from selfspec import Decoder, Option
+from selfspec._engine import plugins
+from selfspec._engine.options import OptionError, parse_pairs, resolve
+from selfspec._engine.plugins import PluginError, UnknownPluginError, declared_options, make_manager
 
 
 class Proposer:

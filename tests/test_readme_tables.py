@@ -75,7 +75,7 @@ def test_rows_keep_a_plugin_and_its_variants(tmp_path, monkeypatch):
 def test_a_row_measured_at_other_defaults_is_refused(tmp_path, monkeypatch):
     # a) the bench records every option value a plugin ran with; b) today's values come from
     # the installed plugin, replaced here by a stand-in whose default k is 6
-    from selfspec.bench import harness
+    from selfspec.app._bench import harness
 
     path = _summary(tmp_path, {"hf": {"a": 1.0}, "vanilla": {"a": 2.0}, "x": {"a": 4.0}})
     summary = json.loads(path.read_text())

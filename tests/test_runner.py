@@ -21,9 +21,15 @@ import copy
 import pytest
 import torch
 
-from selfspec.runner import KVCache, Runner, UnsupportedModelError, masks, supported_model_types
+from selfspec._engine.runner import (
+    KVCache,
+    Runner,
+    UnsupportedModelError,
+    masks,
+    supported_model_types,
+)
 from selfspec.testing import ARCHS
-from selfspec.testing.models import WINDOW
+from selfspec.testing._models import WINDOW
 
 TIGHT = {"rtol": 1e-10, "atol": 1e-10}  # see a)
 F32_SOFTMAX = {"rtol": 1e-5, "atol": 1e-4}  # see d)

@@ -17,9 +17,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfspec import Decoder, Sampling, reference_generate, reference_sample, sample_tokens
-from selfspec.sampling import gumbel_noise, perturb, philox4x32, process_logits
-from selfspec.testing.models import tiny_model
+from selfspec import Decoder, Sampling, reference_generate
+from selfspec._engine.sampling import gumbel_noise, perturb, philox4x32, process_logits
+from selfspec.provisional import reference_sample, sample_tokens
+from selfspec.testing._models import tiny_model
 
 ALPHA = 1e-4
 PROMPT = [5, 17, 3, 99, 42, 7, 64]

@@ -11,11 +11,13 @@ from _tiny_models import save_tiny_llama
 from click.testing import CliRunner
 from test_bench import HAS_LOOKUP, _bench_args, loaded, model_dir, tiny_task  # noqa: F401
 
-from selfspec import Sampling, models, reference_generate, reference_sample
+from selfspec import Sampling, reference_generate
+from selfspec.app import _models as models
 from selfspec.app import encode_sample, load_task
-from selfspec.bench import harness, results
-from selfspec.bench.commands import bench
-from selfspec.cli import cli
+from selfspec.app._bench import harness, results
+from selfspec.app._bench.commands import bench
+from selfspec.app._cli import cli
+from selfspec.provisional import reference_sample
 
 PROMPT = "the cat sat on a mat"
 
@@ -119,7 +121,7 @@ def test_bench_catches_a_plugin_that_ignores_the_sampler(loaded, tiny_task):  # 
     class Argmax:
         def selfspec_verify(self, state, draft):
             from selfspec import greedy
-            from selfspec.types import Verdict
+            from selfspec._engine.types import Verdict
 
             base = state.length - 1
             out = state.runner.forward(state.tokens[base : base + 1], cache=state.cache, start=base)

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from selfspec.bench import scaling as sc
-from selfspec.cli import cli
+from selfspec.app._bench import scaling as sc
+from selfspec.app._cli import cli
 
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 TASKS = ("humaneval", "gsm8k")
@@ -201,7 +201,7 @@ def test_format_params():
 
 @pytest.mark.skipif(not HAS_MPL, reason="matplotlib is not installed")
 def test_plot_is_written(tmp_path):
-    from selfspec.bench.plot import scaling_plot
+    from selfspec.app._bench.plot import scaling_plot
 
     path = tmp_path / "s.png"
     scaling_plot(sc.scaling_table([small(), big()]), path)

@@ -14,11 +14,11 @@ import pytest
 from _tiny_models import save_tiny_llama
 from click.testing import CliRunner
 
-from selfspec.cli import cli
+from selfspec.app._cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(
-    "lookup" not in __import__("selfspec.plugins", fromlist=["available"]).available(),
+    "lookup" not in __import__("selfspec._engine.plugins", fromlist=["available"]).available(),
     reason="selfspec-lookup is not installed (pip install -e plugins/selfspec-lookup)",
 )
 

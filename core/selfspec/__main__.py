@@ -1,6 +1,6 @@
 """``python -m selfspec`` runs the ``specdec`` command line."""
 
-from .cli import main
+from selfspec.app._cli import main
 
 if __name__ == "__main__":
     main()

@@ -16,9 +16,9 @@ pytest plugin (:mod:`selfspec.testing.pytest_plugin`) adds fixtures and Hypothes
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .archs import ARCHS
+from ._archs import ARCHS
 
 __all__ = [
     "ARCHS",
@@ -31,19 +31,13 @@ __all__ = [
     "tiny_model",
 ]
 
-if TYPE_CHECKING:  # pragma: no cover
-    from . import strategies
-    from .lossless import LosslessError, NearTieWarning, assert_lossless
-    from .models import tiny_config, tiny_model
-    from .suite import PluginSuite
-
 _LAZY = {
-    "tiny_model": "models",
-    "tiny_config": "models",
-    "assert_lossless": "lossless",
-    "LosslessError": "lossless",
-    "NearTieWarning": "lossless",
-    "PluginSuite": "suite",
+    "tiny_model": "_models",
+    "tiny_config": "_models",
+    "assert_lossless": "_lossless",
+    "LosslessError": "_lossless",
+    "NearTieWarning": "_lossless",
+    "PluginSuite": "_suite",
 }
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from .archs import ARCHS
+from selfspec.testing._archs import ARCHS
 
 CI_PROFILE = "selfspec-ci"
 DEV_PROFILE = "selfspec-dev"
@@ -147,7 +147,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     if not config.getoption("selfspec_coverage", default=False):
         return
-    from .coverage import REGISTRY
+    from selfspec.testing._coverage import REGISTRY
 
     terminalreporter.section("selfspec coverage")
     for cov in REGISTRY.values():
@@ -172,8 +172,8 @@ def tiny_model_factory() -> Callable[..., Any]:
     built: dict[Any, Any] = {}
 
     def factory(arch: str, **kwargs: Any) -> Any:
-        from ..audit import WeightGuard
-        from .models import tiny_model
+        from selfspec._engine.audit import WeightGuard
+        from selfspec.testing._models import tiny_model
 
         key = (arch, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
         if key in built:

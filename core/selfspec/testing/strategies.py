@@ -16,8 +16,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ..options import Option, OptionError
-from .archs import ARCHS
+from selfspec._engine.options import Option, OptionError
+from selfspec.testing._archs import ARCHS
 
 #: Largest vocabulary id drawn by default: the tiny models' vocabulary size.
 TINY_VOCAB = 128
@@ -122,7 +122,7 @@ def options(declared: Mapping[str, Option], *, fixed: Mapping[str, Any] | None =
             strategies: Mapping[str, st.SearchStrategy[Any]] | None = None) -> st.SearchStrategy[dict[str, Any]]:
     """A dict of valid values for some of a plugin's declared options (the rest keep defaults).
 
-    ``declared`` is what :func:`selfspec.plugins.declared_options` returns; ``fixed`` pins
+    ``declared`` is what :func:`selfspec._engine.plugins.declared_options` returns; ``fixed`` pins
     some options to given values; ``strategies`` replaces the drawing of some (to constrain
     them: ``{"num_draft": st.integers(1, 8)}``).
     """
@@ -137,7 +137,7 @@ def options(declared: Mapping[str, Option], *, fixed: Mapping[str, Any] | None =
 def samplings(max_temperature: float = 2.0) -> st.SearchStrategy[Any]:
     """:class:`selfspec.Sampling` settings that sample: temperature in ``(0, max_temperature]``,
     top-k off or 1-64, top-p off or in [0.3, 1), any 32-bit seed."""
-    from ..sampling import Sampling
+    from selfspec._engine.sampling import Sampling
 
     temperature = st.one_of(st.sampled_from([1.0, 0.7, max_temperature]),
                             st.floats(0.05, max_temperature, allow_nan=False))
@@ -164,7 +164,7 @@ def drafts(vocab_size: int = TINY_VOCAB, max_nodes: int = 8, kind: str = "any", 
     """:class:`~selfspec.Draft` values: ``kind`` is ``"chain"``, ``"tree"`` or ``"any"``."""
     import torch
 
-    from ..types import Draft
+    from selfspec._engine.types import Draft
 
     def as_tree(tp: tuple[list[int], list[int]]) -> Draft:
         tokens, parents = tp

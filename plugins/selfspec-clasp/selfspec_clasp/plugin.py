@@ -22,7 +22,7 @@ from selfspec import (
 from .search import initial_skip, layer_search
 
 #: Draft weights and vocabulary by default (see README; measured at 1.5B on CPU).
-DEFAULT_DRAFT_WEIGHTS = "auto"  # int8 on CPU: the 1.5B bench of issue 24 (results/qwen2.5-coder-1.5b/bench-zen4-avx512-2026-11-24)
+DEFAULT_DRAFT_WEIGHTS = "auto"  # int8 on CPU: the 1.5B bench of issue 24 (lab/results/qwen2.5-coder-1.5b/bench-zen4-avx512-2026-11-24)
 DEFAULT_DRAFT_VOCAB = 0  # the whole vocabulary: a 32k draft vocabulary saved nothing measurable at 1.5B
 DEFAULT_TREE = True  # measured in the same bench: 3.22x against 2.84x HF greedy for the chain
 

@@ -18,11 +18,11 @@ OLD_BACKENDS = {"dynamic-int8": "int8", "int8-weight-only": "int8wo", "bitsandby
 
 KV_MODES = ("shared", "none")
 #: Default number of fractal layers. The paper uses n = L/4 with w = n (Appendix D); on the
-#: project's CPU the n x w sweep (results/logs/fractal.md) puts every point within noise of the host's vanilla
+#: project's CPU the n x w sweep (lab/results/logs/fractal.md) puts every point within noise of the host's vanilla
 #: decoding, with w = 0 and small n on top, so the defaults are n = 2, w = 0.
 DEFAULT_N = 2
 #: Draft vocabulary by default: 32,768 tokens keep 99.6 % of the corpus's tokens of Qwen2.5's
-#: 151,936 and every measured draft agreement (results/logs/draftweights.md).
+#: 151,936 and every measured draft agreement (lab/results/logs/draftweights.md).
 DEFAULT_DRAFT_VOCAB = 0  # the whole vocabulary: a 32k draft vocabulary saved nothing measurable at 1.5B (issue 24)
 
 

@@ -54,9 +54,9 @@ from .heads import STORE, ExitHeads, exit_layers, load_profile, profile_name
 from .stats import COUNTERS
 
 #: Exit-head weights and vocabulary by default (see README; measured at 1.5B on CPU).
-DEFAULT_DRAFT_WEIGHTS = "auto"  # int8 on CPU: the 1.5B bench of issue 24 (results/qwen2.5-coder-1.5b/bench-zen4-avx512-2026-11-24)
+DEFAULT_DRAFT_WEIGHTS = "auto"  # int8 on CPU: the 1.5B bench of issue 24 (lab/results/qwen2.5-coder-1.5b/bench-zen4-avx512-2026-11-24)
 DEFAULT_DRAFT_VOCAB = 0  # the whole vocabulary: a 32k draft vocabulary saved nothing measurable at 1.5B
-DEFAULT_TREE = True  # with calibrated exit heads at 1.5B: 1.06x vanilla against 0.65x for the buffer (results/qwen2.5-coder-1.5b/hispec-exit-heads-zen4-avx512-2026-11-24)
+DEFAULT_TREE = True  # with calibrated exit heads at 1.5B: 1.06x vanilla against 0.65x for the buffer (lab/results/qwen2.5-coder-1.5b/hispec-exit-heads-zen4-avx512-2026-11-24)
 
 
 class HiSpec:

@@ -180,7 +180,7 @@ def _greedy_sequences(model, n: int, length: int, seed: int = 0) -> list[list[in
 def test_calibration_improves_the_exit_agreement():
     # d) a random tiny model's greedy function is too chaotic to generalise from a few hundred
     # positions, so the agreement is judged on the sequences the heads were fitted to (the
-    # real model's held-out figures are in results/logs/hispec.md)
+    # real model's held-out figures are in lab/results/logs/hispec.md)
     model = tiny_model("llama", num_hidden_layers=4)
     runner = Decoder(model).runner
     data = collect(runner, _greedy_sequences(model, 12, 30), [1], skip_first=2)

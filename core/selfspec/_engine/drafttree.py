@@ -1,0 +1,376 @@
+"""Dynamic draft trees from any drafter: expand by cumulative draft probability, size by cost.
+
+A drafter here is one *draft pass*: a callable ``step(ids, start, positions, mask) -> logits``
+that runs the draft model (the model with blocks skipped, an early exit, ...) over a block of
+``q`` tokens written at cache slots ``[start, start+q)`` and returns its logits ``[q, V']``.
+:func:`draft_tree` grows a tree with it, depth by depth, as EAGLE-2 and SWIFT do:
+
+1. the pending token's pass gives the root's ``topk`` children, each scored by its cumulative
+   draft probability (the product of the draft probabilities along its path);
+2. at every depth up to ``topk`` newest candidates with the highest cumulative probability
+   (the *frontier*) run one pass together, each seeing the prefix, the pending token and its
+   own ancestors only (a ``[q, start+q]`` block mask over the draft slots, positions by
+   depth), and each adds its own ``topk`` children as candidates;
+3. the tree sent to verification is the ``n`` candidates with the highest cumulative
+   probability (closed under ancestors: a child never scores above its parent), ``n`` fixed
+   (``budget``) or chosen to maximise expected committed tokens per unit of cost, from the
+   machine's measured cost-per-width curve (:class:`selfspec.provisional.CostCurve`):
+   ``(1 + sum of the chosen nodes' probabilities) / (draft cost + verify cost(n + 1))``.
+
+With a cost curve, the frontier's width and the depth are chosen by cost too: a pass over the
+``q`` best frontier nodes costs ``draft_cost * cost(q)``, verifying ``q`` more nodes costs the
+curve's growth, and it can add at most their probability mass in expected tokens; the pass
+runs with the ``q`` that maximises the optimistic ratio ``(expected + mass) / (cost + pass cost
++ verify growth)``, and drafting stops when no ``q`` beats the best
+tree's expected tokens per unit of cost so far (a confident draft grows a chain, an unsure
+one a wider tree where wide passes are cheap).
+
+The tree's tokens are the draft model's guesses; verification (``verify_tree``) decides, so the
+output is greedy decoding's whatever the drafter, the probabilities or the curve say.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from selfspec._engine.options import Option
+from selfspec._engine.runner import KVCache, Runner
+from selfspec._engine.types import DecodeState, Draft
+
+#: A draft pass: ``(ids [q], start, positions [q], mask [q, start+q] or None) -> logits [q, V']``.
+DraftStep = Callable[[torch.Tensor, int, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A drafted tree, its nodes in creation order (``parents[i] < i``, ``-1`` = the pending token).
+
+    ``tokens``/``parents``: ``[n]`` int64; ``probs``: ``[n]`` float, each node's cumulative
+    draft probability; ``passes``: draft passes run (the pending token's included); ``ran``:
+    tokens those passes ran in all; ``candidates``: nodes scored before the choice of size;
+    ``expected``: ``1 + probs.sum()``, the expected committed tokens if the draft's
+    probabilities were exact; ``cost``: the step's estimated cost in one-token verify
+    forwards (``nan`` without a curve).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    probs: torch.Tensor
+    passes: int = 0
+    ran: int = 0
+    candidates: int = 0
+    expected: float = 1.0
+    cost: float = float("nan")
+    widths: tuple[int, ...] = field(default=())
+    local: tuple[float, ...] = field(default=())
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def draft(self, owner: Any = None, **meta: Any) -> Draft:
+        """The tree as a :class:`selfspec.Draft` (empty when no node was chosen)."""
+        if len(self) == 0:
+            return Draft(self.tokens, None, dict(meta), owner)
+        return Draft(self.tokens, self.parents, dict(meta), owner)
+
+
+def draft_tree(
+    step: DraftStep,
+    pending: torch.Tensor,
+    slot: int,
+    *,
+    max_depth: int,
+    topk: int = 4,
+    budget: int | None = None,
+    cost: Callable[[int], float] | None = None,
+    draft_cost: float = 0.5,
+    room: int | None = None,
+    vocab: torch.Tensor | None = None,
+    calibrate: Callable[[float], float] | None = None,
+) -> DraftTree:
+    """Grow a draft tree after ``pending`` (``[1]`` int64, at cache slot ``slot``) with ``step``.
+
+    max_depth: deepest node (the host's ``state.max_draft_depth`` bounds it). topk: children
+    kept per expanded node, and nodes expanded per depth. budget: most nodes in the tree;
+    ``None`` = chosen by ``cost`` (then required). cost: verify cost of a block of ``w`` tokens
+    in one-token forwards (a :class:`selfspec.provisional.CostCurve`); ``None`` = no early stop, the tree
+    is the ``budget`` best nodes. draft_cost: a draft pass's cost relative to a full forward of
+    the same width. room: free cache slots after ``slot`` (the expanded nodes' draft slots, and
+    the tree's size, stay within it). vocab: ``[V']`` token ids of ``step``'s logit columns
+    when it scores a vocabulary subset (``None``: column = token id). calibrate: maps a node's
+    own draft probability to the probability that it is accepted when its parent is (a
+    :class:`TreeCalibration`); every score above uses the calibrated values.
+
+    Cache: the pending token's pass writes slot ``slot``; the ``j``-th expanded node writes slot
+    ``slot + 1 + j``, past the committed prefix, so verification overwrites them.
+    """
+    if budget is None and cost is None:
+        raise ValueError("draft_tree needs a budget or a cost curve to choose one")
+    if topk < 1:
+        raise ValueError("topk must be >= 1")
+    room = 1 << 30 if room is None else room
+    cap = min(room, budget if budget is not None else room)
+    dev = pending.device
+    tokens: list[int] = []
+    parents: list[int] = []
+    logp: list[float] = []  # cumulative log-probability of each candidate
+    local: list[float] = []  # each candidate's own raw draft probability
+    slot_of: dict[int, int] = {}  # expanded node -> its draft slot
+    widths: list[int] = []
+    d_cost = 0.0
+    empty = DraftTree(torch.empty(0, dtype=torch.long, device=dev), torch.empty(0, dtype=torch.long, device=dev),
+                      torch.empty(0, dtype=torch.float32, device=dev))
+    if max_depth <= 0 or cap <= 0:
+        return empty
+    max_depth = min(max_depth, cap)  # a tree of cap nodes is never deeper
+
+    # a) the pending token's pass: the root's children
+    logits = step(pending, slot, torch.tensor([slot], device=dev), None)  # logits: [1, V']
+    widths.append(1)
+    d_cost += draft_cost * (cost(1) if cost is not None else 1.0)
+    _add_children(logits[-1], -1, 0.0, topk, vocab, calibrate, tokens, parents, logp, local)
+    frontier = list(range(len(tokens)))
+    next_slot = slot + 1
+    best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
+
+    # b) one pass per depth over the frontier, each node seeing only its ancestors' slots
+    for d in range(1, max_depth):
+        frontier = sorted(frontier, key=lambda i: (-logp[i], i))[: min(topk, room - (next_slot - slot - 1))]
+        if cost is not None:  # as wide as pays for itself; stop when no width does
+            frontier = frontier[: _frontier_width([math.exp(logp[i]) for i in frontier], cost, draft_cost,
+                                                  best_n, best_e, best_c)]
+        if not frontier:
+            break
+        q = len(frontier)
+        start = next_slot
+        mask = _frontier_mask(frontier, parents, slot_of, slot, start, dev)  # [q, start+q]
+        ids = torch.tensor([tokens[i] for i in frontier], dtype=torch.long, device=dev)
+        positions = torch.full((q,), slot + d, dtype=torch.long, device=dev)
+        logits = step(ids, start, positions, mask)  # logits: [q, V']
+        widths.append(q)
+        d_cost += draft_cost * (cost(q) if cost is not None else 1.0)
+        for r, i in enumerate(frontier):
+            slot_of[i] = start + r
+        next_slot = start + q
+        first_new = len(tokens)
+        for r, i in enumerate(frontier):
+            _add_children(logits[r], i, logp[i], topk, vocab, calibrate, tokens, parents, logp, local)
+        frontier = list(range(first_new, len(tokens)))
+        best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
+
+    # c) the tree: the best_n candidates by cumulative probability, in creation order
+    chosen = sorted(sorted(range(len(tokens)), key=lambda i: (-logp[i], i))[:best_n])
+    remap = {old: new for new, old in enumerate(chosen)}
+    remap[-1] = -1
+    return DraftTree(
+        tokens=torch.tensor([tokens[i] for i in chosen], dtype=torch.long, device=dev),
+        parents=torch.tensor([remap[parents[i]] for i in chosen], dtype=torch.long, device=dev),
+        probs=torch.tensor([logp[i] for i in chosen], dtype=torch.float64).exp().to(torch.float32).to(dev),
+        passes=len(widths), ran=sum(widths), candidates=len(tokens), expected=best_e,
+        cost=best_c if cost is not None else float("nan"), widths=tuple(widths),
+        local=tuple(local[i] for i in chosen),
+    )
+
+
+def choose_size(probs: Sequence[float], cost: Callable[[int], float], draft_cost: float,
+                limit: int | None = None) -> tuple[int, float, float]:
+    """The tree size ``n`` (the ``n`` most probable nodes, ``probs`` sorted high to low) that
+    maximises ``(1 + sum(probs[:n])) / (draft_cost + cost(n + 1))``; returns ``(n, expected
+    tokens, cost)``. ``draft_cost`` is what drafting already spent, in the units of ``cost``;
+    ``limit`` caps ``n``. Ties go to the smaller tree."""
+    top = len(probs) if limit is None else min(limit, len(probs))
+    best = (0, 1.0, draft_cost + cost(1))
+    e = 1.0
+    for n in range(1, top + 1):
+        e += float(probs[n - 1])
+        c = draft_cost + cost(n + 1)
+        if e * best[2] > best[1] * c:
+            best = (n, e, c)
+    return best
+
+
+def skip_layer_step(runner: Runner, cache: KVCache, *, skip_attn: Collection[int] = (),
+                    skip_mlp: Collection[int] = (), weights: Any = None) -> DraftStep:
+    """A draft pass of the model with the given attention/MLP blocks skipped (the drafter of
+    ``skip_layer_draft``, for :func:`draft_tree`): a forward at ``start`` with ``positions``
+    and the block mask, the LM head on every row; ``weights``: the model's draft weights
+    (:func:`selfspec.draft_weights`), as for ``skip_layer_draft``."""
+
+    def step(ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return runner.forward(ids, cache=cache, start=start, positions=positions, block_mask=mask,
+                              skip_attn=skip_attn, skip_mlp=skip_mlp, weights=weights).logits
+
+    return step
+
+
+def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = False) -> None:
+    """Declare the tree options every drafter shares: ``tree`` (default ``tree``: draft a tree
+    instead of a chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
+    probable nodes), ``tree_topk`` (children per node and nodes expanded per depth) and
+    ``tree_calibrate`` (score nodes by a :class:`TreeCalibration` learned online).
+    Read them back with :meth:`TreeConfig.from_options`."""
+    register(Option("tree", bool, tree, "draft a dynamic tree (top-k candidates at each depth, grown by "
+                    "cumulative draft probability) instead of a chain; verified in one tree pass"))
+    register(Option("tree_budget", str, "auto", "most nodes of a tree draft: 'auto' (the size that maximises "
+                    "expected tokens per unit of cost, from this machine's measured cost-per-width curve) or N",
+                    check=_check_budget))
+    register(Option("tree_topk", int, topk, "tree drafts: children kept per node and nodes expanded per depth",
+                    min=1, max=16))
+    register(Option("tree_calibrate", bool, True, "tree drafts: score nodes by how often nodes of their draft "
+                    "probability were accepted so far (learned online) instead of the raw probability"))
+
+
+class TreeCalibration:
+    """How often a tree node is accepted, given its parent was, by its own draft probability.
+
+    A layer-skipping draft's probabilities are typically underconfident for greedy
+    verification (a top token at 0.3 may match the full model's argmax most of the time), so
+    sizing trees by them under-drafts. This learns the map online from verified trees: per bin
+    of the raw probability ``p`` (``bins`` equal bins of ``[0, 1]``), ``(accepted + prior * p)
+    / (seen + prior)``, the raw ``p`` until evidence accumulates. Call it as ``calibrate(p)``.
+    """
+
+    def __init__(self, bins: int = 10, prior: float = 4.0) -> None:
+        self.bins, self.prior = bins, prior
+        self.seen = [0] * bins
+        self.accepted = [0] * bins
+
+    def __call__(self, p: float) -> float:
+        b = min(int(p * self.bins), self.bins - 1)
+        return (self.accepted[b] + self.prior * p) / (self.seen[b] + self.prior)
+
+    def observe(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
+        """Count the nodes of a verified ``tree`` whose parent was accepted (or is the pending
+        token): accepted or not, by their raw probability ``tree.local``."""
+        on = set(accepted_nodes)
+        for i, (parent, p) in enumerate(zip(tree.parents.tolist(), tree.local)):
+            if parent < 0 or parent in on:
+                b = min(int(p * self.bins), self.bins - 1)
+                self.seen[b] += 1
+                self.accepted[b] += i in on
+
+
+@dataclass
+class TreeConfig:
+    """What the tree options ask for: ``enabled``; ``budget`` (``None`` = auto); ``topk``;
+    ``curve``, the machine's cost curve (loaded or measured by :meth:`from_options` when the
+    budget is auto, else ``None``); ``calibration``, a :class:`TreeCalibration` learned from
+    this plugin's verified trees (``None``: raw draft probabilities). One per plugin instance:
+    it keeps the last tree until :meth:`observe` sees its verdict."""
+
+    enabled: bool = False
+    budget: int | None = None
+    topk: int = 4
+    curve: Any = None
+    calibration: TreeCalibration | None = None
+    last: DraftTree | None = None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], runner: Runner) -> TreeConfig:
+        """The config of :func:`register_tree_options`' options; call in ``selfspec_setup``.
+        With ``tree`` on and an ``auto`` budget it fetches :func:`selfspec.provisional.cost_curve`
+        (measured once per model shape and machine, then read from the cache)."""
+        enabled = bool(options.get("tree", False))
+        spec = str(options.get("tree_budget", "auto")).strip().lower()
+        budget = None if spec == "auto" else int(spec)
+        curve = None
+        if enabled and budget is None:
+            from selfspec._engine.costcurve import cost_curve
+
+            curve = cost_curve(runner)
+        calibration = TreeCalibration() if options.get("tree_calibrate", True) else None
+        return cls(enabled, budget, int(options.get("tree_topk", 4)), curve, calibration)
+
+    def draft(self, step: DraftStep, state: DecodeState, *, max_depth: int, draft_cost: float,
+              vocab: torch.Tensor | None = None) -> DraftTree:
+        """:func:`draft_tree` after ``state``'s pending token, at its slot, within the cache's room."""
+        base = state.length - 1
+        self.last = draft_tree(step, state.tokens[base : base + 1], base, max_depth=max_depth, topk=self.topk,
+                               budget=self.budget, cost=self.curve, draft_cost=draft_cost,
+                               room=state.cache.capacity - base - 1, vocab=vocab, calibrate=self.calibration)
+        return self.last
+
+    def observe(self, verdict: Any) -> None:
+        """Learn from the verdict of the last tree drafted (call in ``selfspec_update_policy``;
+        a no-op without a tree or a calibration, or when the host cut the tree)."""
+        tree, self.last = self.last, None
+        if tree is None or self.calibration is None or not len(tree):
+            return
+        nodes = tuple(verdict.accepted_nodes)
+        if any(n >= len(tree) for n in nodes):
+            return
+        self.calibration.observe(tree, nodes)
+
+
+# ------------------------------------------------------------------------------ helpers
+def _add_children(logits: torch.Tensor, parent: int, parent_logp: float, topk: int, vocab: torch.Tensor | None,
+                  calibrate: Callable[[float], float] | None, tokens: list[int], parents: list[int],
+                  logp: list[float], local: list[float]) -> None:
+    """Append ``parent``'s ``topk`` most probable children (logits ``[V']``) as candidates; a
+    child's cumulative log-probability never exceeds its parent's (so the most probable
+    candidates always form a tree)."""
+    lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # [V']
+    vals, idx = torch.topk(lp, min(topk, int(lp.shape[0])))
+    ids = idx if vocab is None else vocab.index_select(0, idx)
+    for v, t in zip(vals.tolist(), ids.tolist()):
+        p = math.exp(min(float(v), 0.0))
+        own = p if calibrate is None else min(max(float(calibrate(p)), 1e-12), 1.0)
+        tokens.append(int(t))
+        parents.append(parent)
+        logp.append(parent_logp + math.log(own))
+        local.append(p)
+
+
+def _frontier_width(probs: list[float], cost: Callable[[int], float], draft_cost: float, n: int, e: float,
+                    c: float) -> int:
+    """How many of the frontier's best nodes (``probs``, high to low) to expand, given the best
+    tree so far (``n`` nodes, ``e`` expected tokens, cost ``c``): the ``q`` whose optimistic
+    ratio is highest, if it beats ``e / c``, else 0. Optimistic: the ``q`` nodes' children can
+    add at most the nodes' probability mass, for the pass and at least ``q`` more verified
+    nodes: ``(e + sum(probs[:q])) / (c + draft_cost * cost(q) + cost(n + 1 + q) - cost(n + 1))``."""
+    best_q, best = 0, e / c
+    gain = 0.0
+    for q, p in enumerate(probs, 1):
+        gain += p
+        r = (e + gain) / (c + draft_cost * cost(q) + cost(n + 1 + q) - cost(n + 1))
+        if r > best:
+            best_q, best = q, r
+    return best_q
+
+
+def _best_size(logp: list[float], cost: Callable[[int], float] | None, d_cost: float,
+               cap: int) -> tuple[int, float, float]:
+    """``(n, expected, cost)`` of the best tree from the candidates so far."""
+    probs = sorted((math.exp(x) for x in logp), reverse=True)
+    if cost is None:
+        n = min(cap, len(probs))
+        return n, 1.0 + sum(probs[:n]), float("nan")
+    return choose_size(probs, cost, d_cost, cap)
+
+
+def _frontier_mask(frontier: list[int], parents: list[int], slot_of: dict[int, int], slot: int, start: int,
+                   device: torch.device) -> torch.Tensor:
+    """``[q, start+q]`` bool: every frontier node sees slots ``[0, slot]`` (the prefix and the
+    pending token), the draft slots of its own ancestors, and itself."""
+    q = len(frontier)
+    mask = torch.zeros(q, start + q, dtype=torch.bool)
+    mask[:, : slot + 1] = True
+    for r, i in enumerate(frontier):
+        p = parents[i]
+        while p >= 0:
+            mask[r, slot_of[p]] = True
+            p = parents[p]
+        mask[r, start + r] = True
+    return mask.to(device)
+
+
+def _check_budget(value: str) -> str | None:
+    spec = str(value).strip().lower()
+    if spec == "auto" or (spec.isdigit() and int(spec) >= 1):
+        return None
+    return "must be 'auto' or a positive number of nodes"

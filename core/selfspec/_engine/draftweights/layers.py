@@ -1,0 +1,103 @@
+"""Compressed copies of decoder layers: the model's own layer module, copied, sharing every
+parameter and buffer, with each ``nn.Linear`` replaced by a compressed linear of one backend
+(and the linears Hugging Face models call on one input, fused into one product)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from selfspec._engine.draftweights.linears import LINEARS, CompressedLinear
+
+# Linears of one module that Hugging Face models call on the same input tensor, one after the
+# other: computed as one fused product (one activation quantization, one kernel call).
+FUSE_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def compress_linear(linear: nn.Module, backend: str) -> CompressedLinear:
+    """A compressed copy of ``linear`` (an ``nn.Linear``, or any module with its ``weight``)."""
+    return LINEARS[backend](linear.weight, getattr(linear, "bias", None))
+
+
+class FusedProduct:
+    """One compressed product over the concatenated weights of a group of linears.
+
+    The first member called with ``x`` computes ``x @ [W_1; W_2; ...].T`` and keeps it; the
+    other members called with the *same* tensor object take their slice. A member called with
+    any other input recomputes (correct, just slower), so nothing relies on the call order.
+    """
+
+    def __init__(self, linears: list[nn.Module], backend: str) -> None:
+        weight = torch.cat([lin.weight.detach() for lin in linears])  # one layer's group: a small temporary
+        biases = [getattr(lin, "bias", None) for lin in linears]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat([b.detach() if b is not None else weight.new_zeros(lin.out_features)
+                              for b, lin in zip(biases, linears)])
+        self.linear = LINEARS[backend](weight, bias)
+        del weight
+        bounds = [0]
+        for lin in linears:
+            bounds.append(bounds[-1] + lin.out_features)
+        self.bounds = bounds
+        self._x: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
+
+    def slice(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        if self._x is not x:
+            self._x, self._y = x, self.linear(x)
+        y = self._y[..., self.bounds[k] : self.bounds[k + 1]]
+        if k == len(self.bounds) - 2:  # the last member: drop the references
+            self._x = self._y = None
+        return y
+
+
+class FusedMember(nn.Module):
+    """Member ``k`` of a :class:`FusedProduct`, in place of one ``nn.Linear``."""
+
+    def __init__(self, product: FusedProduct, k: int) -> None:
+        super().__init__()
+        self.product, self.k = product, k
+        self.in_features = product.linear.in_features
+        self.out_features = product.bounds[k + 1] - product.bounds[k]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product.slice(self.k, x)
+
+
+def compressed_layer(layer: nn.Module, backend: str) -> nn.Module:
+    """A copy of ``layer`` sharing every parameter and buffer, its linears compressed (the
+    groups in :data:`FUSE_GROUPS` fused into one product each)."""
+    memo: dict[int, object] = {}
+    for t in [*layer.parameters(), *layer.buffers()]:
+        memo[id(t)] = t  # shared, not copied (the linears are replaced below)
+    for sub in layer.modules():
+        config = getattr(sub, "config", None)
+        if config is not None:
+            memo[id(config)] = config
+    twin = copy.deepcopy(layer, memo)
+    for sub in list(twin.modules()):
+        children = dict(sub.named_children())
+        for group in FUSE_GROUPS:
+            members = [children.get(name) for name in group]
+            if all(isinstance(m, nn.Linear) for m in members) and len({m.in_features for m in members}) == 1:
+                product = FusedProduct(members, backend)
+                for k, name in enumerate(group):
+                    setattr(sub, name, FusedMember(product, k))
+        for name, child in list(sub.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(sub, name, compress_linear(child, backend))
+    return twin
+
+
+def layer_nbytes(layer: nn.Module) -> int:
+    """Bytes the compressed linears of one compressed layer hold (each fused product once)."""
+    total = 0
+    for sub in layer.modules():
+        if isinstance(sub, FusedMember):
+            total += sub.product.linear.nbytes() if sub.k == 0 else 0
+        elif isinstance(sub, CompressedLinear):
+            total += sub.nbytes()
+    return total

@@ -1,0 +1,176 @@
+"""Compressed linear modules of the draft weights, one class per backend.
+
+Every module takes and returns the caller's dtype (it computes in its own), so a compressed
+layer can attend to the model's own KV cache without changing its dtype. Each is built from
+a ``[out, in]`` weight a few thousand rows at a time, so building one never needs a float32
+temporary bigger than a slice of that weight (see :data:`CHUNK_ROWS`).
+
+* :class:`Int8WeightOnlyLinear` (``int8wo``): int8 weights, one float scale per output
+  channel, float activations (``aten._weight_int8pack_mm``, gpt-fast's CPU path). CPU.
+* :class:`DynamicInt8Linear` (``int8``): PyTorch's dynamic quantization (int8 weights,
+  activations quantized per call, the x86/fbgemm int8 GEMM, VNNI where the CPU has it). CPU.
+* :class:`Bf16Linear` (``bf16``): bfloat16 weights, prepacked for oneDNN where it has bf16
+  kernels (AVX-512 BF16 / AMX), else a plain bf16 product. CPU or GPU.
+* :class:`BnbInt8Linear` (``bnb``): bitsandbytes LLM.int8 (``Linear8bitLt``, threshold 6.0). CUDA.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+#: Rows of a weight converted at once while building (bounds the float temporaries).
+CHUNK_ROWS = 4096
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel: ``(q [out, in] int8, scale [out] float32)``, with
+    ``weight ~= q * scale[:, None]``; built :data:`CHUNK_ROWS` rows at a time."""
+    out_f, in_f = weight.shape
+    q = torch.empty(out_f, in_f, dtype=torch.int8, device=weight.device)
+    scale = torch.empty(out_f, dtype=torch.float32, device=weight.device)
+    for r in range(0, out_f, CHUNK_ROWS):
+        w = weight[r : r + CHUNK_ROWS].detach().float()
+        s = (w.abs().amax(1) / 127.0).clamp_min(1e-12)  # [rows]
+        q[r : r + CHUNK_ROWS] = torch.round(w / s[:, None]).clamp_(-127, 127).to(torch.int8)
+        scale[r : r + CHUNK_ROWS] = s
+    return q, scale
+
+
+class CompressedLinear(nn.Module):
+    """Base of the compressed linears: ``in_features``, ``out_features`` and :meth:`nbytes`."""
+
+    in_features: int
+    out_features: int
+
+    def nbytes(self) -> int:
+        """Bytes this module holds that the model does not (weights, scales, biases)."""
+        return sum(t.numel() * t.element_size() for t in self.buffers())
+
+
+class Int8WeightOnlyLinear(CompressedLinear):
+    """int8 weight ``[out, in]`` + float32 scale per output channel; float activations."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        q, scale = quantize_rows(weight)
+        self.register_buffer("qweight", q)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).float()  # x2: [n, in]
+        y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scale)  # y: [n, out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class DynamicInt8Linear(CompressedLinear):
+    """Dynamic quantization: int8 weights (a scale per output channel), activations quantized
+    per call; PyTorch's quantized engine (x86: fbgemm/oneDNN int8 GEMM), the kernels of
+    ``torch.ao.nn.quantized.dynamic.Linear`` called directly (no float module, no extra copy)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        q, scale = quantize_rows(weight)
+        out_f, in_f = weight.shape
+        b = None if bias is None else bias.detach().float().clone()
+        with warnings.catch_warnings():  # quantized tensors are deprecated, the kernels still work
+            warnings.simplefilter("ignore")
+            qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros(out_f, dtype=torch.long), 0)
+            self._packed = torch.ops.quantized.linear_prepack(qw, b)  # the engine's own int8 copy
+        del q, qw
+        self.in_features, self.out_features = in_f, out_f
+        self._bytes = out_f * in_f + out_f * 8 + (0 if bias is None else out_f * 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x if x.dtype == torch.float32 else x.float()
+        # reduce_range: 7-bit activations, as the quantized module does on x86 (no int16 saturation)
+        y = torch.ops.quantized.linear_dynamic(x2, self._packed, reduce_range=True)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def nbytes(self) -> int:
+        return self._bytes  # the packed weight is opaque to torch: its int8 size and scales
+
+
+def _onednn_bf16(device: torch.device) -> bool:
+    if device.type != "cpu":
+        return False
+    from selfspec._engine.machine import cpu_capability  # noqa: PLC0415
+
+    return cpu_capability().onednn_bf16
+
+
+class Bf16Linear(CompressedLinear):
+    """bfloat16 weights; on a CPU with oneDNN bf16 kernels, prepacked for them once."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        out_f, in_f = weight.shape
+        w = torch.empty(out_f, in_f, dtype=torch.bfloat16, device=weight.device)
+        for r in range(0, out_f, CHUNK_ROWS):
+            w[r : r + CHUNK_ROWS] = weight[r : r + CHUNK_ROWS].detach()
+        self.packed = _onednn_bf16(weight.device)
+        if self.packed:
+            w = torch.ops.mkldnn._reorder_linear_weight(w)
+        self.register_buffer("weight", w)
+        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).clone())
+        self.in_features, self.out_features = in_f, out_f
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if self.packed:
+            y = torch.ops.mkldnn._linear_pointwise(xb, self.weight, self.bias, "none", [], "")
+        else:
+            y = nn.functional.linear(xb, self.weight, self.bias)
+        return y.to(x.dtype)
+
+    def nbytes(self) -> int:
+        n = self.out_features * self.in_features * 2  # a packed weight reports no real size
+        return n + (0 if self.bias is None else self.bias.numel() * 2)
+
+
+def bnb_module():
+    """The ``bitsandbytes`` module, or ``None`` when it is missing or cannot load."""
+    try:
+        import bitsandbytes  # noqa: PLC0415 (optional, CUDA only)
+    except Exception:  # ImportError, or a broken CUDA set-up inside the package
+        return None
+    return bitsandbytes
+
+
+class BnbInt8Linear(CompressedLinear):  # pragma: no cover - needs CUDA and bitsandbytes
+    """bitsandbytes LLM.int8 (``Linear8bitLt``, threshold 6.0) in float16, on CUDA."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        bnb = bnb_module()
+        out_f, in_f = weight.shape
+        lin = bnb.nn.Linear8bitLt(in_f, out_f, bias=bias is not None, has_fp16_weights=False, threshold=6.0)
+        lin.weight = bnb.nn.Int8Params(weight.detach().to("cpu", torch.float16), requires_grad=False,
+                                       has_fp16_weights=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias.detach().to("cpu", torch.float16), requires_grad=False)
+        self.q = lin.to(weight.device)  # quantizes on the move to CUDA
+        self.in_features, self.out_features = in_f, out_f
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.q(x.to(torch.float16)).to(x.dtype)
+
+    def nbytes(self) -> int:
+        w = self.q.weight
+        extra = getattr(w, "SCB", None)
+        return w.numel() * w.element_size() + (0 if extra is None else extra.numel() * extra.element_size())
+
+
+#: backend name -> linear class
+LINEARS: dict[str, type[CompressedLinear]] = {
+    "int8": DynamicInt8Linear,
+    "int8wo": Int8WeightOnlyLinear,
+    "bf16": Bf16Linear,
+    "bnb": BnbInt8Linear,
+}

@@ -1,0 +1,227 @@
+"""The draft weights of a model: compressed copies of its decoder layers and LM head that
+only draft passes read, built once per model and process and shared by every runner and
+plugin over the model.
+
+``runner.forward(..., weights=dw)`` runs ``dw``'s layers in place of the model's and
+projects through ``dw``'s head; verification never passes ``weights``, so it reads the
+model's own weights and the output stays exactly greedy decoding. A draft vocabulary (a
+subset of token ids, see :mod:`.vocab`) restricts the head to those rows: the logits are
+still ``[..., V]`` with ``-inf`` outside the subset, so argmax, probabilities and the draft
+exit work unchanged and a token outside it can never be drafted.
+
+The embedding is not copied: a forward reads only the rows of its ``q`` tokens, so a
+compressed table would cost memory and save nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from selfspec._engine.draftweights.layers import compress_linear, compressed_layer, layer_nbytes
+from selfspec._engine.draftweights.linears import CompressedLinear, bnb_module
+
+#: Backends of the draft weights (``auto`` resolves to one of the others).
+BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "bf16", "bnb")
+
+
+class DraftWeightsError(ValueError):
+    """A backend this device, dtype or installation cannot run, or a bad draft vocabulary."""
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """The backend that runs for ``backend`` on ``device``.
+
+    ``auto``: ``int8`` on CPU (dynamic int8 measured fastest per draft token at 1.5B on
+    AVX-512 with VNNI, see ``lab/results/logs/draftweights.md``), ``bnb`` on CUDA with bitsandbytes
+    installed, else ``none``. Raises :class:`DraftWeightsError` for an explicit backend that
+    cannot run here: ``int8``/``int8wo`` off the CPU, ``bnb`` without CUDA or bitsandbytes.
+    """
+    if backend not in BACKENDS:
+        raise DraftWeightsError(f"unknown draft weights {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        if device.type == "cpu":
+            return "int8"
+        if device.type == "cuda" and bnb_module() is not None:
+            return "bnb"
+        return "none"
+    if backend in ("int8", "int8wo") and device.type != "cpu":
+        raise DraftWeightsError(f"draft weights {backend!r} run on CPU only, the model is on {device}; "
+                                "use 'bnb', 'bf16' or 'none'")
+    if backend == "bnb":
+        if device.type != "cuda" or not torch.cuda.is_available():
+            raise DraftWeightsError(f"draft weights 'bnb' (LLM.int8) need CUDA, the model is on {device}")
+        if bnb_module() is None:
+            raise DraftWeightsError("draft weights 'bnb' need the bitsandbytes package: pip install bitsandbytes")
+    return backend
+
+
+class RowHead(nn.Module):
+    """The LM head restricted to the rows ``ids`` ``[V']``, in the model's dtype: ``[..., H]``
+    -> ``[..., V']`` (the ``none`` backend's head over a draft vocabulary)."""
+
+    def __init__(self, head: nn.Module, ids: torch.Tensor) -> None:
+        super().__init__()
+        w = head.weight  # an adopted (packed) head unpacks once here
+        self.register_buffer("weight", w.detach().index_select(0, ids.to(w.device)).contiguous())
+        b = getattr(head, "bias", None)
+        self.register_buffer("bias", None if b is None else b.detach().index_select(0, ids.to(b.device)).clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.buffers())
+
+
+class _RowsOf(nn.Module):
+    """Rows ``ids`` of another module's weight/bias (what :func:`compress_linear` reads)."""
+
+    def __init__(self, head: nn.Module, ids: torch.Tensor) -> None:
+        super().__init__()
+        w = head.weight
+        self.weight = w.detach().index_select(0, ids.to(w.device))
+        b = getattr(head, "bias", None)
+        self.bias = None if b is None else b.detach().index_select(0, ids.to(b.device))
+
+
+@dataclass(eq=False)
+class DraftWeights:
+    """Compressed layers and head of one model for draft passes (see the module doc).
+
+    ``backend``: the resolved backend. ``layers``: ``{layer: module}`` substitutes for the
+    runner (empty for ``none``: the model's own layers run). ``head_module``: ``[..., H]`` ->
+    ``[..., V']`` (``None``: the model's own head, over the whole vocabulary). ``vocab``:
+    ``[V']`` int64 token ids the head projects onto, or ``None`` for all ``vocab_size``.
+    ``nbytes``: the memory these copies add to the model's (``layer_bytes`` + ``head_bytes``).
+    """
+
+    backend: str
+    vocab_size: int
+    layers: dict[int, nn.Module] = field(default_factory=dict)
+    head_module: nn.Module | None = None
+    vocab: torch.Tensor | None = None
+    layer_bytes: int = 0
+    head_bytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.layer_bytes + self.head_bytes
+
+    def head(self, runner, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm (the model's) + the draft head (+ soft-capping): ``[..., H]`` -> ``[..., V]``;
+        with a draft vocabulary, ``-inf`` at every token outside it."""
+        if self.head_module is None:
+            return runner.head(hidden)
+        sub = runner.head(hidden, lm_head=self.head_module)  # sub: [..., V']
+        if self.vocab is None:
+            return sub
+        full = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))  # [..., V]
+        full[..., self.vocab] = sub
+        return full
+
+
+# Draft weights already built, per model: layers per backend, heads per (backend, vocabulary).
+_LAYERS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[dict[int, nn.Module], int]]] = (
+    weakref.WeakKeyDictionary())
+_HEADS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[nn.Module | None, int]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _weights_key(runner) -> tuple:
+    ps = [p for layer in runner.layers for p in layer.parameters()]
+    ps += list(runner.lm_head.parameters()) + list(runner.lm_head.buffers())
+    return tuple((_ptr(p), p._version, p.dtype, p.device) for p in ps)
+
+
+def _ptr(t: torch.Tensor) -> int:
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # an opaque (oneDNN-packed) tensor has no storage: the object stands for it
+        return id(t)
+
+
+def _vocab_key(vocab: torch.Tensor | None) -> str:
+    if vocab is None:
+        return "all"
+    return hashlib.sha256(vocab.detach().to("cpu", torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+
+def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = None, *,
+                  layers: bool = True) -> DraftWeights:
+    """The :class:`DraftWeights` of ``runner``'s model with ``backend`` (resolved with
+    :func:`resolve_backend`) and draft vocabulary ``vocab`` (``[V']`` distinct token ids, or
+    ``None`` for the whole vocabulary).
+
+    Built on first use, one layer (and then the head) at a time, so no float32 temporary of the
+    whole model is made; later calls for the same model, backend and vocabulary (from any
+    runner or plugin) return the same copies. They are rebuilt if the model's weights were
+    replaced since (the key holds each weight's storage pointer and version).
+    ``layers=False``: the head only (``layers`` empty, nothing built for them), for a drafter
+    that runs the model's own layers and compresses only its projection onto the vocabulary.
+    """
+    kind = resolve_backend(backend, runner.device)
+    V = int(runner.vocab_size)
+    if vocab is not None:
+        vocab = torch.as_tensor(vocab, dtype=torch.long, device=runner.device).reshape(-1)
+        if vocab.numel() == 0 or int(vocab.min()) < 0 or int(vocab.max()) >= V:
+            raise DraftWeightsError(f"a draft vocabulary needs 1..{V} token ids in [0, {V})")
+        if int(vocab.unique().numel()) != int(vocab.numel()):
+            raise DraftWeightsError("the draft vocabulary has repeated token ids")
+        if vocab.numel() == V:
+            vocab = None
+    model = runner.model
+    wkey = _weights_key(runner)
+    # the head first: its build's temporaries then sit beside the model alone, not the layers too
+    heads = _HEADS.setdefault(model, {})
+    hkey = (kind, _vocab_key(vocab), wkey)
+    if hkey not in heads:
+        for k in [k for k in heads if k[2] != wkey]:
+            del heads[k]
+        heads[hkey] = _build_head(runner, kind, vocab)
+    head_module, head_bytes = heads[hkey]
+    per_model = _LAYERS.setdefault(model, {})
+    if not layers:
+        built: tuple[dict[int, nn.Module], int] = ({}, 0)
+    elif (kind, wkey) not in per_model:
+        for k in [k for k in per_model if k[1] != wkey]:
+            del per_model[k]  # stale: the weights changed
+        per_model[(kind, wkey)] = built = _build_layers(runner, kind)
+    else:
+        built = per_model[(kind, wkey)]
+    subs, layer_bytes = built
+    return DraftWeights(kind, V, subs, head_module, vocab, layer_bytes, head_bytes)
+
+
+def built_nbytes(model: nn.Module) -> int:
+    """Bytes of every draft weight built so far for ``model`` (the bench's memory figure)."""
+    total = sum(b for _, b in _LAYERS.get(model, {}).values())
+    return total + sum(b for _, b in _HEADS.get(model, {}).values())
+
+
+def _build_layers(runner, kind: str) -> tuple[dict[int, nn.Module], int]:
+    if kind == "none":
+        return {}, 0
+    layers: dict[int, nn.Module] = {}
+    with torch.inference_mode(False), torch.no_grad():
+        for i, layer in enumerate(runner.layers):
+            layers[i] = compressed_layer(layer, kind)
+    return layers, sum(layer_nbytes(m) for m in layers.values())
+
+
+def _build_head(runner, kind: str, vocab: torch.Tensor | None) -> tuple[nn.Module | None, int]:
+    head = runner.lm_head
+    with torch.inference_mode(False), torch.no_grad():
+        if kind == "none":
+            if vocab is None:
+                return None, 0
+            rows = RowHead(head, vocab)
+            return rows, rows.nbytes()
+        source = head if vocab is None else _RowsOf(head, vocab)
+        lin = compress_linear(source, kind)
+    assert isinstance(lin, CompressedLinear)
+    return lin, lin.nbytes()

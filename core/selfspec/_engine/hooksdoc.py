@@ -1,0 +1,63 @@
+"""Render ``docs/hooks.md`` from the hookspec docstrings (one copy of the contract).
+
+``python -m selfspec._engine.hooksdoc > docs/hooks.md`` writes it; ``--check docs/hooks.md`` exits 1
+when the file is stale (the test suite runs the same check).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import textwrap
+
+from selfspec._engine import hookspecs
+
+HEADER = """# Hooks reference
+
+Generated from `core/selfspec/_engine/hookspecs.py` by `python -m selfspec._engine.hooksdoc > docs/hooks.md`;
+do not edit by hand. Implement a hook as a method (or module-level function) with the same
+name, decorated with `@selfspec.hookimpl`; it may accept any subset of the arguments.
+
+"""
+
+
+def hooks() -> list[tuple[str, object]]:
+    """Every hookspec, in source order."""
+    found = [(n, f) for n, f in vars(hookspecs).items() if n.startswith("selfspec_") and callable(f)]
+    return sorted(found, key=lambda nf: inspect.getsourcelines(nf[1])[1])  # type: ignore[arg-type]
+
+
+def signature(func: object) -> str:
+    """``name(arg: type, ...) -> ret`` exactly as written in hookspecs.py."""
+    src = inspect.getsource(func)  # type: ignore[arg-type]
+    head = src[src.index("def ") + 4 : src.index(":\n", src.index(")"))]
+    return " ".join(head.split())
+
+
+def render() -> str:
+    module_doc = inspect.getdoc(hookspecs) or ""
+    parts = [HEADER, module_doc, "\n"]
+    for name, func in hooks():
+        opts = getattr(func, "selfspec_spec", {}) or {}
+        kind = "firstresult" if opts.get("firstresult") else "called for every plugin"
+        parts.append(f"\n## `{name}`\n\n```python\n{signature(func)}\n```\n\n*{kind}*\n\n")
+        parts.append(textwrap.dedent(inspect.getdoc(func) or "").strip() + "\n")
+    return "".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    text = render()
+    if argv[:1] == ["--check"]:
+        path = argv[1] if len(argv) > 1 else "docs/hooks.md"
+        with open(path, encoding="utf-8") as fh:
+            if fh.read() != text:
+                print(f"{path} is stale: run `python -m selfspec._engine.hooksdoc > {path}`", file=sys.stderr)
+                return 1
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,292 @@
+"""Weight layouts the runner can execute the model's own modules with.
+
+* ``"auto"`` (the default): ``"packed"`` where oneDNN can prepack this dtype on this CPU
+  (float32 on any x86 CPU; bfloat16/float16 only where the CPU has oneDNN's low-precision
+  kernels, see :func:`packing_unsupported`), else ``"model"``. Never an error.
+* ``"model"``: the model's weights as they are. The runner's logits are
+  bitwise those of the model's own forward, in every dtype.
+* ``"transposed"``: the runner keeps its own copy of every ``nn.Linear`` weight of the decoder
+  layers and the LM head, stored as a contiguous ``[in, out]`` matrix and handed to the
+  module as its ``[out, in]`` transpose (a view). ``nn.Linear`` computes ``x @ W.T``, which is
+  then a plain product with a contiguous matrix: on CPU BLAS streams it markedly faster than
+  the row-major ``W`` (see ``docs/performance.md``). The math is the same, the summation order
+  inside the products is not: logits differ from the model's by rounding (about 1e-5 relative
+  in float32, 1e-13 in float64), so greedy tokens can differ only at near-ties. It costs one
+  extra copy of those weights in memory.
+* ``"packed"`` (CPU; float32, and bfloat16/float16 where oneDNN has kernels for them on this
+  CPU, which AVX2-only CPUs do not): like ``"transposed"``, but the copies are
+  prepacked once for oneDNN's inner-product kernel and the linear layers of the layer copies
+  are :class:`PackedLinear` modules. On CPU MKL runs a single-row product on one thread
+  whatever ``torch.set_num_threads`` says; oneDNN uses them all. Same rounding caveat and
+  memory cost as ``"transposed"``.
+
+The layout is applied to *copies* of the layer modules that share every other parameter and
+buffer with the model; the model itself is never modified, and each copy runs its own
+``forward`` (no modeling code is copied). The copy sits beside the model's own weights, which
+costs their size again: fine for a benchmark that also runs the model's own forward, too much
+for a 1.5B model on a 24 GB machine. :func:`adopt_layout` therefore applies the layout to the
+model *in place* instead: the model's linear modules are replaced by the packed ones (or their
+weights by the transposed ones), the original weights are released, and the model holds one
+copy of each weight. The model's own ``forward`` (and ``generate``) still works, through the
+new layout, so it equals the original up to the same rounding. ``specdec`` (the CLI) adopts;
+the library and ``specdec bench``/``check`` keep the copies (``Decoder(adopt_weights=...)``).
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+import torch
+from torch import nn
+
+from selfspec._engine.machine import CpuCapability, cpu_capability
+
+LAYOUTS: tuple[str, ...] = ("auto", "model", "transposed", "packed")
+PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class WeightLayoutError(ValueError):
+    """An unknown weight layout, or one this device/dtype/CPU cannot run."""
+
+
+def packing_unsupported(device_type: str, dtype: torch.dtype, cpu: CpuCapability | None) -> str | None:
+    """Why oneDNN cannot prepack weights of ``dtype`` on ``device_type`` with ``cpu``, or
+    ``None`` when it can. Pure: every fact comes in as an argument (``cpu`` is ``None`` off
+    the CPU)."""
+    if device_type != "cpu" or cpu is None:
+        return f"it runs on CPU only, not {device_type}"
+    if dtype not in PACKED_DTYPES:
+        return f"it needs float32, bfloat16 or float16 weights, not {str(dtype).removeprefix('torch.')}"
+    if not cpu.onednn:
+        return "this torch build has no oneDNN"
+    if dtype == torch.bfloat16 and not cpu.onednn_bf16:
+        return (f"oneDNN's bfloat16 kernels need AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT, and this CPU "
+                f"runs {cpu.label}")
+    if dtype == torch.float16 and not cpu.onednn_fp16:
+        return (f"oneDNN's float16 kernels need AVX-512 FP16 or AVX-NE-CONVERT, and this CPU runs "
+                f"{cpu.label}")
+    return None
+
+
+def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCapability | None) -> str:
+    """Resolve a requested weight layout to the one that runs (a pure function).
+
+    ``"auto"`` is ``"packed"`` where oneDNN can prepack for this device, dtype and CPU
+    (:func:`packing_unsupported` says ``None``), and ``"model"`` everywhere else: float64,
+    GPUs, bf16/fp16 on a CPU without oneDNN's low-precision kernels. It never raises for a
+    capability. An explicit ``"packed"`` that cannot run raises :class:`WeightLayoutError`
+    saying why; ``"model"`` and ``"transposed"`` run everywhere.
+    """
+    if layout not in LAYOUTS:
+        raise WeightLayoutError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
+    why = packing_unsupported(device_type, dtype, cpu) if layout in ("auto", "packed") else None
+    if layout == "auto":
+        return "model" if why else "packed"
+    if layout == "packed" and why:
+        raise WeightLayoutError(f"weight layout 'packed' cannot run here: {why}; use 'auto', "
+                                f"'transposed' or 'model'")
+    return layout
+
+
+def check_layout(layout: str, device: torch.device, dtype: torch.dtype) -> str:
+    """:func:`choose_layout` with this process's CPU capability."""
+    cpu = cpu_capability() if device.type == "cpu" else None
+    return choose_layout(layout, device.type, dtype, cpu)
+
+
+def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, layout: str) -> nn.Module:
+    """Apply ``layout`` to ``model`` itself: no copy, the original weights are released.
+
+    ``"packed"``: every ``nn.Linear`` inside ``layers``, and ``lm_head``, is replaced in its
+    parent module by a :class:`PackedLinear` (which still answers ``.weight``, unpacked on
+    demand, so code that reads a weight once keeps working). ``"transposed"``: each such
+    weight is replaced by its ``[in, out]``-contiguous version. ``"model"``: nothing. Returns
+    the LM head module now in the model. Idempotent. Tied weights (an LM head that is the
+    embedding matrix) are not released: the embedding still holds them.
+    """
+    if layout == "model":
+        return lm_head
+    if layout == "transposed":
+        for module in [*layers, lm_head]:
+            for sub in module.modules():
+                if isinstance(sub, nn.Linear) and not isinstance(sub, PackedLinear) and not is_transposed(sub.weight):
+                    sub.weight = nn.Parameter(sub.weight.detach().t().contiguous().t(), requires_grad=False)
+        return lm_head
+    mapped = _file_mappings()
+    for layer in layers:
+        for sub in list(layer.modules()):
+            for name, child in list(sub.named_children()):
+                if isinstance(child, nn.Linear) and not isinstance(child, PackedLinear):
+                    setattr(sub, name, PackedLinear(child))
+                    _release_file_pages(child.weight, mapped)
+    if isinstance(lm_head, PackedLinear):
+        return lm_head
+    packed_head = PackedLinear(lm_head)
+    for parent in model.modules():
+        for name, child in list(parent.named_children()):
+            if child is lm_head:
+                setattr(parent, name, packed_head)
+    _release_file_pages(lm_head.weight, mapped)
+    return packed_head
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """``[(start, end)]`` of this process's file-backed memory mappings (Linux; else ``[]``)."""
+    ranges = []
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 6 and parts[4] != "0" and not parts[5].startswith("["):
+                    lo, hi = parts[0].split("-")
+                    ranges.append((int(lo, 16), int(hi, 16)))
+    except OSError:
+        return []
+    return ranges
+
+
+def _release_file_pages(weight: torch.Tensor, mapped: list[tuple[int, int]]) -> None:
+    """Drop from the resident set the pages of a replaced weight that lie in a mapped file.
+
+    Transformers loads safetensors weights as views of a memory-mapped file; a weight that a
+    packed copy replaced is freed, but its pages stay mapped (and resident) while any other
+    tensor of that file lives. ``madvise(MADV_DONTNEED)`` on the weight's whole pages drops
+    them: for a clean file mapping that is always safe (a later access reads the file again).
+    Done only when nothing else shares the weight's storage, only on Linux, and only for
+    pages inside a file mapping; anything else is left alone.
+    """
+    if not mapped or weight.device.type != "cpu" or not hasattr(torch._C, "_storage_Use_Count"):
+        return
+    if torch._C._storage_Use_Count(weight.untyped_storage()._cdata) > 2:  # ours + this query
+        return
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    start = weight.data_ptr()
+    end = start + weight.numel() * weight.element_size()
+    lo, hi = -(-start // page) * page, end // page * page
+    if hi <= lo or not any(a <= lo and hi <= b for a, b in mapped):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
+
+
+def layout_copy(module: nn.Module, layout: str) -> nn.Module:
+    """``module`` itself for ``"model"``, else a copy with the layout (see the module doc)."""
+    if layout == "model":
+        return module
+    if layout == "transposed":
+        return transposed_copy(module)
+    return packed_copy(module)
+
+
+#: Layout copies already made, per model: every Runner over one model shares them, so ten
+#: decoders over one model (a benchmark, a sweep) hold one set of copies, not ten.
+_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[list[nn.Module], nn.Module]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_layout_copies(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module,
+                         layout: str) -> tuple[list[nn.Module], nn.Module]:
+    """``(layer copies, LM head copy)`` with ``layout`` for ``model``, made once and shared.
+
+    The copies are stateless (weights only), so runners can share them. They are made again
+    when any weight of ``layers``/``lm_head`` was replaced or changed in place since (the key
+    holds each weight's storage pointer and version counter), so a shared copy is never stale.
+    """
+    if layout == "model":
+        return list(layers), lm_head
+    weights = [p for m in [*layers, lm_head] for p in m.parameters()]
+    key = (layout, len(layers), tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in weights))
+    per_model = _COPIES.setdefault(model, {})
+    if key not in per_model:
+        per_model.clear()  # older copies of this model's weights are stale
+        per_model[key] = ([layout_copy(layer, layout) for layer in layers], layout_copy(lm_head, layout))
+    return per_model[key]
+
+
+def _shared_memo(module: nn.Module) -> dict[int, object]:
+    """A ``deepcopy`` memo that makes a copy share the parameters, buffers and configs."""
+    memo: dict[int, object] = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        memo[id(t)] = t  # shared, not copied
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is not None:
+            memo[id(config)] = config
+    return memo
+
+
+def transposed_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose ``nn.Linear`` weights are ``[in, out]``-contiguous.
+
+    Every other parameter and buffer (norms, biases, rotary tables) is shared with
+    ``module``, not copied; the new weights hold the same values as the old ones.
+    """
+    memo = _shared_memo(module)
+    for sub in module.modules():
+        if isinstance(sub, nn.Linear) and not isinstance(sub, PackedLinear):
+            w = sub.weight.detach()
+            # w_t: [out, in] with strides (1, out), a view of a contiguous [in, out] matrix
+            w_t = w.t().contiguous().t()
+            memo[id(sub.weight)] = nn.Parameter(w_t, requires_grad=False)
+    return copy.deepcopy(module, memo)
+
+
+def packed_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` (sharing every parameter and buffer) whose ``nn.Linear``
+    submodules are replaced by :class:`PackedLinear` (a plain ``nn.Linear`` module itself
+    becomes one)."""
+    if isinstance(module, PackedLinear):
+        return module
+    if isinstance(module, nn.Linear):
+        return PackedLinear(module)
+    twin = copy.deepcopy(module, _shared_memo(module))
+    for sub in list(twin.modules()):
+        for child_name, child in list(sub.named_children()):
+            if isinstance(child, nn.Linear) and not isinstance(child, PackedLinear):
+                setattr(sub, child_name, PackedLinear(child))
+    return twin
+
+
+class PackedLinear(nn.Linear):
+    """``nn.Linear`` computed by oneDNN on a weight prepacked once. Inputs ``[..., in]`` ->
+    ``[..., out]``.
+
+    It holds the packed weight only (a non-persistent buffer, so layer copies share it);
+    ``.weight`` unpacks it on demand (exactly: a reorder back, no arithmetic), a temporary copy
+    for code that reads a weight once, such as a plugin compressing the layers. It is an
+    ``nn.Linear`` subclass for that code's ``isinstance`` checks; ``state_dict`` does not hold
+    the weight, so a model that adopted packed weights is for decoding, not for saving.
+
+    The weight is reordered with no batch-size hint (oneDNN's generic blocked format), not for
+    one row: a one-row hint picks a format that is no faster for one token and makes every
+    wider block (draft verification, trees, branches) 20-35 % slower on CPU; see
+    ``docs/performance.md``, "Prepacking for one row or for any width"."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a weight
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach()
+        # opaque oneDNN layout, any width
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w), persistent=False)
+        self.bias = linear.bias
+
+    @property
+    def weight(self) -> torch.Tensor:  # type: ignore[override]
+        """The ``[out, in]`` weight, unpacked (a new tensor on every access)."""
+        return self.packed.to_dense()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
+
+
+def is_transposed(weight: torch.Tensor) -> bool:
+    """Whether a ``[out, in]`` weight is stored as a contiguous ``[in, out]`` matrix."""
+    return weight.dim() == 2 and weight.t().is_contiguous() and not weight.is_contiguous()

@@ -1,0 +1,238 @@
+"""The layer-level runner: executes a Hugging Face causal LM one sub-block at a time.
+
+One call of :meth:`Runner.forward` runs a block of ``q`` new tokens through layers
+``[a, b)`` of the model, over the KV cache's prefix, with everything the method plugins need:
+skipped attention/MLP blocks, an early exit (``layers=(0, b)`` then :meth:`Runner.head`),
+a start from given hidden states at layer ``a``, explicit positions and any block mask (causal,
+a tree's ancestors, or one a plugin builds), read-only attention (``write=False``), hidden-state capture, and
+substitute layer modules or a model's compressed draft weights. A full forward equals the model's own forward (tested in float64);
+with ``weight_layout="transposed"`` or ``"packed"`` it runs faster on CPU and equals it up to rounding
+(see :mod:`.layout`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from selfspec._engine.runner import masks
+from selfspec._engine.runner.adapters import Adapter, adapter_for
+from selfspec._engine.runner.cache import KVCache
+from selfspec._engine.runner.layout import adopt_layout, check_layout, shared_layout_copies
+
+if TYPE_CHECKING:  # pragma: no cover
+    from selfspec._engine.draftweights import DraftWeights
+
+
+@dataclass
+class ForwardOut:
+    """``hidden``: ``[1, q, H]`` after the last layer run (before the final norm).
+    ``logits``: ``[n, V]`` for the requested rows, or ``None``. ``captured``:
+    ``{layer: [q, H]}``, layer 0 = the input of layer 0, layer i = the output of layer i-1."""
+
+    hidden: torch.Tensor
+    logits: torch.Tensor | None = None
+    captured: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class Runner:
+    """Drives ``model`` layer by layer through its :class:`Adapter`. Batch size 1.
+
+    ``weight_layout``: ``"auto"`` (default: ``"packed"`` on CPU in float32/bf16/fp16, else
+    ``"model"``), ``"model"`` (bitwise the model's own forward), or
+    ``"transposed"`` / ``"packed"`` (runner-side copies of the linear weights laid out for
+    faster CPU products: equal up to rounding, one extra copy of those weights; see
+    :mod:`.layout`). ``layers`` stays the model's own modules whatever the layout.
+    ``adopt=True`` applies the layout to the model in place instead of to copies
+    (:func:`.layout.adopt_layout`): one copy of each weight in memory, and the model's own
+    forward then runs the new layout too.
+    """
+
+    def __init__(self, model: nn.Module, adapter: Adapter | None = None, *, weight_layout: str = "auto",
+                 adopt: bool = False) -> None:
+        self.model = model.eval()
+        self.adapter = adapter or adapter_for(model)
+        self.config = model.config
+        self.layers = self.adapter.layers
+        self.weight_layout = check_layout(weight_layout, self.device, self.dtype)
+        if adopt:
+            self.adapter.lm_head = adopt_layout(model, list(self.layers), self.adapter.lm_head, self.weight_layout)
+        # the modules forward() executes: the model's own, or copies with another weight layout
+        # (shared by every runner over this model: copies are stateless and made once)
+        self._run_layers, self.adapter.lm_head = shared_layout_copies(  # the runner's own adapter
+            model, list(self.layers), self.adapter.lm_head, "model" if adopt else self.weight_layout)
+        self.n_layers = len(self.layers)
+        self.windows = self.adapter.windows
+        self._rope_keys = self.adapter.rope_keys()
+        emb = self.embedding
+        self.vocab_size = int(getattr(self.config, "vocab_size", emb.num_embeddings))
+        self.hidden_size = int(emb.embedding_dim)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embedding.weight.dtype
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """A cache for up to ``capacity`` positions (prompt + output + the largest draft block)."""
+        return KVCache(self.n_layers, capacity, self.device)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids ``[q]`` or ``[1, q]`` -> ``[1, q, H]``."""
+        return self.adapter.embed(ids.reshape(1, -1))
+
+    def head(self, hidden: torch.Tensor, *, lm_head: nn.Module | None = None) -> torch.Tensor:
+        """Final norm + LM head (+ the model's logit soft-capping) on any hidden state: an
+        early exit when taken mid-model. ``[..., H]`` -> ``[..., V]``. ``lm_head``: another
+        module with the head's contract (``[..., H]`` -> ``[..., V']``, e.g. a compressed copy
+        or a row subset of the head) in place of the runner's own."""
+        if lm_head is None:
+            return self.adapter.head(hidden)
+        return self.softcap(lm_head(self.norm(hidden)))
+
+    # ------------------------------------------------------------------ model-wide parts
+    # The pieces of head() and embed() a plugin needs to build its own variants of them
+    # (exit heads, compressed copies, a draft vocabulary). Plugins use these, never the adapter.
+    @property
+    def final_norm(self) -> nn.Module:
+        """The model's final norm module (the one :meth:`head` applies before the LM head)."""
+        return self.adapter.final_norm
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm alone: ``[..., H]`` -> ``[..., H]``."""
+        return self.adapter.final_norm(hidden)
+
+    @property
+    def logit_softcap(self) -> float | None:
+        """The model's final logit soft-capping constant (Gemma), or ``None``."""
+        return self.adapter.softcap or None
+
+    def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """Apply the model's final logit soft-capping (``tanh(x / c) * c``); identity without."""
+        c = self.logit_softcap
+        return torch.tanh(logits / c) * c if c else logits
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The model's own LM head module (``[..., H]`` -> ``[..., V]``, before soft-capping);
+        its ``weight`` is ``[V, H]``. Not the runner's layout copy: read it, never modify it."""
+        return self.model.get_output_embeddings()
+
+    @property
+    def embedding(self) -> nn.Module:
+        """The model's own token embedding module (``ids -> [.., H]``, any ``embed_scale``
+        applied inside it, as Gemma's does); ``weight`` is ``[V, H]``. Read it, never modify it."""
+        return self.adapter.base.embed_tokens
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        ids: torch.Tensor | None = None,
+        *,
+        hidden: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        start: int | None = None,
+        positions: torch.Tensor | None = None,
+        block_mask: torch.Tensor | None = None,
+        layers: tuple[int, int] | None = None,
+        skip_attn: Collection[int] = (),
+        skip_mlp: Collection[int] = (),
+        write: bool = True,
+        capture: Collection[int] = (),
+        logits: str | torch.Tensor | None = "all",
+        substitutes: Mapping[int, nn.Module] | None = None,
+        weights: DraftWeights | None = None,
+    ) -> ForwardOut:
+        """Run a block of ``q`` tokens through layers ``[a, b)``.
+
+        ids: ``[q]`` token ids (needs ``a == 0``), or hidden: ``[1, q, H]`` the input of layer a.
+        cache/start: the block's keys/values go to slots ``[start, start+q)`` (default: the
+            valid length of layer ``a``) and it attends to slots ``[0, start)``; every layer run
+            must hold at least ``start`` valid slots. ``cache=None`` runs without a prefix.
+        positions: ``[q]`` position ids (default ``start + arange(q)``).
+        block_mask: ``[q, q]`` bool, which block tokens each block token sees (default causal;
+            the cached prefix is visible to all), or ``[q, start+q]`` bool, which cached slots
+            and block tokens each block token sees (a tree drafted depth by depth, whose earlier
+            nodes sit in the cache: each node sees only its ancestors' slots).
+        skip_attn / skip_mlp: layer indices whose attention / MLP block is skipped (a skipped
+            attention block writes no keys/values).
+        write: ``False`` attends without writing the cache (read-only).
+        capture: layer indices (0..L) whose input state to return in ``captured``.
+        logits: ``"all"``, ``"last"``, ``None``, or ``[n]`` row indices; computed only when
+            ``b`` is the last layer (use :meth:`head` for an early exit).
+        substitutes: ``{layer: module}`` to run instead of the model's own layer.
+        weights: draft weights (:func:`selfspec.draft_weights`) for a *draft* pass: their
+            compressed layers run instead of the model's (``substitutes`` still win for the
+            layers they name) and logits come from their head (``[n, V]``, ``-inf`` outside a
+            draft vocabulary). Verification never passes it: it reads the model's own weights.
+        """
+        a, b = layers if layers is not None else (0, self.n_layers)
+        if not 0 <= a <= b <= self.n_layers:
+            raise ValueError(f"layer range [{a}, {b}) is outside [0, {self.n_layers}]")
+        if hidden is None:
+            if ids is None or a != 0:
+                raise ValueError("give ids (starting at layer 0) or hidden states at layer a")
+            h = self.embed(ids)  # h: [1, q, H]
+        else:
+            h = hidden
+        q = h.shape[1]
+        device = h.device
+        if cache is None:
+            cache = KVCache(self.n_layers, max(q, 1), device)
+            start = 0
+        if start is None:
+            start = cache.lengths[a] if a < self.n_layers else 0
+        if positions is None:
+            positions = torch.arange(start, start + q, device=device)
+        positions = positions.reshape(-1)
+        if start + q > cache.capacity:
+            raise ValueError(f"block of {q} tokens at slot {start} exceeds the cache capacity {cache.capacity}")
+        if write:
+            cache.pos[start : start + q] = positions
+        prefix_pos = cache.pos[:start]
+
+        # rotary tables and masks, computed once per distinct kind of layer
+        pos_ids = positions[None]  # [1, q]
+        ropes: dict = {}
+        layer_masks: dict = {}
+        captured: dict[int, torch.Tensor] = {}
+        impl = self.adapter.attn_impl
+        for i in range(a, b):
+            if a == i and i in capture:
+                captured[i] = h[0]
+            if substitutes and i in substitutes:
+                layer = substitutes[i]
+            elif weights is not None and i in weights.layers:
+                layer = weights.layers[i]
+            else:
+                layer = self._run_layers[i]
+            if i not in skip_attn:
+                key = self._rope_keys[i]
+                if key not in ropes:
+                    ropes[key] = self.adapter.rope(h, pos_ids, key)
+                w = self.windows[i]
+                if w not in layer_masks:
+                    m = masks.build(prefix_pos, positions, block_mask, w)
+                    layer_masks[w] = masks.for_attention(m, impl, h.dtype)
+                kv = cache.view(i, start, write)
+                h = self.adapter.attn_block(layer, h, ropes[key], layer_masks[w], kv)
+            if i not in skip_mlp:
+                h = self.adapter.mlp_block(layer, h)
+            if i + 1 in capture:
+                captured[i + 1] = h[0]
+
+        out = ForwardOut(hidden=h, captured=captured)
+        if logits is not None and b == self.n_layers:
+            if isinstance(logits, str):
+                rows = h[0] if logits == "all" else h[0, -1:]
+            else:
+                rows = h[0].index_select(0, logits)
+            out.logits = self.head(rows) if weights is None else weights.head(self, rows)  # [n, V]
+        return out

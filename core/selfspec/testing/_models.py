@@ -1,0 +1,110 @@
+"""Tiny random models of every architecture the runner supports, built in-process.
+
+No downloads: each model is built from a config with a small vocabulary, a few layers,
+grouped-query attention (fewer key/value heads than query heads) and, where the architecture
+has them, sliding windows of a few tokens, so short test prompts already cross a window.
+Weights are drawn with a large ``initializer_range`` so that greedy decoding of a random model
+does not collapse into one token repeated forever (a degenerate model would make every
+losslessness test trivially pass).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from selfspec.testing._archs import ARCHS, POSITIONS
+
+#: Sliding window (in tokens) of the tiny models that have one.
+WINDOW = 4
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": 128,
+    "hidden_size": 48,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 12,
+    "max_position_embeddings": POSITIONS,  # room for the kit's long prompts and outputs
+    "initializer_range": 0.3,
+    "tie_word_embeddings": False,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+}
+
+
+def tiny_config(arch: str, **overrides: Any) -> Any:
+    """The ``transformers`` config of :func:`tiny_model` (``overrides`` replace any field)."""
+    import transformers
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(ARCHS)}")
+    kw = dict(_COMMON)
+    if arch == "llama":
+        cls = transformers.LlamaConfig
+    elif arch == "mistral":
+        cls = transformers.MistralConfig
+        kw["sliding_window"] = WINDOW
+    elif arch == "qwen2":
+        cls = transformers.Qwen2Config
+        # layers >= max_window_layers slide: a mix of full and sliding layers
+        kw.update(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+    elif arch == "qwen3":
+        cls = transformers.Qwen3Config
+    else:
+        cls = transformers.Gemma3TextConfig
+        kw.update(
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            sliding_window=WINDOW - 1,
+            final_logit_softcapping=30.0,
+            query_pre_attn_scalar=16,
+        )
+    kw.update(overrides)
+    return cls(**kw)
+
+
+def tiny_model(
+    arch: str,
+    *,
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+    device: torch.device | str = "cpu",
+    **overrides: Any,
+) -> Any:
+    """A randomly initialised causal LM of ``arch`` (one of :data:`ARCHS`), in eval mode.
+
+    Deterministic in ``seed``. ``eos_token_id`` defaults to None so decoding runs to the
+    budget; pass ``eos_token_id=...`` (and any other config field) as an override.
+    """
+    import transformers
+
+    config = tiny_config(arch, **overrides)
+    config._attn_implementation = attn_implementation
+    with _fork_rng(seed):
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, dtype=torch.float32, attn_implementation=attn_implementation
+        )
+    model = model.to(device=device, dtype=dtype).eval()
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.eos_token_id if config.eos_token_id is not None else 0
+    return model
+
+
+class _fork_rng:
+    """Seed torch's CPU generator for a block and restore it after, so building a model
+    leaves the caller's random stream (e.g. Hypothesis-driven tests) untouched."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __enter__(self) -> None:
+        self.state = torch.random.get_rng_state()
+        torch.manual_seed(self.seed)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.random.set_rng_state(self.state)

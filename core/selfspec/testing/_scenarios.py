@@ -1,0 +1,159 @@
+"""One losslessness example (:class:`Scenario`), a strategy for them, and the reach set.
+
+A scenario is an architecture, a prompt, a token budget, optionally an EOS token picked
+from the reference output (``eos_at``: its index there) so that EOS shows up mid-output and,
+with drafts that get accepted, mid-draft, and how tokens are picked (``sampling``: ``None`` for
+greedy decoding, else a :class:`selfspec.Sampling`; the reference is then plain sampling with
+the same seed). :func:`scenarios` draws sampling settings for about half the examples and
+:func:`sampled` is one fixed sampling example per architecture. A new dimension of the
+examples (a dtype, say) is a field of :class:`Scenario` with a default, drawn in
+:func:`scenarios`.
+
+:func:`scenarios` draws prompt and output lengths over a wide range (:class:`Limits`) weighted
+toward the boundaries of :data:`~selfspec.testing.strategies.BOUNDARIES` (plus a plugin's
+own), most of them short so that examples stay cheap; never the trivial example (a 1-token
+prompt and 1 new token), which Hypothesis would otherwise try first. :func:`reach` is the fixed
+set every :class:`~selfspec.testing.PluginSuite` runs as explicit examples under any profile:
+on *every* architecture a prompt past 512 tokens with an output past 256 (long prompt and
+long output crossed, far past every sliding window), one output past 512 tokens, and a few
+short edge cases; it is what makes the coverage check pass whatever the random draws.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from selfspec._engine.sampling import Sampling
+from selfspec.testing._archs import ARCHS, POSITIONS
+from selfspec.testing.strategies import TINY_VOCAB, boundary_lengths, prompt_ids, samplings
+
+#: Longest prompt and output the strategies draw by default (the tiny models have
+#: :data:`~selfspec.testing._archs.POSITIONS` positions); the longest outputs are the reach
+#: set's, as drawn ones cost the most.
+MAX_PROMPT = 768
+MAX_NEW = 160
+#: The reach set's lengths: on every architecture a prompt of ``LONG_PROMPT`` (+ up to 40)
+#: tokens and an output of ``LONG_NEW``; on one architecture an output of ``LONGEST_NEW``.
+LONG_PROMPT = 520
+LONG_NEW = 260
+LONGEST_NEW = 520
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One example: ``arch``, ``prompt`` ids, ``max_new_tokens``, and ``eos_at``: None, or
+    the index in the reference output of the token to use as EOS."""
+
+    arch: str
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    eos_at: int | None = None
+    label: str = ""
+    sampling: Sampling | None = None
+
+    def __repr__(self) -> str:  # short enough to read in a falsifying example
+        p = list(self.prompt)
+        shown = p if len(p) <= 12 else f"{p[:6]}...+{len(p) - 6}"
+        return (f"Scenario(arch={self.arch!r}, prompt={shown} ({len(p)} tokens), "
+                f"max_new_tokens={self.max_new_tokens}, eos_at={self.eos_at}"
+                f"{f', sampling={self.sampling}' if self.sampling else ''}"
+                f"{f', label={self.label!r}' if self.label else ''})")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long drawn prompts and outputs get: ``max_prompt``, ``max_new`` and the model's
+    ``positions`` (prompt + output must fit). :meth:`extended` widens them to a plugin's
+    ``boundaries`` or says why it cannot; nothing is clipped silently."""
+
+    max_prompt: int = MAX_PROMPT
+    max_new: int = MAX_NEW
+    positions: int = POSITIONS
+
+    def extended(self, boundaries: Sequence[int]) -> Limits:
+        """The limits, raised so that every boundary ``b`` (and ``b + 1``) can be drawn as a
+        prompt length and as an output length; ``ValueError`` for a boundary the model's
+        positions cannot hold."""
+        if self.max_prompt < 1 or self.max_new < 1 or self.max_prompt + 1 > self.positions:
+            raise ValueError(f"limits {self} leave no room: prompts and outputs need 1+ tokens "
+                             f"within {self.positions} positions")
+        top = max((int(b) for b in boundaries), default=0) + 1
+        if top + 1 > self.positions:
+            raise ValueError(
+                f"boundary {top - 1} is past what the tiny models hold: a prompt or output of "
+                f"{top} tokens needs {top + 1}+ of their {self.positions} positions; raise "
+                f"max_position_embeddings (model_overrides) or drop the boundary")
+        return Limits(max(self.max_prompt, top), max(self.max_new, top), self.positions)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, archs: Sequence[str] = ARCHS, *, vocab_size: int = TINY_VOCAB,
+              max_prompt: int = MAX_PROMPT, max_new: int = MAX_NEW,
+              boundaries: Sequence[int] = (), positions: int = POSITIONS) -> Scenario:
+    """A :class:`Scenario`; ``boundaries`` adds lengths that matter to a plugin (its buffer
+    size, depth limit, cache capacity), each drawn with +-1 as a prompt and as an output
+    length, raising ``max_prompt``/``max_new`` to reach them (:meth:`Limits.extended`:
+    ``ValueError`` past ``positions``)."""
+    lim = Limits(max_prompt, max_new, positions).extended(boundaries)
+    arch = draw(st.sampled_from(list(archs)))
+    n_prompt = draw(boundary_lengths(1, min(lim.max_prompt, lim.positions - 1), boundaries))
+    prompt = draw(prompt_ids(n_prompt, vocab_size))
+    n_new = draw(boundary_lengths(1, max(1, min(lim.max_new, lim.positions - n_prompt)), boundaries))
+    assume(n_prompt > 1 or n_new > 1)  # the simplest draw exercises nothing: spend the example elsewhere
+    # EOS from the reference output costs no more decoding: the reference is kept per prompt
+    eos_at = draw(st.one_of(st.none(), st.integers(0, n_new - 1)))
+    sampling = draw(st.one_of(st.none(), samplings()))
+    return Scenario(arch, tuple(prompt), n_new, eos_at, sampling=sampling)
+
+
+def _motif(n: int, motif: Sequence[int], changes: int = 0, salt: str = "") -> tuple[int, ...]:
+    """``motif`` repeated to ``n`` tokens, with ``changes`` tokens replaced at fixed places
+    (drafts that go wrong midway)."""
+    ids = (list(motif) * (n // len(motif) + 1))[:n]
+    for j in range(changes):
+        h = zlib.crc32(f"{salt}:{j}".encode())
+        ids[h % n] = (h >> 16) % TINY_VOCAB
+    return tuple(ids)
+
+
+#: The reach set's motifs, one per architecture in turn: repetitive prompts make drafts of
+#: n-gram and self-drafters be accepted, so acceptance paths run at long prompts.
+_MOTIFS = ((5, 9, 17, 3), (11, 2, 7, 2, 30), (3, 4, 5), (1, 2), (40, 41, 42, 43, 44, 45, 46))
+
+
+def reach(archs: Sequence[str] = ARCHS, positions: int = POSITIONS) -> list[Scenario]:
+    """The fixed examples of every suite: a long one per architecture (a prompt of 520-552
+    tokens, an output of 260), a 300-token prompt with a 520-token output (the second
+    architecture), and short edge cases spread over the architectures (a window edge with EOS
+    mid-output, deep repetitive drafts after a 200-token prompt, a one-token prompt with a
+    130-token output)."""
+    if LONG_PROMPT + 40 + LONG_NEW > positions or 300 + LONGEST_NEW > positions:
+        raise ValueError(f"the reach set needs {LONG_PROMPT + 40 + LONG_NEW} positions; the model has {positions}")
+    out = []
+    for i, arch in enumerate(archs):
+        prompt = _motif(LONG_PROMPT + 8 * i, _MOTIFS[i % len(_MOTIFS)], changes=3, salt=arch)
+        out.append(Scenario(arch, prompt, LONG_NEW, None, "long prompt, long output"))
+    base = [
+        ("longest output", 300, LONGEST_NEW, None, (7, 30, 7, 2)),
+        ("window edge, eos mid-output", 5, 24, 9, (3, 4, 5)),
+        ("repetitive, deep drafts", 200, 40, None, (1, 2)),
+        ("one-token prompt", 1, 130, None, (9,)),
+    ]
+    for i, (label, n_prompt, n_new, eos_at, motif) in enumerate(base):
+        out.append(Scenario(archs[(i + 1) % len(archs)], _motif(n_prompt, motif), n_new, eos_at, label))
+    return out
+
+
+def sampled(arch: str) -> Scenario:
+    """The fixed sampling example of ``arch`` every suite runs: a repetitive 40-token prompt,
+    40 new tokens at temperature 0.3, top-p 0.9, so that drafts are accepted under sampling
+    (on most architectures: the tiny models repeat themselves less when they sample)."""
+    import zlib
+
+    return Scenario(arch, _motif(40, (7, 3, 9, 3, 1)), 40, None, "sampled",
+                    Sampling(0.3, 0, 0.9, zlib.crc32(arch.encode())))

@@ -1,0 +1,244 @@
+"""``PluginSuite``: a plugin's whole standard suite as a class with a few attributes.
+
+    from selfspec.testing import PluginSuite
+
+    class TestLookup(PluginSuite):
+        plugin = "lookup"
+        option_strategies = {"num_draft": st.integers(1, 12)}  # optional: constrain options
+
+generates, for that plugin:
+
+* ``test_plugin_is_installed``: the entry point loads (or ``plugin_object`` registers);
+* ``test_declares_valid_options``: declared defaults convert, and every option the class
+  fixes, constrains or uses for the reach examples is declared and valid;
+* ``test_lossless[arch-device]``: the losslessness property over every architecture in
+  ``archs`` and every device (``selfspec_device``): a Hypothesis test drawing a
+  :class:`~selfspec.testing._scenarios.Scenario` (wide, boundary-weighted prompt and output
+  lengths up to ``max_prompt``/``max_new_tokens``; repetitive prompts; EOS mid-output) and
+  ``strategies.options(declared)``, plus the fixed :func:`~selfspec.testing._scenarios.reach`
+  examples (a 520+-token prompt with a 260-token output on every architecture, a 520-token
+  output, short edge cases), each decoded in audit mode by
+  :func:`~selfspec.testing.assert_lossless` and recorded in the suite's coverage;
+* ``test_lossless_across_decodes[arch-device]``: one :class:`~selfspec.Decoder` (so one
+  plugin instance, set up once) decodes a warm-up and then :data:`DECODE_SEQUENCE` in turn,
+  each checked by ``assert_lossless``: the way ``specdec bench`` (a method's warm-up and
+  every prompt) and ``specdec check`` (every prompt) run a plugin, so state a plugin keeps
+  across decodes is exercised. The Hypothesis property builds a fresh ``Decoder`` per example
+  instead, so a failing example replays and shrinks on its own;
+* ``test_lossless_coverage``: after every ``test_lossless`` of the class ran, fails when a
+  required bucket (:data:`selfspec.testing._coverage.REQUIRED`, and
+  :data:`~selfspec.testing._coverage.REQUIRED_PER_ARCH` of every architecture) was never hit,
+  printing what was.
+
+Add the plugin's own mechanics tests as more methods of the class or beside it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, ClassVar
+
+import pytest
+
+from selfspec.testing._archs import ARCHS, POSITIONS
+from selfspec.testing._coverage import Coverage, coverage_for
+
+#: ``(prompt, max_new_tokens)`` decoded in turn by one Decoder in ``test_lossless_across_decodes``,
+#: after a warm-up on the first prompt (16 tokens, as ``specdec bench`` warms up): a repetitive
+#: prompt, the same prompt again with a longer budget, another motif, a plain ramp.
+DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
+    ((3, 4, 5) * 8, 24),
+    ((3, 4, 5) * 8, 40),
+    ((1, 2) * 20, 24),
+    (tuple(range(7, 19)), 16),
+)
+
+
+class PluginSuite:
+    """Subclass with ``plugin = "name"``; every other attribute is optional."""
+
+    #: The plugin's entry-point name (or the name to register ``plugin_object`` under).
+    plugin: ClassVar[str] = ""
+    #: An unpackaged plugin (class, module or instance) to test instead of the entry point.
+    plugin_object: ClassVar[Any] = None
+    #: Architectures to prove lossless on (all by default; narrow only with a reason).
+    archs: ClassVar[tuple[str, ...]] = ARCHS
+    #: Options pinned in every example.
+    fixed_options: ClassVar[dict[str, Any]] = {}
+    #: ``{option: strategy}`` replacing how some options are drawn (to constrain them).
+    option_strategies: ClassVar[dict[str, Any]] = {}
+    #: Options of the fixed reach examples: the ones that draft deepest.
+    reach_options: ClassVar[dict[str, Any]] = {}
+    #: Lengths that matter to this plugin (buffer size, depth limit): drawn with +-1 as prompt
+    #: and output lengths; one past the drawn limits raises them, one past the tiny models'
+    #: positions fails ``test_declares_valid_options`` and ``test_lossless`` with the reason.
+    boundaries: ClassVar[tuple[int, ...]] = ()
+    #: Longest drawn prompt and output (None: ``scenarios.MAX_PROMPT``/``MAX_NEW``, 768 and 160).
+    max_prompt: ClassVar[int | None] = None
+    max_new_tokens: ClassVar[int | None] = None
+    #: ``{bucket: reason}`` for required coverage buckets this plugin cannot reach.
+    coverage_exempt: ClassVar[dict[str, str]] = {}
+    #: Config overrides of the tiny models (``tiny_model_factory(arch, **model_overrides)``).
+    model_overrides: ClassVar[dict[str, Any]] = {}
+    #: dtype of the tiny models: ``None`` is float64 (exact equality); ``torch.bfloat16`` or
+    #: ``torch.float32`` run the same property under the near-tie bound
+    #: (:func:`selfspec._engine.tiebound.tie_bound`), each difference within it reported.
+    model_dtype: ClassVar[Any] = None
+    #: Drawn examples per architecture and device, besides the reach and sampled examples; None:
+    #: the profile's ``max_examples`` left after the reach set, spread over the architectures, at
+    #: least 2 (2 each under ``selfspec-ci``: 24 examples in all with the 9 of the reach set and
+    #: one sampled example per architecture). The trivial draw (1-token prompt, 1 new token) is
+    #: never made.
+    examples_per_arch: ClassVar[int | None] = None
+    #: Run under this Hypothesis profile instead of the loaded one (the kit's mutation test).
+    hypothesis_profile: ClassVar[str | None] = None
+    #: False: stop at the first failing example and report it as drawn, without shrinking it.
+    shrink: ClassVar[bool] = True
+
+    # ------------------------------------------------------------------ parametrization
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "suite_arch" in metafunc.fixturenames:
+            metafunc.parametrize("suite_arch", list(self.archs))
+
+    @classmethod
+    def suite_name(cls) -> str:
+        return f"{cls.__module__}::{cls.__qualname__}"
+
+    @classmethod
+    def coverage(cls) -> Coverage:
+        """This suite's coverage counters (shared by the class's tests in this process)."""
+        return coverage_for(cls.suite_name())
+
+    def _manager(self) -> tuple[Any, dict[str, Any]]:
+        from selfspec._engine.plugins import declared_options, make_manager
+
+        pm, _ = make_manager(self.plugin, self.plugin_object)
+        return pm, declared_options(pm)
+
+    # ------------------------------------------------------------------ generated tests
+    def test_plugin_is_installed(self) -> None:
+        from selfspec._engine.plugins import available
+
+        assert self.plugin, f"{type(self).__name__} sets no plugin name"
+        if self.plugin_object is None:
+            assert self.plugin in available(), f"plugin {self.plugin!r} is not installed"
+        pm, _ = self._manager()
+        assert pm.has_plugin(self.plugin) or self.plugin == "vanilla"
+
+    def test_declares_valid_options(self) -> None:
+        from selfspec._engine.options import resolve
+
+        _, declared = self._manager()
+        for opt in declared.values():
+            if opt.default is not None:
+                opt.convert(opt.default)
+        for attr in ("fixed_options", "option_strategies", "reach_options"):
+            unknown = sorted(set(getattr(self, attr)) - set(declared))
+            assert not unknown, f"{attr} names options {self.plugin!r} does not declare: {unknown}"
+        resolve(declared, {**self.reach_options, **self.fixed_options}, self.plugin)
+        self.limits()  # a boundary past the tiny models' positions: the reason, here too
+
+    def limits(self) -> Any:
+        """The drawn lengths' :class:`~selfspec.testing._scenarios.Limits`, raised to the
+        class's ``boundaries`` (``ValueError`` past the models' positions)."""
+        from selfspec.testing._scenarios import MAX_NEW, MAX_PROMPT, Limits
+
+        positions = int(self.model_overrides.get("max_position_embeddings", POSITIONS))
+        lim = Limits(self.max_prompt or MAX_PROMPT, self.max_new_tokens or MAX_NEW, positions)
+        return lim.extended(self.boundaries)
+
+    def options_strategy(self, model: Any, declared: dict[str, Any]) -> Any:
+        """The options drawn for one model: ``strategies.options(declared)`` with the class's
+        ``fixed_options`` and ``option_strategies``. Override when valid options depend on
+        the model (its number of layers, say)."""
+        from selfspec.testing import strategies as sst
+
+        return sst.options(declared, fixed=self.fixed_options, strategies=self.option_strategies)
+
+    def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
+        from hypothesis import Phase, example, given, seed, settings
+
+        from selfspec.testing._scenarios import reach, sampled, scenarios
+
+        cov = self.coverage()
+        _, declared = self._manager()
+        lim = self.limits()
+        dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
+        model = tiny_model_factory(suite_arch, device=selfspec_device, **dtype, **self.model_overrides)
+        opts = self.options_strategy(model, declared)
+        base = settings.get_profile(self.hypothesis_profile) if self.hypothesis_profile else settings.default
+        fixed = reach(self.archs, lim.positions)
+        n = self.examples_per_arch
+        if n is None:
+            n = max(2, (base.max_examples - len(fixed)) // len(self.archs))
+
+        def check(scenario: Any, options: dict[str, Any]) -> None:
+            self.check_example(model, scenario, options, cov)
+
+        drawn = scenarios([suite_arch], max_prompt=lim.max_prompt, max_new=lim.max_new,
+                          boundaries=self.boundaries, positions=lim.positions)
+        test = given(scenario=drawn, options=opts)(check)
+        # explicit examples run last-applied first: the reach set (where most bugs live), then
+        # the sampling example, then the draws
+        test = example(scenario=sampled(suite_arch), options={**self.reach_options, **self.fixed_options})(test)
+        for sc in fixed:
+            if sc.arch == suite_arch:
+                test = example(scenario=sc, options={**self.reach_options, **self.fixed_options})(test)
+        if base.derandomize:  # a fixed sequence per plugin and architecture, not one for all
+            test = seed(zlib.crc32(f"{self.plugin}:{suite_arch}".encode()))(test)
+        # not shrinking: stop at the first failing example, as drawn (no further explicit ones)
+        phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate], "report_multiple_bugs": False}
+        settings(base, max_examples=n, **phases)(test)()
+        cov.done.add(suite_arch)
+
+    def test_lossless_across_decodes(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
+        from selfspec._engine.loop import Decoder
+        from selfspec.testing._lossless import assert_lossless
+
+        dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
+        model = tiny_model_factory(suite_arch, device=selfspec_device, **dtype, **self.model_overrides)
+        decoder = Decoder(model, self.plugin, {**self.reach_options, **self.fixed_options},
+                          plugin_object=self.plugin_object)
+        plugin = decoder.plugin
+        assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 16)  # the warm-up
+        for prompt, max_new_tokens in DECODE_SEQUENCE:
+            assert_lossless(model, decoder, prompt, max_new_tokens)
+        assert decoder.plugin is plugin  # one instance throughout
+
+    def test_lossless_coverage(self) -> None:
+        cov = self.coverage()
+        if set(self.archs) - cov.done:
+            pytest.skip("checked when every test_lossless of the class ran in this session")
+        missing = cov.missing(self.archs, self.coverage_exempt)
+        assert not missing, (f"the losslessness property of {self.plugin!r} never exercised "
+                             f"{missing}: widen its options (reach_options, option_strategies) "
+                             f"or exempt a bucket with a reason (coverage_exempt)\n{cov.report()}")
+
+    # ------------------------------------------------------------------ one example
+    def check_example(self, model: Any, scenario: Any, options: dict[str, Any], cov: Coverage) -> None:
+        """Decode one scenario in audit mode, compare with ``generate``, record coverage."""
+        from hypothesis import event
+
+        from selfspec._engine.sampling import reference_sample
+        from selfspec.testing._lossless import assert_lossless, greedy_reference
+
+        prompt = list(scenario.prompt)
+        eos: tuple[int, ...] = ()
+        if scenario.eos_at is not None:
+            if scenario.sampling is None:
+                ref = greedy_reference(model, prompt, scenario.max_new_tokens)
+            else:
+                ref = reference_sample(model, prompt, scenario.max_new_tokens, (), scenario.sampling)
+            eos = (ref[min(scenario.eos_at, len(ref) - 1)],) if ref else ()
+        window = getattr(model.config, "sliding_window", None)
+        if scenario.arch == "qwen2" and not getattr(model.config, "use_sliding_window", False):
+            window = None
+
+        def record(result: Any, auditor: Any) -> None:
+            for bucket in cov.record(scenario.arch, len(prompt), result, auditor, window, eos,
+                                     sampled=scenario.sampling is not None):
+                event(bucket)
+
+        assert_lossless(model, self.plugin, prompt, scenario.max_new_tokens, options,
+                        plugin_object=self.plugin_object, eos_token_ids=eos, record=record,
+                        sampling=scenario.sampling)
