@@ -1,4 +1,4 @@
-"""What a new plugin author asked while writing a plugin from the docs alone (issue 18).
+"""What a new plugin author asked while writing a plugin from the docs alone.
 
 Every answer in docs/api.md ("Questions authors ask") that is code is checked here; the
 regions between ``# [start:NAME]`` and ``# [end:NAME]`` are shown in that page verbatim

@@ -1,4 +1,4 @@
-"""A plugin that learns from the verification logits, and a tree draft (issue 27, points 1-2).
+"""A plugin that learns from the verification logits, and a tree draft.
 
 ``Learner`` is the FAQ's example (docs/api.md, "Questions authors ask"): it drafts from what
 the full model predicted at earlier verifications, read from ``Verdict.top_k`` in

@@ -98,7 +98,7 @@ def test_the_script_runs_from_the_command_line(model_dir: Path, tmp_path: Path) 
 
 
 def test_the_module_has_no_command_line_of_its_own() -> None:
-    # issue 18: one command line for this measurement (the script); the module is a library
+    # one command line for this measurement (the script); the module is a library
     assert not hasattr(bench, "main") and not hasattr(bench, "load_model")
 
 

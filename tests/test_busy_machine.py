@@ -1,6 +1,6 @@
 """A busy machine (the load average at the start at least the physical core count): the CLI
 sets ``OMP_WAIT_POLICY=PASSIVE`` before torch loads, or runs one thread when it cannot, says so
-in one line on stderr and records it in ``--json`` (issue 27, point 9; measurements in
+in one line on stderr and records it in ``--json`` (measurements in
 docs/performance.md, "A busy machine"). In this process torch is loaded already, so the CLI
 runs here take the one-thread path; the PASSIVE path runs in fresh interpreters."""
 

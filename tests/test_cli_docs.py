@@ -1,4 +1,4 @@
-"""docs/cli.md covers every built-in ``specdec`` command and option (issue 27, point 4).
+"""docs/cli.md covers every built-in ``specdec`` command and option.
 
 Walks the real click tree (the built-in commands, the benchmark commands included; plugin
 commands are documented by their plugins) and fails on any command whose ``specdec NAME``

@@ -200,7 +200,8 @@ def test_the_ranking_puts_special_tokens_then_the_frequent_first(monkeypatch):
 
 def test_token_counts_are_cached_per_tokenizer(monkeypatch, tmp_path):
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("selfspec.app._data.build_corpus_texts", lambda tasks: iter(["a b", "b c b"]))
+    monkeypatch.setattr("selfspec._engine.corpus._CORPUS", [None])
+    selfspec.provisional.set_vocab_corpus(lambda tasks: iter(["a b", "b c b"]))
 
     class Tok(_Tokenizer):
         calls = 0
@@ -218,8 +219,27 @@ def test_token_counts_are_cached_per_tokenizer(monkeypatch, tmp_path):
 def test_no_corpus_means_the_whole_vocabulary(monkeypatch, tmp_path, capsys):
     # the data packages missing: nothing to rank by, so no subset (and nothing cached)
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("selfspec.app._data.build_corpus_texts", lambda tasks: iter(()))
+    monkeypatch.setattr("selfspec._engine.corpus._CORPUS", [None])
+    selfspec.provisional.set_vocab_corpus(lambda tasks: iter(()))
     runner = Runner(tiny_model("llama"))
     assert selfspec.draft_vocab(runner, 16, _Tokenizer(), progress=False) is None
     assert "no corpus" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.npy"))
+
+
+def test_the_corpus_is_whatever_was_registered(monkeypatch, tmp_path, capsys):
+    """a) nothing registered: no ranking, one line on stderr naming set_vocab_corpus; b) the
+    command line registers the app's dev-split texts; c) a non-callable is refused."""
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("selfspec._engine.corpus._CORPUS", [None])
+    runner = Runner(tiny_model("llama"))
+    assert selfspec.draft_vocab(runner, 16, _Tokenizer(), progress=False) is None  # see a)
+    assert "set_vocab_corpus" in capsys.readouterr().err
+    import selfspec.app._cli as cli  # noqa: PLC0415
+
+    cli._register_corpus()  # see b)
+    from selfspec._engine.corpus import corpus_source  # noqa: PLC0415
+
+    assert corpus_source() is cli._dev_corpus
+    with pytest.raises(TypeError):  # see c)
+        selfspec.provisional.set_vocab_corpus("corpus.txt")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from selfspec._engine import hookspecs
+from selfspec._engine import hooksdoc, hookspecs
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -38,17 +38,31 @@ def test_the_hook_set():
 
 @pytest.mark.parametrize("name", HOOKS)
 def test_hook_docstring_is_a_contract(name):
+    """a) one-line summary; b) every required section, in order; c) each argument named in
+    Args; d) Called says firstresult hooks stop at the first non-None result and the others
+    call every plugin; e) Host enforces is never empty (say "Nothing" and why)."""
     doc = inspect.getdoc(getattr(hookspecs, name)) or ""
-    flat = " ".join(doc.split())
-    summary, _, body = doc.partition("\n\n")
-    assert summary and "\n" not in summary.strip() and summary.strip().endswith("."), f"{name}: one-line summary"
-    assert re.search(r"\bCalled\b", body), f"{name}: say when the loop calls it"
-    if spec_opts(name).get("firstresult"):
-        assert "Stops at the first non-None result" in flat and "return None to defer" in flat, name
+    summary, found = hooksdoc.sections(doc)
+    assert summary and "\n" not in summary and summary.endswith(("." , ")")), f"{name}: one-line summary"  # see a)
+    missing = [s for s in hooksdoc.REQUIRED if not found.get(s)]
+    assert not missing, f"{name}: sections missing or empty: {missing}"  # see b), e)
+    args = set(re.findall(r"^(\w+):", found["Args"], re.M))
+    assert args == set(inspect.signature(getattr(hookspecs, name)).parameters), f"{name}: Args lists {args}"  # c)
+    called = " ".join(found["Called"].split())
+    if spec_opts(name).get("firstresult"):  # see d)
+        assert "Stops at the first non-None result" in called and "return None to defer" in called, name
     else:
-        assert re.search(r"every plugin", flat, re.I), f"{name}: say that every plugin is called"
-    for arg in inspect.signature(getattr(hookspecs, name)).parameters:
-        assert re.search(rf"\b{arg}\b", doc), f"{name}: argument {arg!r} is not described"
+        assert re.search(r"every plugin", called, re.I), f"{name}: say that every plugin is called"
+
+
+@pytest.mark.parametrize("doc, error", [
+    ("Sum.\n\nArgs:\n    x: y\n\nCalled:\n    z", "out of order"),
+    ("Sum.\n\nCalled:\n    z\n\nCalled:\n    z", "repeated"),
+    ("Sum.\n\nloose prose\n\nCalled:\n    z", "before the first section"),
+])
+def test_the_section_parser_refuses_a_malformed_contract(doc, error):
+    with pytest.raises(ValueError, match=error):
+        hooksdoc.sections(doc)
 
 
 @pytest.mark.parametrize("name", HOOKS)

@@ -1,4 +1,4 @@
-"""Installing the host or a plugin prints no setuptools warnings (issue 27, point 10).
+"""Installing the host or a plugin prints no setuptools warnings.
 
 Every folder with a pyproject.toml (the host, each plugin, the template) is built as an
 editable wheel and as a plain wheel by setuptools' own backend, in a fresh interpreter, and

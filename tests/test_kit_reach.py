@@ -1,4 +1,4 @@
-"""The kit's reach (issue 28): long examples on every architecture, closed coverage buckets,
+"""The kit's reach: long examples on every architecture, closed coverage buckets,
 weights that are not the plugin's to change, and blame with one step number for all hooks.
 
 a) Each blame test uses a mutant of ``selfspec.testing._mutants`` made to fail early (a low

@@ -1,4 +1,4 @@
-"""Lossless sampling (issue 25): the generator, the warping, the sampler's exactness, and
+"""Lossless sampling: the generator, the warping, the sampler's exactness, and
 temperature 0 leaving greedy decoding untouched.
 
 The distribution tests are goodness-of-fit chi-square tests against the exact filtered softmax

@@ -28,7 +28,7 @@ _API: dict[str, tuple[str, str]] = {
     "reference_sample": ("sampling", "reference_sample"),
     # the cache directory and the corpus a draft vocabulary is ranked by
     "cache_dir": ("artefacts", "cache_dir"),
-    "set_vocab_corpus": ("draftweights.vocab", "set_vocab_corpus"),
+    "set_vocab_corpus": ("corpus", "set_vocab_corpus"),
 }
 
 __all__ = [*_API]

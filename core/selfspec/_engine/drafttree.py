@@ -208,9 +208,16 @@ def skip_layer_step(runner: Runner, cache: KVCache, *, skip_attn: Collection[int
     return step
 
 
-def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = False) -> None:
-    """Declare the tree options every drafter shares: ``tree`` (default ``tree``: draft a tree
-    instead of a chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
+#: The host's default for ``tree``: drafters that declare the tree options draft trees, verified
+#: in one tree pass; on a CPU a verification of a few extra rows costs about one one-token step,
+#: so the extra candidates are nearly free (docs/performance.md, "Draft trees"). ``tree=0``
+#: restores a plugin's paper chain.
+DEFAULT_TREE = True
+
+
+def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = DEFAULT_TREE) -> None:
+    """Declare the tree options every drafter shares: ``tree`` (default ``tree``, the host's
+    ``True`` unless a plugin measured otherwise: draft a tree instead of a chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
     probable nodes), ``tree_topk`` (children per node and nodes expanded per depth) and
     ``tree_calibrate`` (score nodes by a :class:`TreeCalibration` learned online).
     Read them back with :meth:`TreeConfig.from_options`."""

@@ -34,6 +34,49 @@ def signature(func: object) -> str:
     return " ".join(head.split())
 
 
+#: The sections of every hook's docstring, in order (``Notes`` may be left out).
+SECTIONS = ("Called", "Args", "Returns", "Host enforces", "Notes")
+REQUIRED = SECTIONS[:-1]
+
+
+def sections(doc: str) -> tuple[str, dict[str, str]]:
+    """``(summary, {section: text})`` of a sectioned docstring (Google style: ``Name:`` on its
+    own line, the section's text indented below it). Raises ``ValueError`` on a section out of
+    order, unknown, or repeated."""
+    summary, _, rest = doc.strip().partition("\n\n")
+    found: dict[str, list[str]] = {}
+    current = None
+    for line in rest.splitlines():
+        head = line.rstrip()
+        if head.endswith(":") and not line.startswith(" ") and head[:-1] in SECTIONS:
+            name = head[:-1]
+            if name in found:
+                raise ValueError(f"section {name!r} repeated")
+            if found and SECTIONS.index(name) < SECTIONS.index(list(found)[-1]):
+                raise ValueError(f"section {name!r} out of order")
+            found[name] = []
+            current = name
+        elif current is None:
+            if line.strip():
+                raise ValueError(f"text before the first section: {line.strip()[:40]!r}")
+        else:
+            found[current].append(line)
+    return summary.strip(), {k: textwrap.dedent("\n".join(v)).strip() for k, v in found.items()}
+
+
+def _markdown(name: str, body: str) -> str:
+    if name == "Args":  # one bullet per argument: "name: text" with continuation lines
+        items: list[str] = []
+        for line in body.splitlines():
+            if line and not line.startswith(" ") and ":" in line:
+                arg, _, text = line.partition(":")
+                items.append(f"- `{arg.strip()}`: {text.strip()}")
+            elif items:
+                items[-1] += " " + line.strip()
+        return "\n".join(items)
+    return " ".join(body.split())
+
+
 def render() -> str:
     module_doc = inspect.getdoc(hookspecs) or ""
     parts = [HEADER, module_doc, "\n"]
@@ -41,7 +84,11 @@ def render() -> str:
         opts = getattr(func, "selfspec_spec", {}) or {}
         kind = "firstresult" if opts.get("firstresult") else "called for every plugin"
         parts.append(f"\n## `{name}`\n\n```python\n{signature(func)}\n```\n\n*{kind}*\n\n")
-        parts.append(textwrap.dedent(inspect.getdoc(func) or "").strip() + "\n")
+        summary, found = sections(inspect.getdoc(func) or "")
+        parts.append(summary + "\n")
+        for section, body in found.items():
+            parts.append(f"\n**{section}.**\n\n" if section == "Args" else f"\n**{section}.** ")
+            parts.append(_markdown(section, body) + "\n")
     return "".join(parts)
 
 

@@ -12,6 +12,12 @@ Hooks are grouped by phase. The loop (``selfspec._engine.loop``) calls them in t
 
 An implementation may accept any subset of a hook's arguments (pluggy's opt-in
 arguments); new arguments are only ever added at the end.
+
+Every docstring has the same sections, in this order: a one-line summary; **Called** (when,
+for which plugins, firstresult or not); **Args** (each argument, with shapes and dtypes);
+**Returns**; **Host enforces** (what the host checks and what it does when the rule is
+broken); **Notes** (optional). ``docs/hooks.md`` renders them and ``tests/test_hooks_documented.py``
+checks each section.
 """
 
 from __future__ import annotations
@@ -37,10 +43,20 @@ if TYPE_CHECKING:  # pragma: no cover
 def selfspec_options(register: Callable[[Option], None]) -> None:
     """Declare the options this plugin accepts (``-o key=value`` on the command line).
 
-    Called once per plugin when it is loaded, before any model exists. Call
-    ``register(Option(...))`` once per option; the host validates names (unique across the
-    loaded plugins), types, choices and defaults, and rejects unknown or malformed user values
-    with a message naming the option. Every plugin's implementation is called; return nothing.
+    Called:
+        Once per plugin when it is loaded, before any model exists; every plugin's
+        implementation is called.
+
+    Args:
+        register: call ``register(Option(...))`` once per option.
+
+    Returns:
+        Nothing.
+
+    Host enforces:
+        Option names are unique across the loaded plugins, and types, choices and defaults
+        are valid (else a ``PluginError`` at load). Unknown or malformed user values are an
+        ``OptionError`` naming the option; the plugin only ever sees validated values.
     """
 
 
@@ -48,12 +64,24 @@ def selfspec_options(register: Callable[[Option], None]) -> None:
 def selfspec_commands(register: Callable[[Any], None]) -> None:
     """Add sub-commands to ``specdec --plugin NAME <command>`` (e.g. ``tune``, ``sweep``).
 
-    Called when the CLI resolves a sub-command for the selected plugin. Call
-    ``register(command)`` with a :class:`click.Command`; its name must not clash with a
-    built-in command. Every plugin's implementation is called; return nothing. Import heavy
-    modules inside the command, not here. The command receives a
-    :class:`selfspec.app.CommandContext` as ``ctx.obj`` (``@click.pass_obj``): the user's
-    model, decoders for it, the plugin's ``-o`` options.
+    Called:
+        When the CLI resolves a sub-command for the selected plugin; every plugin's
+        implementation is called.
+
+    Args:
+        register: call ``register(command)`` with a :class:`click.Command`.
+
+    Returns:
+        Nothing.
+
+    Host enforces:
+        A command's name must not clash with a built-in command (``run``, ``plugins``,
+        ``check``, ``bench``, ...): a clash is a one-line CLI error naming the plugin.
+
+    Notes:
+        Import heavy modules inside the command, not here. The command receives a
+        :class:`selfspec.app.CommandContext` as ``ctx.obj`` (``@click.pass_obj``): the user's
+        model, decoders for it, the plugin's ``-o`` options.
     """
 
 
@@ -61,16 +89,28 @@ def selfspec_commands(register: Callable[[Any], None]) -> None:
 def selfspec_setup(runner: Runner, options: dict[str, Any], tokenizer: Any) -> None:
     """Prepare for decoding with one model.
 
-    Called once per decoder, after the model is loaded and before the first decode, for every
-    plugin. ``runner`` is the :class:`~selfspec._engine.runner.Runner` over the model (its
-    ``n_layers``, ``hidden_size``, ``vocab_size``, ``device``, ``dtype``); ``options`` holds the
-    validated value of every declared option (defaults filled in); ``tokenizer`` is the
-    model's Hugging Face tokenizer when the decoder was given one (the CLI and ``specdec bench``
-    always do), else None: a plugin that needs text (an n-gram corpus) must work without it or
-    refuse clearly. Load profiles, build compressed layers, allocate buffers here; keep them
-    on the plugin instance (one instance per decoder), never in module globals. Raise an
-    exception to refuse the model: the host reports it naming the plugin. Runs when the
-    decoder is built, outside ``torch.inference_mode`` (the hooks of a decode run inside it).
+    Called:
+        Once per decoder, after the model is loaded and before the first decode, for every
+        plugin; outside ``torch.inference_mode`` (the hooks of a decode run inside it).
+
+    Args:
+        runner: the :class:`selfspec.Runner` over the model (``n_layers``, ``hidden_size``,
+            ``vocab_size``, ``device``, ``dtype``, the accessors).
+        options: the validated value of every declared option, defaults filled in.
+        tokenizer: the model's Hugging Face tokenizer when the decoder was given one (the CLI
+            and ``specdec bench`` always do), else None.
+
+    Returns:
+        Nothing. Load profiles, build compressed layers, allocate buffers here; keep them on
+        the plugin instance (one instance per decoder), never in module globals.
+
+    Host enforces:
+        An exception refuses the model: the host raises it as a ``PluginError`` naming the
+        plugin. Under audit, the model's weights must be unchanged after setup.
+
+    Notes:
+        A plugin that needs text (an n-gram corpus) must work without a tokenizer or refuse
+        clearly.
     """
 
 
@@ -78,11 +118,23 @@ def selfspec_setup(runner: Runner, options: dict[str, Any], tokenizer: Any) -> N
 def selfspec_start(state: DecodeState) -> None:
     """A decode starts: the prompt is prefilled.
 
-    Called once per decode, for every plugin, after prefill: ``state.cache`` holds the prompt
-    but its last token (the pending token ``state.pending``), ``state.committed`` is the
-    prompt ``[T]``. Reset per-decode state here (n-gram pools from the prompt, thresholds).
-    From here to ``selfspec_end`` every hook runs inside ``Decoder.generate``, under
-    ``torch.inference_mode()``: tensors made there are inference tensors.
+    Called:
+        Once per decode, for every plugin, after prefill and before the first step.
+
+    Args:
+        state: the decode's :class:`selfspec.DecodeState`; ``state.cache`` holds the prompt
+            but its last token (the pending token ``state.pending``), ``state.committed`` is
+            the prompt ``[T]`` int64.
+
+    Returns:
+        Nothing. Reset per-decode state here (n-gram pools from the prompt, thresholds).
+
+    Host enforces:
+        Nothing beyond the step checks that follow.
+
+    Notes:
+        From here to ``selfspec_end`` every hook runs inside ``Decoder.generate``, under
+        ``torch.inference_mode()``: tensors made there are inference tensors.
     """
 
 
@@ -90,8 +142,18 @@ def selfspec_start(state: DecodeState) -> None:
 def selfspec_end(state: DecodeState, result: Result) -> None:
     """A decode ended (EOS, a stop token, or the budget).
 
-    Called once per decode that completes, for every plugin, with the final state and the
-    result; not called when the decode raised. Observe only: the result is already decided.
+    Called:
+        Once per decode that completes, for every plugin; not called when the decode raised.
+
+    Args:
+        state: the final :class:`selfspec.DecodeState`.
+        result: the decode's :class:`selfspec.Result` (``output_ids``, ``stats``).
+
+    Returns:
+        Nothing: observe only, the result is already decided.
+
+    Host enforces:
+        Nothing: changes to ``result`` are not checked, and must not be made.
     """
 
 
@@ -104,17 +166,30 @@ def selfspec_end(state: DecodeState, result: Result) -> None:
 def selfspec_propose(state: DecodeState) -> Draft | None:
     """Propose draft tokens to follow the pending token.
 
-    Called once per step. Stops at the first non-None result; return None to defer (the
-    built-in ``vanilla`` implementation is ``trylast`` and proposes an empty draft).
+    Called:
+        Once per step. Stops at the first non-None result; return None to defer (the
+        built-in ``vanilla`` implementation is ``trylast`` and proposes an empty draft).
 
-    Return a :class:`~selfspec._engine.types.Draft`: a chain ``tokens`` ``[k]`` (int64, on
-    ``state.runner.device``), or a tree (``parents`` ``[k]``, ``parents[i] < i``, ``-1`` = the
-    pending token). Invariants the host enforces: ids must be in ``[0, vocab)``, dtype int64,
-    on the model's device, and parents well-formed, else the decode stops with an error naming
-    the plugin; nodes deeper than ``state.max_draft_depth`` are cut (counted in
-    ``stats.truncated_drafts``). The proposer may run the model through ``state.runner`` and
-    may write cache slots at or past ``state.length - 1`` (they are overwritten by
-    verification); it must not change slots before it.
+    Args:
+        state: the step's :class:`selfspec.DecodeState`; the cache holds ``state.length - 1``
+            positions, ``state.pending`` is the last committed id.
+
+    Returns:
+        A :class:`selfspec.Draft`: a chain (``tokens`` ``[k]`` int64 on
+        ``state.runner.device``) or a tree (``parents`` ``[k]`` int64, ``parents[i] < i``,
+        ``-1`` = the pending token); ``Draft.empty(device)`` asks for a plain greedy step.
+
+    Host enforces:
+        A ``Draft`` instance; ``tokens`` 1-D int64 on the model's device with ids in
+        ``[0, vocab)``; ``parents`` int64, shaped like ``tokens``, ``-1 <= parents[i] < i``;
+        else the decode stops with a ``PluginError`` naming the plugin. Nodes deeper than
+        ``state.max_draft_depth`` or past the cache's spare room are cut (counted in
+        ``stats.truncated_drafts``; ``owner`` and ``meta`` kept).
+
+    Notes:
+        The proposer may run the model through ``state.runner`` and may write cache slots at
+        or past ``state.length - 1`` (verification overwrites them); it must not change slots
+        before it (the audit checks).
     """
 
 
@@ -122,24 +197,39 @@ def selfspec_propose(state: DecodeState) -> Draft | None:
 def selfspec_verify(state: DecodeState, draft: Draft) -> Verdict | None:
     """Verify a draft against the full model and decide what to commit.
 
-    Called once per step, after propose. Stops at the first non-None result; return None to
-    defer to the built-in greedy verifier (``trylast``): one full-model forward over
-    ``[pending, draft...]`` written at cache slot ``state.length - 1`` with a causal or tree
-    mask, argmax at every node, the longest path whose tokens match, plus the model's own next
-    token (the bonus).
+    Called:
+        Once per step, after propose, also for an empty draft. Stops at the first non-None
+        result; return None to defer to the built-in greedy verifier (``trylast``): one
+        full-model forward over ``[pending, draft...]`` written at cache slot
+        ``state.length - 1`` with a causal or tree mask, ``state.pick`` at every node, the
+        longest matching path, plus the model's own next token (the bonus).
 
-    Override only when verification differs (reusing hidden states, verifying extra branches
-    in the same pass); the host's building blocks are ``selfspec.verify_greedy``,
-    ``verify_tree``, ``verify_from_layer`` and ``chain_verdict``. A verifier that relies on
-    what its proposer left in ``draft.meta`` first checks ``draft.is_from(self)`` (the proposer
-    set ``owner=self``) and returns None for any other draft. The returned :class:`~selfspec._engine.types.Verdict` must be what greedy
-    decoding of the full model would produce: ``accepted`` is a path of the draft, ``bonus``
-    the full model's argmax after it (its token by ``state.pick``: under sampling the argmax of
-    the position-keyed perturbed logits); ``kv_slots`` names the cache slots (relative to the
-    pending token's slot) holding the full model's keys/values of ``[pending, accepted...]``
-    in every layer. Losslessness of the whole system rests on this hook. A verifier that
-    has the full model's logits of ``[pending, nodes...]`` passes them on as
-    ``Verdict.logits`` (the host's building blocks do), for plugins that learn from them.
+    Args:
+        state: the step's :class:`selfspec.DecodeState`.
+        draft: the host-checked (possibly cut) :class:`selfspec.Draft` of this step.
+
+    Returns:
+        A :class:`selfspec.Verdict` equal to what greedy decoding (or the decode's sampling,
+        by ``state.pick``) of the full model produces: ``accepted`` a path of the draft,
+        ``bonus`` the full model's pick after it, ``kv_slots`` the cache slots (relative to
+        the pending token's) holding the full model's keys/values of
+        ``[pending, accepted...]`` in every layer, ``logits`` the verifying forward's
+        ``[1 + len(draft), V]`` block when it has one. Losslessness rests on this hook.
+
+    Host enforces:
+        A ``Verdict`` instance; token ids in ``[0, vocab)``; ``accepted_nodes`` (or, for a
+        chain, the default ``0..n-1``) name a path of the draft whose tokens are
+        ``accepted``; one kv slot per committed position. When no plugin implements
+        ``selfspec_cache``, ``kv_slots`` must also increase and lie in the slots the forward
+        wrote (a plugin with its own ``selfspec_cache`` owns its layout). A broken rule is a
+        ``PluginError`` naming the plugin and the step.
+
+    Notes:
+        Override only when verification differs (reusing hidden states, verifying extra
+        branches in the same pass); build on ``selfspec.verify_greedy``, ``verify_tree``,
+        ``verify_from_layer`` (and ``selfspec.provisional.chain_verdict``). A verifier that
+        relies on its proposer's ``draft.meta`` first checks ``draft.is_from(self)`` and
+        returns None for any other draft.
     """
 
 
@@ -147,12 +237,25 @@ def selfspec_verify(state: DecodeState, draft: Draft) -> Verdict | None:
 def selfspec_cache(state: DecodeState, verdict: Verdict) -> None:
     """Make every cache hold exactly the committed prefix again.
 
-    Called once per step after verify, for every plugin, *before* the host appends the
-    committed tokens to ``state.tokens`` (so ``state.length`` is still the old length and
-    ``verdict.committed`` the tokens about to be committed). The built-in implementation keeps
-    ``verdict.kv_slots`` in the runner's KV cache (crop for a chain, gather for a tree) so it
-    holds ``state.length + len(verdict.accepted)`` positions. Plugins update their own caches
-    (n-gram pools, compressed-layer caches) here.
+    Called:
+        Once per step after verify, for every plugin, *before* the host appends the committed
+        tokens to ``state.tokens``.
+
+    Args:
+        state: the step's :class:`selfspec.DecodeState`; ``state.length`` is still the old
+            length.
+        verdict: this step's :class:`selfspec.Verdict`; ``verdict.committed`` are the tokens
+            about to be committed.
+
+    Returns:
+        Nothing. The built-in implementation keeps ``verdict.kv_slots`` in the runner's KV
+        cache (crop for a chain, gather for a tree) so it holds
+        ``state.length + len(verdict.accepted)`` positions; plugins update their own caches
+        (n-gram pools, compressed-layer caches) here.
+
+    Host enforces:
+        After the step (EOS and budget cuts applied) every layer of the KV cache holds
+        exactly ``state.length - 1`` positions, else a ``PluginError`` naming the plugin.
     """
 
 
@@ -160,15 +263,27 @@ def selfspec_cache(state: DecodeState, verdict: Verdict) -> None:
 def selfspec_update_policy(state: DecodeState, verdict: Verdict) -> None:
     """Adapt after a step: thresholds, layer sets, statistics.
 
-    Called once per step after cache, for every plugin, with ``state.tokens`` already holding
-    the newly committed tokens (``state.length`` updated). ``verdict`` is this step's
-    :class:`~selfspec._engine.types.Verdict` (``verdict.committed`` may be longer than what was
-    committed when EOS or the budget cut it). Nothing returned.
+    Called:
+        Once per step after cache, for every plugin, with ``state.tokens`` already holding the
+        newly committed tokens (``state.length`` updated).
 
-    To learn from the full model's predictions (a drafter, a confidence-based policy), read
-    ``verdict.logits`` (``[1 + len(draft), V]``, row 0 after the pending token, row ``i + 1``
-    after node ``i``; ``None`` from a verifier that gives none), ``verdict.logit_rows`` (the
-    committed positions' rows) or ``verdict.top_k(k)`` here, instead of overriding
-    ``selfspec_verify``. The block is the verifying forward's own (no copy) and is freed when
-    the step ends: keep what you learn, not the tensor.
+    Args:
+        state: the step's :class:`selfspec.DecodeState`.
+        verdict: this step's :class:`selfspec.Verdict` (``verdict.committed`` may be longer
+            than what was committed when EOS or the budget cut it). ``verdict.logits``
+            (``[1 + len(draft), V]``, row 0 after the pending token, row ``i + 1`` after node
+            ``i``; ``None`` from a verifier that gives none), ``verdict.logit_rows`` and
+            ``verdict.top_k(k)`` are the full model's predictions.
+
+    Returns:
+        Nothing.
+
+    Host enforces:
+        Nothing is checked; the verdict is dropped when the step ends, so its logits block
+        is freed before the next forward.
+
+    Notes:
+        Learn from the full model's predictions here instead of overriding
+        ``selfspec_verify``. The logits block is the verifying forward's own (no copy): keep
+        what you learn, not the tensor.
     """

@@ -24,23 +24,46 @@ from selfspec._engine.types import DecodeState, Draft, Result, Stats, StreamCall
 
 
 class Decoder:
-    """One model + one method plugin (with its options). Reusable across prompts.
+    """One model + one method plugin (with its options); reusable across prompts.
 
-    ``Decoder(model, "lookup", {"ngram": 3}).generate(prompt_ids, max_new_tokens=128)``.
-    Two decoders never share plugin state: each builds its own plugin manager and instance.
-    ``weight_layout`` picks how the runner holds the linear weights (``selfspec._engine.runner.layout``):
-    the default ``"auto"`` runs oneDNN-prepacked copies on CPU in float32/bf16/fp16 (equal to
-    the model up to rounding; measurements in ``docs/performance.md``) where this CPU can run them
-    for the dtype, and the model's own weights otherwise (bitwise, e.g. float64); ``"model"``
-    forces the latter. ``adopt_weights=True`` applies the layout to ``model`` in place instead of
-    to copies beside it (one copy of each weight in memory; the model's own forward then runs
-    the new layout too; see :func:`selfspec._engine.runner.layout.adopt_layout`): what ``specdec``
-    does. ``audit`` (default: the ``SELFSPEC_AUDIT`` environment variable) checks
-    every step against the full model (``selfspec._engine.audit``), and the model's weights from
-    before ``selfspec_setup`` on (``self.weights``, a :class:`~selfspec._engine.audit.WeightGuard`);
-    the last decode's :class:`~selfspec._engine.audit.Auditor` is ``self.auditor``. ``sampling`` (a
-    :class:`~selfspec._engine.sampling.Sampling`; default greedy) is how every decode of this decoder
-    picks its tokens, unless :meth:`generate` is given its own.
+    Called:
+        Built once per model and plugin (``selfspec_setup`` runs here);
+        :meth:`generate` decodes one prompt: prefill, then propose -> verify -> cache ->
+        commit -> update policy until EOS or the budget. Two decoders never share plugin
+        state: each builds its own plugin manager and instance.
+
+    Args:
+        model: a Hugging Face causal LM of a supported architecture.
+        plugin: the method plugin's entry-point name (default ``vanilla``).
+        options: the plugin's options (``{"ngram": 3}``), validated against its declaration.
+        tokenizer: the model's tokenizer, passed to ``selfspec_setup`` and used for
+            ``Result.text`` and the default EOS ids.
+        plugin_object: a class, instance or module to register under ``plugin`` instead of
+            an installed entry point.
+        draft_slack: cache slots past ``prompt + max_new_tokens`` for drafts.
+        trace: pluggy's hook-call tracing on stderr (default: ``SELFSPEC_TRACE``).
+        weight_layout: how the runner holds the linear weights: ``auto`` (the host's choice
+            for this CPU and dtype, ``docs/performance.md``), ``model`` (the model's own,
+            bitwise), ``transposed``, ``packed``.
+        audit: check every step against a shadow full-model cache and the weights against
+            their state before setup (default: ``SELFSPEC_AUDIT``; ``selfspec.testing``).
+        adopt_weights: apply the layout to ``model`` in place (one copy of each weight),
+            as ``specdec`` does, instead of to copies beside it.
+        sampling: how every decode picks its tokens unless :meth:`generate` is given its own
+            (a :class:`selfspec.Sampling`; default greedy).
+
+    Returns:
+        :meth:`generate` ``(prompt_ids [T] or [1, T], max_new_tokens, eos_token_ids=None,
+        stream=None, sampling=None)`` returns a :class:`selfspec.Result`; ``stream`` receives
+        each step's committed ids. ``.plugin`` is the plugin instance, ``.runner`` the
+        :class:`selfspec.Runner`, ``.auditor`` the last audited decode's auditor.
+
+    Host enforces:
+        An empty prompt, ids outside ``[0, vocab)`` or a negative budget are a ``ValueError``.
+        Every hook result is checked (see each hook's contract) and a broken rule stops the
+        decode with a ``PluginError`` naming the plugin; only verified tokens are committed
+        and streamed; EOS (``eos_token_ids=None``: the host's one rule over generation config,
+        model config and tokenizer; ``()``: never stop early) and the budget are the host's.
     """
 
     def __init__(

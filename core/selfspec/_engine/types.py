@@ -24,17 +24,33 @@ if TYPE_CHECKING:  # pragma: no cover
 class Draft:
     """Tokens a plugin proposes for the positions after the pending token.
 
-    ``tokens``: ``[k]`` int64 on the model's device. ``parents``: ``None`` for a chain (node i
-    follows node i-1, node 0 follows the pending token) or ``[k]`` int64 for a tree, where
-    ``parents[i]`` is the index of node i's parent (``-1`` = the pending token) and always
-    ``parents[i] < i``. An empty draft asks for a plain greedy step.
+    Called:
+        Returned by ``selfspec_propose``; the host checks it, may cut it, and hands it to
+        ``selfspec_verify``. Built with ``Draft.chain(ids, device, owner=self, **meta)``,
+        ``Draft.empty(device)`` (a plain greedy step) or ``Draft(tokens, parents)`` for a tree.
 
-    ``meta`` is free for the proposing plugin (e.g. hidden states its verifier reuses); the host
-    never reads it. ``owner`` says whose draft it is: a plugin that leaves data in ``meta`` for
-    its own ``selfspec_verify`` proposes with ``owner=self`` and its verifier first checks
-    :meth:`is_from` (else it defers, returning None). The host keeps ``owner`` and ``meta``
-    when it cuts a draft (past the depth or cache limits), so ``meta`` describes the draft as
-    proposed: its tokens are then a prefix (chain) or a subtree (tree) of it; compare lengths.
+    Args:
+        tokens: ``[k]`` int64 on the model's device, the draft's token ids in node order.
+        parents: ``None`` for a chain (node i follows node i-1, node 0 the pending token), or
+            ``[k]`` int64 for a tree: ``parents[i]`` is node i's parent, ``-1`` = the pending
+            token, always ``parents[i] < i``.
+        meta: free for the proposing plugin (e.g. hidden states its verifier reuses); the host
+            never reads it.
+        owner: the proposing plugin instance (``owner=self``), for :meth:`is_from`.
+
+    Returns:
+        ``len(draft)`` nodes; :attr:`is_tree`; :meth:`depths` (1 = a child of the pending
+        token); :meth:`is_from` (``owner`` by identity).
+
+    Host enforces:
+        1-D int64 ``tokens`` on the model's device with ids in ``[0, vocab)``; ``parents``
+        int64 shaped like ``tokens`` with ``-1 <= parents[i] < i``; else a ``PluginError``.
+        Nodes past ``state.max_draft_depth`` or the cache's spare room are cut, keeping
+        ``owner`` and ``meta`` (so ``meta`` describes the draft as proposed: compare lengths).
+
+    Notes:
+        A plugin that leaves data in ``meta`` for its own ``selfspec_verify`` proposes with
+        ``owner=self``, and its verifier returns None unless ``draft.is_from(self)``.
     """
 
     tokens: torch.Tensor
@@ -78,23 +94,43 @@ class Draft:
 class Verdict:
     """What verification decided.
 
-    ``accepted``: the accepted draft token ids, in order (a path from the pending token).
-    ``accepted_nodes``: their node indices in the draft. ``bonus``: the model's own next token
-    after the last accepted one; it becomes the new pending token. ``kv_slots``: the cache
-    slots, relative to the pending token's slot (0), that hold the keys/values of
-    ``[pending, accepted...]`` after the verifying forward; the host keeps exactly these
-    (``None`` = ``0..len(accepted)``, the chain layout). ``forwards``: full-model forward
-    passes this verification cost (used for tau). ``hidden``: states captured at the committed
-    positions when ``state.capture_layers`` asked for them, ``{layer: [len(accepted)+1, H]}``
-    (layer 0 = embeddings, layer i = output of decoder layer i-1).
+    Called:
+        Returned by ``selfspec_verify``; the host checks it, ``selfspec_cache`` keeps its
+        ``kv_slots``, the host commits :attr:`committed`, and ``selfspec_update_policy`` reads
+        it. The loop drops it when the step ends.
 
-    ``logits``: the full model's logits of the verifying forward, ``[1 + len(draft), V]`` in
-    the model's dtype, in node order: row 0 after the pending token, row ``i + 1`` after draft
-    node ``i`` (on its own path); ``None`` when the verifier had none to give (a custom
-    verifier that builds the verdict itself). It is a reference to the block the forward
-    produced (a view, never a copy) and lives only as long as the verdict: the loop drops the
-    verdict at the end of the step, so keep what you learn (:meth:`top_k`, a few rows), never
-    the verdict or this tensor. :attr:`logit_rows` are the rows of the committed positions.
+    Args:
+        accepted: the accepted draft token ids, in order (a path from the pending token).
+        bonus: the model's own next token after the last accepted one; the new pending token.
+        accepted_nodes: the accepted tokens' node indices in the draft (default for a chain:
+            ``0..len(accepted)-1``).
+        kv_slots: cache slots, relative to the pending token's slot (0), holding the keys and
+            values of ``[pending, accepted...]`` after the verifying forward; ``None`` =
+            ``0..len(accepted)``, the chain layout (:meth:`slots` resolves it).
+        forwards: full-model forward passes this verification cost (for tau).
+        hidden: states captured at the committed positions when ``state.capture_layers``
+            asked, ``{layer: [len(accepted) + 1, H]}`` (layer 0 = embeddings, layer i = the
+            output of decoder layer i-1).
+        meta: free for the verifier.
+        logits: the verifying forward's logits ``[1 + len(draft), V]`` in the model's dtype,
+            in node order (row 0 after the pending token, row ``i + 1`` after node ``i`` on
+            its own path), a reference to the forward's block (never a copy); ``None`` from a
+            verifier that gives none.
+
+    Returns:
+        :attr:`committed` ``(*accepted, bonus)``; :attr:`logit_rows` (the committed positions'
+        rows of ``logits``); :meth:`top_k` ``(values, ids)``, each ``[1 + len(draft), k]``,
+        small copies safe to keep.
+
+    Host enforces:
+        Ids in ``[0, vocab)``; ``accepted_nodes`` a path of the draft whose tokens are
+        ``accepted``; one kv slot per committed position, increasing and inside the slots
+        the forward wrote unless a plugin implements ``selfspec_cache``; else a
+        ``PluginError`` naming the plugin and the step.
+
+    Notes:
+        Keep what you learn from ``logits`` (``top_k``, a few rows ``.clone()``d), never the
+        verdict or the tensor: holding it keeps the forward's block alive.
     """
 
     accepted: tuple[int, ...]
@@ -186,17 +222,45 @@ class Stats:
 class DecodeState:
     """Everything a hook may look at during one decode.
 
-    ``tokens``: ``[capacity]`` int64 buffer; ``tokens[:length]`` are committed, the prompt
-    first. The KV cache always holds exactly ``length - 1`` positions at the start of a step:
-    every committed token except the *pending* one (``tokens[length-1]``), whose logits have
-    not been computed yet. Plugins may read everything, keep their own per-decode state on
-    their instance or in ``scratch``, and set ``capture_layers`` to ask the verifier for
-    hidden states of the committed positions. They must not write ``tokens`` or ``length``.
+    Called:
+        Built by ``Decoder.generate`` after prefill and handed to every hook of that decode,
+        the same object from ``selfspec_start`` to ``selfspec_end``.
 
-    ``sampler`` is the decode's :class:`selfspec._engine.sampling.Sampler` (``None``: greedy). Every
-    token a verifier commits and every token a drafter takes from model logits goes through
-    :meth:`pick`, which is the greedy argmax at temperature 0 and position-keyed Gumbel
-    sampling otherwise (``docs/losslessness.md``).
+    Args:
+        runner: the :class:`selfspec.Runner` over the model.
+        cache: the decode's :class:`selfspec.KVCache`; it holds exactly ``length - 1``
+            positions at the start of a step (every committed token but the pending one).
+        tokens: ``[capacity]`` int64 buffer; ``tokens[:length]`` are committed, prompt first.
+        length: committed tokens, prompt included; ``committed`` is ``tokens[:length]`` and
+            ``pending`` the last of them (not yet in the cache).
+        prompt_length: the prompt's length ``T``.
+        max_new_tokens: the decode's budget; ``budget`` is what is left of it, ``generated``
+            what was used.
+        eos_token_ids: the ids that end the decode (the host's rule).
+        stats: the decode's :class:`selfspec.Stats`, filled by the host.
+        plugin_name: the selected plugin's name.
+        options: the validated options of the decoder.
+        step: the step number, from 0.
+        capture_layers: set by a plugin to ask the verifier for hidden states of the
+            committed positions (``Verdict.hidden``).
+        scratch: free per-decode storage for plugins.
+        finished: set by the host on EOS or at the budget.
+        sampler: the decode's sampler, ``None`` when greedy (``sampling_on`` says which).
+
+    Returns:
+        :meth:`pick` ``(logits [n, V] or [V], positions [n], vocab=None) -> ids``: the
+        decode's one token choice (argmax when greedy, position-keyed Gumbel sampling
+        otherwise); :meth:`timed` ``(phase)``: a context manager timing part of a hook under
+        its own key of ``stats.phase_s``.
+
+    Host enforces:
+        Plugins write only ``capture_layers`` and ``scratch``; the host owns ``tokens``,
+        ``length``, ``step``, ``finished`` and checks the cache length after every step.
+
+    Notes:
+        Every token a verifier commits and every token a drafter takes from model logits goes
+        through :meth:`pick`, which couples drafts with the target under sampling
+        (``docs/losslessness.md``).
     """
 
     runner: Runner

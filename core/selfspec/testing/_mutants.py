@@ -228,7 +228,7 @@ class StepKeyedNoise(Echo):
         return Verdict(tuple(draft.tokens[:a].tolist()), int(pred[a]), tuple(range(a)))
 
 
-# ---------------------------------------------------------------- past the old reach (issue 28)
+# ---------------------------------------------------------------- past the old reach
 class PastMismatchPrompt400(Echo):
     bug = "accepts one draft token past the first mismatch"
     trigger = "prompts of 400+ tokens"

@@ -55,7 +55,28 @@ DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
 
 
 class PluginSuite:
-    """Subclass with ``plugin = "name"``; every other attribute is optional."""
+    """A plugin's whole standard suite: subclass with ``plugin = "name"``.
+
+    Called:
+        Collected by pytest like any test class; each inherited test runs the plugin on the
+        kit's tiny models of every architecture (``docs/testing-plugins.md`` lists them).
+
+    Args:
+        plugin: the plugin's entry-point name (or the name ``plugin_object`` registers).
+        plugin_object: a class, instance or module to test instead of an installed plugin.
+        option_strategies: Hypothesis strategies for some options (``{"k": st.integers(1, 8)}``);
+            :meth:`options_strategy` may build them from the model and the declaration.
+        reach_options, coverage_exempt, dtypes and the other class attributes below: optional,
+            each documented where it is declared.
+
+    Returns:
+        Nothing; its tests pass or fail with a ``LosslessError`` whose first line names the
+        hook, the step, the token and the margin.
+
+    Host enforces:
+        Losslessness: float64 outputs equal to the reference exactly; float32 and bf16 up to
+        the near-tie rule; a coverage bucket left empty fails unless exempted with a reason.
+    """
 
     #: The plugin's entry-point name (or the name to register ``plugin_object`` under).
     plugin: ClassVar[str] = ""

@@ -21,11 +21,6 @@ from selfspec import (
 
 from .search import initial_skip, layer_search
 
-#: Draft weights and vocabulary by default (see README; measured at 1.5B on CPU).
-DEFAULT_DRAFT_WEIGHTS = "auto"  # int8 on CPU: the 1.5B bench of issue 24 (lab/results/qwen2.5-coder-1.5b/bench-zen4-avx512-2026-11-24)
-DEFAULT_DRAFT_VOCAB = 0  # the whole vocabulary: a 32k draft vocabulary saved nothing measurable at 1.5B
-DEFAULT_TREE = True  # measured in the same bench: 3.22x against 2.84x HF greedy for the chain
-
 
 class CLaSp:
     """One instance per decoder. Per decode: the current skip set and the search log.
@@ -67,8 +62,8 @@ class CLaSp:
         register(Option("backoff", int, 0, "not in the paper: after a step whose draft got nothing "
                         "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
                         min=0, max=64))
-        register_tree_options(register, tree=DEFAULT_TREE)  # tree, tree_budget, tree_topk
-        register_draft_options(register, weights=DEFAULT_DRAFT_WEIGHTS, vocab=DEFAULT_DRAFT_VOCAB)
+        register_tree_options(register)  # tree, tree_budget, tree_topk, tree_calibrate: the host's defaults
+        register_draft_options(register)  # draft_weights, draft_vocab: the host's defaults
 
     @selfspec.hookimpl
     def selfspec_setup(self, runner: Any, options: dict[str, Any], tokenizer: Any = None) -> None:

@@ -13,17 +13,11 @@ from typing import Any
 import selfspec
 from selfspec import DRAFT_WEIGHTS, Draft, Layers, Option, check_layers
 
-#: the old ``backend`` option's names, kept as aliases of the host's draft weights
-OLD_BACKENDS = {"dynamic-int8": "int8", "int8-weight-only": "int8wo", "bitsandbytes": "bnb"}
-
 KV_MODES = ("shared", "none")
 #: Default number of fractal layers. The paper uses n = L/4 with w = n (Appendix D); on the
 #: project's CPU the n x w sweep (lab/results/logs/fractal.md) puts every point within noise of the host's vanilla
 #: decoding, with w = 0 and small n on top, so the defaults are n = 2, w = 0.
 DEFAULT_N = 2
-#: Draft vocabulary by default: 32,768 tokens keep 99.6 % of the corpus's tokens of Qwen2.5's
-#: 151,936 and every measured draft agreement (lab/results/logs/draftweights.md).
-DEFAULT_DRAFT_VOCAB = 0  # the whole vocabulary: a 32k draft vocabulary saved nothing measurable at 1.5B (issue 24)
 
 
 class Fractal:
@@ -48,11 +42,8 @@ class Fractal:
                         "the host's compressed draft weights the injected copy runs: auto (int8 on CPU, bnb on "
                         "CUDA), int8 (dynamic), int8wo (weight-only), bf16, bnb (LLM.int8, CUDA), none "
                         "(the model's own weights: a control)", choices=DRAFT_WEIGHTS))
-        register(Option("draft_vocab", int, DEFAULT_DRAFT_VOCAB, "draft vocabulary: the compressed head "
+        register(Option("draft_vocab", int, 0, "draft vocabulary: the compressed head "
                         "projects onto the N most frequent tokens of the corpus (0: all)", min=0))
-        register(Option("backend", str, "auto", "deprecated alias of draft_weights (old names: dynamic-int8, "
-                        "int8-weight-only, bitsandbytes); a draft_weights other than auto wins",
-                        choices=(*DRAFT_WEIGHTS, *OLD_BACKENDS)))
         register(Option("kv", str, "shared",
                         "KV cache of the draft pass: shared (the committed prefix's cache, work ~ new tokens) "
                         "or none (recompute the sequence every pass, as in the paper)", choices=KV_MODES))
@@ -77,9 +68,9 @@ class Fractal:
         self.w = w
         self.kv = options["kv"]
         # draft_weights wins unless left at auto; then the old alias (default auto) decides
-        kind = options["draft_weights"] if options["draft_weights"] != "auto" else (options["backend"] or "auto")
+        kind = options["draft_weights"]
         vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
-        self.dw = selfspec.draft_weights(runner, OLD_BACKENDS.get(kind, kind), vocab)
+        self.dw = selfspec.draft_weights(runner, kind, vocab)
 
     @selfspec.hookimpl
     def selfspec_propose(self, state: selfspec.DecodeState) -> Draft:

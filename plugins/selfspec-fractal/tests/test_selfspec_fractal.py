@@ -16,7 +16,6 @@ class TestFractal(PluginSuite):
 
     plugin = "fractal"
     option_strategies = {"w": st.integers(0, 4), "draft_weights": st.sampled_from(CPU_BACKENDS),
-                         "backend": st.sampled_from(("auto", "dynamic-int8", "int8-weight-only")),
                          "draft_vocab": st.sampled_from((0, 16, 48)), "kv": st.sampled_from(("shared", "none"))}
     reach_options = {"draft_weights": "none", "n": 2, "w": 4}  # see b): drafts accepted, deep windows
     coverage_exempt = {  # c) the kit's longest output (520 tokens) takes fractal fewer steps
@@ -143,7 +142,6 @@ def test_evenly_spaced_follows_the_paper():
         ({"positions": "0,1", "n": 3}, "n=3"),
         ({"positions": "a"}, "not a layer"),
         ({"n": 9}, "only 3 layers"),
-        ({"backend": "bitsandbytes"}, "CUDA"),
         ({"draft_weights": "bnb"}, "CUDA"),
     ],
 )

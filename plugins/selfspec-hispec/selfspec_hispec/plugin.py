@@ -53,11 +53,6 @@ from selfspec import (
 from .heads import STORE, ExitHeads, exit_layers, load_profile, profile_name
 from .stats import COUNTERS
 
-#: Exit-head weights and vocabulary by default (see README; measured at 1.5B on CPU).
-DEFAULT_DRAFT_WEIGHTS = "auto"  # int8 on CPU: the 1.5B bench of issue 24 (lab/results/qwen2.5-coder-1.5b/bench-zen4-avx512-2026-11-24)
-DEFAULT_DRAFT_VOCAB = 0  # the whole vocabulary: a 32k draft vocabulary saved nothing measurable at 1.5B
-DEFAULT_TREE = True  # with calibrated exit heads at 1.5B: 1.06x vanilla against 0.65x for the buffer (lab/results/qwen2.5-coder-1.5b/hispec-exit-heads-zen4-avx512-2026-11-24)
-
 
 class HiSpec:
     """One instance per decoder: options, exit heads, the per-step buffer's meta, counters."""
@@ -87,12 +82,12 @@ class HiSpec:
                         "LayerSkip-style baseline: draft N_i tokens at L_d, no intermediate verification"))
         register(Option("profile", str, "auto",
                         "exit heads: 'auto' (this model's calibrated profile if any), 'none', or a profile path"))
-        register_tree_options(register, tree=DEFAULT_TREE)  # tree: a tree from the L_d exit, verified by the full model
-        register(Option("draft_weights", str, DEFAULT_DRAFT_WEIGHTS,
+        register_tree_options(register)  # tree: a tree from the L_d exit, verified by the full model
+        register(Option("draft_weights", str, "auto",
                         "weights of the exit heads' LM head (the host's shared compressed copy; the layers stay the "
                         "model's own, whose states verification reuses): none, int8, int8wo, bf16, bnb (CUDA), auto",
                         choices=DRAFT_WEIGHTS))
-        register(Option("draft_vocab", int, DEFAULT_DRAFT_VOCAB,
+        register(Option("draft_vocab", int, 0,
                         "draft vocabulary of the exit heads: the N most frequent corpus tokens (0: all; a "
                         "profile's own subset wins)", min=0))
 

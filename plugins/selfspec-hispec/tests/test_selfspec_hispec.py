@@ -267,8 +267,8 @@ def test_exit_logits_agree_with_predict(vocab):
 
 
 def test_the_defaults_draft_a_tree_through_the_int8_head():
-    # issue 24: measured fastest at 1.5B with calibrated exit heads (a tree from the L_d exit on
-    # the host's int8 head); tree=0 runs the paper's buffer with intermediate verification
+    # the defaults draft a tree from the L_d exit on the host's int8 head (the host's defaults);
+    # tree=0 runs the paper's buffer with intermediate verification
     plugin = HiSpec()
     Decoder(tiny_model("qwen2"), "hispec", plugin_object=plugin)
     assert plugin.tree.enabled

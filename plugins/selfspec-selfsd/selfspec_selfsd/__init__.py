@@ -33,10 +33,6 @@ from .policy import Threshold
 
 __all__ = ["SelfSD", "Threshold"]
 
-#: Draft weights and vocabulary by default (see README, "Cheap drafts"; measured at 1.5B on CPU).
-DEFAULT_DRAFT_WEIGHTS = "auto"  # int8 on CPU: the 1.5B bench of issue 24 (lab/results/qwen2.5-coder-1.5b/bench-zen4-avx512-2026-11-24)
-DEFAULT_DRAFT_VOCAB = 0  # the whole vocabulary: a 32k draft vocabulary saved nothing measurable at 1.5B
-DEFAULT_TREE = True  # measured in the same bench: 3.71x against 3.55x HF greedy for the chain
 
 
 def _unit(x: float) -> str | None:
@@ -79,8 +75,8 @@ class SelfSD:
         register(Option("reuse", bool, True,
                         "verify from the first skipped layer on, reusing the draft's exact lower-layer states "
                         "(only when the draft runs the model's own weights: draft_weights=none)"))
-        register_draft_options(register, weights=DEFAULT_DRAFT_WEIGHTS, vocab=DEFAULT_DRAFT_VOCAB)
-        register_tree_options(register, tree=DEFAULT_TREE)  # tree, tree_budget, tree_topk
+        register_draft_options(register)  # draft_weights, draft_vocab: the host's defaults
+        register_tree_options(register)  # tree, tree_budget, tree_topk, tree_calibrate
 
     @selfspec.hookimpl
     def selfspec_setup(self, runner, options: dict[str, Any], tokenizer: Any = None) -> None:

@@ -63,7 +63,7 @@ def test_it_drafts_and_accepts(arch, reuse, weights):
 
 
 def test_the_default_draft_reads_int8_weights_on_cpu():
-    # issue 24: compressed draft weights are the default where they measured fastest (int8 on CPU)
+    # the host's default draft weights: auto, int8 on a CPU
     dec = Decoder(tiny_model("qwen2"), "selfsd", {})
     assert dec.plugin.weights.backend == "int8" and dec.plugin.weights.layers and not dec.plugin.reuse
 

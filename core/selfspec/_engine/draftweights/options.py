@@ -7,11 +7,22 @@ from collections.abc import Callable
 from selfspec._engine.draftweights.shadow import BACKENDS
 from selfspec._engine.options import Option
 
+#: The host's default draft weights for every drafter that declares them: ``auto`` (int8 on a
+#: CPU, bitsandbytes on CUDA where installed). A draft token on the shared int8 copy costs a
+#: fraction of one on the model's own float32 weights while keeping the same acceptance
+#: (docs/performance.md, "Draft weights"); ``none`` is the papers' setting.
+DEFAULT_DRAFT_WEIGHTS = "auto"
+#: The host's default draft vocabulary: the whole vocabulary (a smaller one saved nothing
+#: measurable on the models measured; docs/performance.md).
+DEFAULT_DRAFT_VOCAB = 0
 
-def register_draft_options(register: Callable[[Option], None], *, weights: str = "none", vocab: int = 0) -> None:
-    """Declare ``draft_weights`` (default ``weights``: which of the host's draft weights the
-    draft model reads, :func:`selfspec.draft_weights`) and ``draft_vocab`` (default ``vocab``:
-    the size of the draft vocabulary, :func:`selfspec.draft_vocab`; 0 = all). Read them back as
+
+def register_draft_options(register: Callable[[Option], None], *, weights: str = DEFAULT_DRAFT_WEIGHTS,
+                           vocab: int = DEFAULT_DRAFT_VOCAB) -> None:
+    """Declare ``draft_weights`` (default ``weights``, the host's ``auto`` unless a plugin
+    measured otherwise: which of the host's draft weights the draft model reads,
+    :func:`selfspec.draft_weights`) and ``draft_vocab`` (default ``vocab``, 0: the size of the
+    draft vocabulary, :func:`selfspec.draft_vocab`; 0 = all). Read them back as
     ``selfspec.draft_weights(runner, options["draft_weights"], selfspec.draft_vocab(runner,
     options["draft_vocab"], tokenizer))``."""
     register(Option("draft_weights", str, weights,

@@ -23,10 +23,7 @@ import numpy as np
 import torch
 
 from selfspec._engine.artefacts import ArtefactStore
-
-#: The registered corpus: a callable ``tasks -> iterable of texts`` (``None``: no corpus). The
-#: engine never imports the app's data module; the app registers its corpus here.
-_CORPUS: list[Any] = [None]
+from selfspec._engine.corpus import corpus_source
 
 #: Corpus tokens counted for a ranking.
 MAX_TOKENS = 2_000_000
@@ -82,21 +79,6 @@ def token_counts(tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKEN
     if total:  # no corpus (data packages missing) is not cached: installing them fixes it
         STORE.save(path, lambda tmp: np.save(tmp, counts))
     return counts[:vocab_size]
-
-
-def set_vocab_corpus(source: Any) -> None:
-    """Register the corpus a draft vocabulary is ranked by: a callable ``tasks -> iterable of
-    texts`` (``tasks`` a tuple of task names the caller may ignore), or ``None`` to register
-    none. ``specdec`` registers ``selfspec.app.corpus_texts``; a script that asks for a draft
-    vocabulary registers its own (or the app's) before building a decoder."""
-    if source is not None and not callable(source):
-        raise TypeError("set_vocab_corpus takes a callable tasks -> iterable of texts, or None")
-    _CORPUS[0] = source
-
-
-def corpus_source() -> Any:
-    """The registered corpus callable, or ``None`` when none is registered."""
-    return _CORPUS[0]
 
 
 def vocab_ranking(vocab_size: int, tokenizer: Any = None, *, progress: bool = True) -> torch.Tensor | None:
