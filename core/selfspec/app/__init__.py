@@ -20,6 +20,7 @@ _API: dict[str, tuple[str, str]] = {
     "Settings": ("app._cli.settings", "Settings"),
     # models
     "load_model": ("app._models", "load"),
+    "custom_generate": ("app._hf", "custom_generate"),
     "format_prompt": ("app._models", "format_prompt"),
     # data splits
     "Sample": ("app._data", "Sample"),
