@@ -3,7 +3,8 @@ known-lossy plugin of :mod:`selfspec.testing._mutants`, and passes the correct c
 
 a) Each mutant runs exactly as a plugin author's suite does (a :class:`PluginSuite` with
    ``plugin_object=``, the ``selfspec-ci`` profile), architecture after architecture, without
-   shrinking; the score is the number of examples run up to the first that fails.
+   shrinking, then the suite's decodes on one instance (``test_lossless_across_decodes``, each
+   decode one example); the score is the number of examples run up to the first that fails.
 b) The derandomized profile makes that number exact, so docs/testing-plugins.md states it
    and this test keeps the table true.
 c) A mutant that names the hook the audit must blame (``hook``) and records the step it first
@@ -50,6 +51,23 @@ def run_suite(plugin_object, factory, dtype=None) -> tuple[int | None, str]:
             suite.test_lossless(arch, "cpu", factory)
         except (LosslessError, PluginError) as exc:
             return len(calls), str(exc)
+    # then the decodes on one instance (each decode counted as one example), arch after arch
+    import selfspec.testing._lossless as lossless
+
+    original = lossless.assert_lossless
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    lossless.assert_lossless = counted
+    try:
+        for arch in Suite.archs:
+            suite.test_lossless_across_decodes(arch, "cpu", factory)
+    except (LosslessError, PluginError) as exc:
+        return len(calls), str(exc)
+    finally:
+        lossless.assert_lossless = original
     cov = Suite.coverage()
     return None, f"{cov.report()}\nmissing: {cov.missing(Suite.archs)}"
 

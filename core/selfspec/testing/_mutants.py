@@ -315,11 +315,65 @@ class PolicyCorruptsKVLate(Echo):
                 c.keys[i][:, :, base] *= 0.5
 
 
+# ---------------------------------------------------------------- sampling filters, EOS ids, seeds
+class ForgetsTopK(Echo):
+    bug = "its sampler applies temperature and top-p but forgets top-k"
+    trigger = "sampling with top-k on"
+    hook = "selfspec_verify"
+
+    def verify(self, state, draft):
+        if not state.sampling_on or state.sampler.sampling.top_k == 0:
+            return verify_greedy(state, draft)
+        from selfspec._engine.sampling import sample_tokens
+        from selfspec._engine.verification import accepted_length
+
+        base = state.length - 1
+        ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
+        out = state.runner.forward(ids, cache=state.cache, start=base)
+        at = torch.arange(len(draft) + 1) + base + 1  # the right positions
+        pred = sample_tokens(out.logits, at, replace(state.sampler.sampling, top_k=0))  # wrong: no top-k
+        a = accepted_length(pred, draft.tokens)
+        return Verdict(tuple(draft.tokens[:a].tolist()), int(pred[a]), tuple(range(a)))
+
+
+class EosAlias(Echo):
+    bug = "treats every EOS id as the first one (its bonus becomes the smallest EOS id)"
+    trigger = "two or more EOS ids, the model's next token one of the others"
+    hook = "selfspec_verify"
+
+    def verify(self, state, draft):
+        v = verify_greedy(state, draft)
+        eos = sorted(state.eos_token_ids)
+        if len(eos) > 1 and v.bonus in eos and v.bonus != eos[0]:
+            self.fault(state)
+            return replace(v, bonus=eos[0])  # wrong: another EOS id is another token
+        return v
+
+
+class SeedlessPicks(Echo):
+    bug = "memoises sampled picks on the instance keyed by position and logits, not by the seed"
+    trigger = "a second sampled decode of the same prompt with another seed, on one instance"
+    hook = "selfspec_verify"
+
+    def verify(self, state, draft):
+        v = verify_greedy(state, draft)
+        if not state.sampling_on:
+            return v
+        memo = self.__dict__.setdefault("memo", {})  # kept across decodes, like a real cache
+        # wrong: a position's pick depends on the seed too; the key leaves it out
+        key = (state.length, hash(tuple(state.committed[-8:].tolist())))
+        if key in memo and memo[key] != v.bonus and not v.accepted:
+            self.fault(state)
+            return replace(v, bonus=memo[key])
+        memo.setdefault(key, v.bonus)
+        return v
+
+
 #: Every mutant, in the order of the score table.
 MUTANTS: tuple[type[Echo], ...] = (
     WrongBonusLate, WrongBonusVeryLate, PastMismatchLongPrompt, PastMismatchVeryLongPrompt,
     ShiftedSlotsDeep, ProposerOverwritesLong, PendingOverwrittenLate, StaleKVLate,
     SkipsCheckLongPrompt, SkipsCheckDeep, SkipsCheckLate, StepKeyedNoise,
     PastMismatchPrompt400, WrongTokenAfter200, WrongTokenGemmaLate, DropsSlotEvery130, EditsHeadInSetup,
-    PolicyCorruptsKVLate,
+    PolicyCorruptsKVLate, ForgetsTopK, EosAlias, SeedlessPicks,
 )

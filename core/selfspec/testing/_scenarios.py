@@ -46,13 +46,14 @@ LONGEST_NEW = 520
 
 @dataclass(frozen=True)
 class Scenario:
-    """One example: ``arch``, ``prompt`` ids, ``max_new_tokens``, and ``eos_at``: None, or
-    the index in the reference output of the token to use as EOS."""
+    """One example: ``arch``, ``prompt`` ids, ``max_new_tokens``, and ``eos_at``: None, the
+    index in the reference output of the token to use as EOS, or a tuple of such indices
+    (several EOS ids at once: the decode stops at the first of any of them)."""
 
     arch: str
     prompt: tuple[int, ...]
     max_new_tokens: int
-    eos_at: int | None = None
+    eos_at: int | tuple[int, ...] | None = None
     label: str = ""
     sampling: Sampling | None = None
 
@@ -147,6 +148,32 @@ def reach(archs: Sequence[str] = ARCHS, positions: int = POSITIONS) -> list[Scen
     for i, (label, n_prompt, n_new, eos_at, motif) in enumerate(base):
         out.append(Scenario(archs[(i + 1) % len(archs)], _motif(n_prompt, motif), n_new, eos_at, label))
     return out
+
+
+def sampled_filters(arch: str) -> list[Scenario]:
+    """Fixed sampling examples of ``arch`` with each filter on its own and both together:
+    top-k alone, top-p alone, top-k and top-p (a sampler that forgets one of them differs
+    from the reference within a few tokens at these settings)."""
+    seed = zlib.crc32(f"filters:{arch}".encode())
+    prompt = _motif(32, (7, 3, 9, 3, 1), changes=2, salt=arch)
+    return [Scenario(arch, prompt, 24, None, label, Sampling(t, k, p, seed))
+            for label, t, k, p in (("sampled, top-k alone", 1.0, 3, 1.0),
+                                   ("sampled, top-p alone", 1.0, 0, 0.6),
+                                   ("sampled, top-k and top-p", 1.0, 4, 0.7))]
+
+
+def several_eos(arch: str) -> Scenario:
+    """A fixed example with two EOS ids, both tokens of the reference output (at new tokens 6
+    and 3): the decode must stop at whichever comes first, exactly as ``generate`` does."""
+    return Scenario(arch, _motif(24, (3, 4, 5), changes=2, salt=f"eos:{arch}"), 24, (6, 3), "several eos ids")
+
+
+def last_position(arch: str, positions: int = POSITIONS) -> Scenario:
+    """A fixed example whose output ends at the model's last position: a prompt of
+    ``positions - 24`` tokens and 24 new tokens (a clamp of positions anywhere below the limit
+    changes the output)."""
+    return Scenario(arch, _motif(positions - 24, (11, 2, 7, 2, 30), changes=3, salt=f"end:{arch}"), 24,
+                    None, "to the last position")
 
 
 def sampled(arch: str) -> Scenario:

@@ -46,6 +46,8 @@ from selfspec.testing._coverage import Coverage, coverage_for
 #: ``(prompt, max_new_tokens)`` decoded in turn by one Decoder in ``test_lossless_across_decodes``,
 #: after a warm-up on the first prompt (16 tokens, as ``specdec bench`` warms up): a repetitive
 #: prompt, the same prompt again with a longer budget, another motif, a plain ramp.
+#: The seeds of the sampled decodes ``test_lossless_across_decodes`` ends with.
+SAMPLED_SEEDS: tuple[int, ...] = (11, 12)
 DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
     ((3, 4, 5) * 8, 24),
     ((3, 4, 5) * 8, 40),
@@ -179,7 +181,7 @@ class PluginSuite:
     def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
         from hypothesis import Phase, example, given, seed, settings
 
-        from selfspec.testing._scenarios import reach, sampled, scenarios
+        from selfspec.testing._scenarios import last_position, reach, sampled, sampled_filters, scenarios, several_eos
 
         cov = self.coverage()
         _, declared = self._manager()
@@ -201,7 +203,10 @@ class PluginSuite:
         test = given(scenario=drawn, options=opts)(check)
         # explicit examples run last-applied first: the reach set (where most bugs live), then
         # the sampling example, then the draws
-        test = example(scenario=sampled(suite_arch), options={**self.reach_options, **self.fixed_options})(test)
+        fixed_opts = {**self.reach_options, **self.fixed_options}
+        for sc in (*sampled_filters(suite_arch), several_eos(suite_arch), last_position(suite_arch, lim.positions)):
+            test = example(scenario=sc, options=fixed_opts)(test)
+        test = example(scenario=sampled(suite_arch), options=fixed_opts)(test)
         for sc in fixed:
             if sc.arch == suite_arch:
                 test = example(scenario=sc, options={**self.reach_options, **self.fixed_options})(test)
@@ -224,6 +229,12 @@ class PluginSuite:
         assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 16)  # the warm-up
         for prompt, max_new_tokens in DECODE_SEQUENCE:
             assert_lossless(model, decoder, prompt, max_new_tokens)
+        # sampled decodes on the same instance, the same prompt under two seeds: state keyed
+        # without the seed (memoised noise, cached picks) shows up in the second
+        from selfspec._engine.sampling import Sampling
+
+        for seed in SAMPLED_SEEDS:
+            assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 24, sampling=Sampling(1.0, 0, 0.9, seed))
         assert decoder.plugin is plugin  # one instance throughout
 
     def test_lossless_coverage(self) -> None:
@@ -250,7 +261,8 @@ class PluginSuite:
                 ref = greedy_reference(model, prompt, scenario.max_new_tokens)
             else:
                 ref = reference_sample(model, prompt, scenario.max_new_tokens, (), scenario.sampling)
-            eos = (ref[min(scenario.eos_at, len(ref) - 1)],) if ref else ()
+            at = scenario.eos_at if isinstance(scenario.eos_at, tuple) else (scenario.eos_at,)
+            eos = tuple(dict.fromkeys(ref[min(i, len(ref) - 1)] for i in at)) if ref else ()
         window = getattr(model.config, "sliding_window", None)
         if scenario.arch == "qwen2" and not getattr(model.config, "use_sliding_window", False):
             window = None
