@@ -147,6 +147,7 @@ class Decoder:
             runner.forward(prompt[:-1], cache=state.cache, start=0, logits=None)
         self._sync()
         stats.prefill_s = time.perf_counter() - t_start
+        bytes_at_start = runner.weight_bytes
         self.auditor = self._auditor()
         observers = [self.auditor] if self.auditor is not None else []  # see _observe
         self._call("selfspec_start", state=state)
@@ -175,6 +176,8 @@ class Decoder:
         stats.wall_time_s = time.perf_counter() - t_start
         out = state.tokens[T : state.length].tolist()
         stats.new_tokens = len(out)
+        stats.weight_bytes = runner.weight_bytes - bytes_at_start
+        stats.choices = {what: choice.as_dict() for what, choice in self.runner.choices.items()}
         result = Result(prompt_ids=prompt.tolist(), output_ids=out, stats=stats, text=self._decode(out))
         self._call("selfspec_end", state=state, result=result)
         self._observe(observers, "ended")

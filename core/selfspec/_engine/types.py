@@ -185,6 +185,13 @@ class Stats:
     #: the runner's weight layout this decode ran with (``"packed"``, ``"model"``, ...: what
     #: ``"auto"`` resolved to on this device, dtype and CPU)
     weight_layout: str = ""
+    #: how each ``auto`` of this decode was decided: ``{"weight_layout": {...},
+    #: "draft_weights": {...}}``, each the chosen candidate, how (measured, cached, static and
+    #: why) and every candidate's measured seconds (:mod:`selfspec._engine.calibration`)
+    choices: dict[str, Any] = field(default_factory=dict)
+    #: bytes of product weights the decode's forwards read after the prefill (the model's own
+    #: per full forward, the draft weights' per draft pass): what bounds it on a CPU
+    weight_bytes: int = 0
 
     @property
     def tau(self) -> float:
@@ -215,6 +222,8 @@ class Stats:
             "phase_s": dict(self.phase_s),
             "accept_lengths": list(self.accept_lengths),
             "weight_layout": self.weight_layout,
+            "choices": dict(self.choices),
+            "weight_bytes": self.weight_bytes,
         }
 
 

@@ -165,6 +165,8 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
     that runs the model's own layers and compresses only its projection onto the vocabulary.
     """
     kind = resolve_backend(backend, runner.device)
+    if backend == "auto" and kind == "int8":
+        kind = measured_backend(runner)
     V = int(runner.vocab_size)
     if vocab is not None:
         vocab = torch.as_tensor(vocab, dtype=torch.long, device=runner.device).reshape(-1)
@@ -195,6 +197,26 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
         built = per_model[(kind, wkey)]
     subs, layer_bytes = built
     return DraftWeights(kind, V, subs, head_module, vocab, layer_bytes, head_bytes)
+
+
+def measured_backend(runner) -> str:
+    """``auto`` on a CPU: the draft weights fastest per draft token here, measured once per
+    machine and model shape among ``int8``, ``int8wo``, ``none`` (the model's own weights in
+    the runner's layout) and ``bf16`` where oneDNN has bf16 kernels (see
+    :mod:`selfspec._engine.calibration`); ``int8`` when the measurement cannot tell. The
+    choice is recorded in ``runner.choices["draft_weights"]``."""
+    if "draft_weights" in getattr(runner, "choices", {}):
+        return runner.choices["draft_weights"].chosen
+    from selfspec._engine.calibration import choose_draft_weights
+    from selfspec._engine.machine import cpu_capability
+
+    candidates = ["int8", "int8wo", "none"] + (["bf16"] if cpu_capability().onednn_bf16 else [])
+    if runner.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        candidates = ["int8"]  # float64: the compressed copies only (the static rule)
+    choice = choose_draft_weights(runner, static="int8", candidates=candidates)
+    if hasattr(runner, "choices"):
+        runner.choices["draft_weights"] = choice
+    return choice.chosen
 
 
 def built_nbytes(model: nn.Module) -> int:

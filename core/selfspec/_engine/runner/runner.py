@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from selfspec._engine.runner import masks
 from selfspec._engine.runner.adapters import Adapter, adapter_for
 from selfspec._engine.runner.cache import KVCache
 from selfspec._engine.runner.layout import adopt_layout, check_layout, shared_layout_copies
+from selfspec._engine.runner.traffic import block_bytes, product_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from selfspec._engine.draftweights import DraftWeights
@@ -59,6 +60,11 @@ class Runner:
         self.config = model.config
         self.layers = self.adapter.layers
         self.weight_layout = check_layout(weight_layout, self.device, self.dtype)
+        #: how each ``auto`` of this runner was decided (``{"weight_layout": Choice, ...}``;
+        #: :mod:`selfspec._engine.calibration`); the draft weights add theirs when built
+        self.choices: dict[str, Any] = {}
+        if weight_layout == "auto":
+            self.weight_layout = self._measured_layout(model)
         if adopt:
             self.adapter.lm_head = adopt_layout(model, list(self.layers), self.adapter.lm_head, self.weight_layout)
         # the modules forward() executes: the model's own, or copies with another weight layout
@@ -66,11 +72,33 @@ class Runner:
         self._run_layers, self.adapter.lm_head = shared_layout_copies(  # the runner's own adapter
             model, list(self.layers), self.adapter.lm_head, "model" if adopt else self.weight_layout)
         self.n_layers = len(self.layers)
+        #: bytes of product weights read by every forward so far (:mod:`.traffic`)
+        self.weight_bytes = 0
+        self._head_cache: dict[int, tuple[nn.Module, int]] = {}
         self.windows = self.adapter.windows
         self._rope_keys = self.adapter.rope_keys()
         emb = self.embedding
         self.vocab_size = int(getattr(self.config, "vocab_size", emb.num_embeddings))
         self.hidden_size = int(emb.embedding_dim)
+
+    def _measured_layout(self, model: nn.Module) -> str:
+        """``auto``: the fastest layout measured here among those that can run (the model's own,
+        and the transposed and packed copies where oneDNN can pack this dtype), the static
+        rule's choice when the measurement cannot tell them apart."""
+        from selfspec._engine.calibration import choose_weight_layout
+
+        static = self.weight_layout
+        candidates = ["model", "transposed", "packed"] if static == "packed" else [static]
+        choice = choose_weight_layout(model, list(self.layers), self.adapter.lm_head, static=static,
+                                      candidates=candidates)
+        self.choices["weight_layout"] = choice
+        return choice.chosen
+
+    def _head_bytes(self, head: nn.Module) -> int:
+        cached = self._head_cache.get(id(head))
+        if cached is None or cached[0] is not head:
+            cached = self._head_cache[id(head)] = (head, product_bytes(head))
+        return cached[1]
 
     @property
     def device(self) -> torch.device:
@@ -93,6 +121,7 @@ class Runner:
         early exit when taken mid-model. ``[..., H]`` -> ``[..., V]``. ``lm_head``: another
         module with the head's contract (``[..., H]`` -> ``[..., V']``, e.g. a compressed copy
         or a row subset of the head) in place of the runner's own."""
+        self.weight_bytes += self._head_bytes(self.adapter.lm_head if lm_head is None else lm_head)
         if lm_head is None:
             return self.adapter.head(hidden)
         return self.softcap(lm_head(self.norm(hidden)))
@@ -213,7 +242,9 @@ class Runner:
                 layer = weights.layers[i]
             else:
                 layer = self._run_layers[i]
+            attn_bytes, mlp_bytes = block_bytes(layer)
             if i not in skip_attn:
+                self.weight_bytes += attn_bytes
                 key = self._rope_keys[i]
                 if key not in ropes:
                     ropes[key] = self.adapter.rope(h, pos_ids, key)
@@ -224,6 +255,7 @@ class Runner:
                 kv = cache.view(i, start, write)
                 h = self.adapter.attn_block(layer, h, ropes[key], layer_masks[w], kv)
             if i not in skip_mlp:
+                self.weight_bytes += mlp_bytes
                 h = self.adapter.mlp_block(layer, h)
             if i + 1 in capture:
                 captured[i + 1] = h[0]

@@ -114,6 +114,8 @@ class Run:
     phase_s: dict[str, float] = field(default_factory=dict)
     prefill_s: float | None = None
     weight_layout: str | None = None  # the runner's layout (None for HF's own generate)
+    weight_bytes: int | None = None  # bytes of weights the decode read (None for HF's own generate)
+    choices: dict[str, Any] | None = None  # how the decode's "auto"s were decided
 
 
 RunFn = Callable[[list[int], int, set[int]], Run]
@@ -149,7 +151,7 @@ def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, s
         wall = time.perf_counter() - t0
         s = res.stats
         return Run(res.output_ids, wall, s.forwards, s.drafted, s.accepted, list(s.accept_lengths), dict(s.phase_s),
-                   s.prefill_s, s.weight_layout)
+                   s.prefill_s, s.weight_layout, s.weight_bytes, dict(s.choices))
 
     return run
 
@@ -329,6 +331,8 @@ def make_record(sample: Sample, method: Method, run: Run, prompt_ids: list[int],
         "phase_s": run.phase_s,
         "prefill_s": run.prefill_s,
         "weight_layout": run.weight_layout,
+        "weight_bytes": run.weight_bytes,
+        "choices": run.choices,
         "prompt_tokens": len(prompt_ids),
         "lossless": (cmp is None or bool(cmp.equal)) if checked else None,
         "near_tie": bool(cmp is not None and cmp.near_tie),

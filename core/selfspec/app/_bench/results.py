@@ -199,8 +199,22 @@ def markdown(summary: dict[str, Any]) -> str:
             f"| {r['task']} | {r['method']} | {r['samples']} | {r['new_tokens']} | {_f(r['tokens_per_s'], '.1f')} | "
             f"{_f(r['speedup'])} | {_f(r['tau'])} | {_f(r['acceptance'])} | {ok} | {_phases(r['phase_s'])} |"
         )
+    from selfspec.app._bench.roofline import markdown as roofline_markdown
+
+    lines += roofline_markdown(summary)
+    lines += choices_markdown(summary)
     lines += memory_markdown(summary)
     return "\n".join(lines) + "\n"
+
+
+def choices_markdown(summary: dict[str, Any]) -> list[str]:
+    """What each ``auto`` resolved to in this run and the measured times that chose it."""
+    choices = summary.get("choices")
+    if not choices:
+        return []
+    from selfspec._engine.calibration import Choice
+
+    return ["", "**Measured choices**", "", *(f"- {Choice.from_dict(c).note()}" for c in choices.values())]
 
 
 def memory_markdown(summary: dict[str, Any]) -> list[str]:

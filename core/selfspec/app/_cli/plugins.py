@@ -65,4 +65,17 @@ def host_line() -> str:
         layout = choose_layout("auto", "cpu", dtype, cpu)
         why = packing_unsupported("cpu", dtype, cpu) if layout != "packed" else None
         parts.append(f"{name}: {layout}" + (f" ({why})" if why and dtype != torch.float64 else ""))
-    return f"host: {cpu_model()} [{cpu.label}]; --weight-layout auto on CPU runs " + "; ".join(parts)
+    line = (f"host: {cpu_model()} [{cpu.label}]; before measuring, --weight-layout auto on CPU runs "
+            + "; ".join(parts))
+    return "\n".join([line, *measured_lines()])
+
+
+def measured_lines() -> list[str]:
+    """What ``auto`` measured on this machine so far, one line per model shape and choice."""
+    from selfspec._engine.calibration import cached_choices
+
+    found = cached_choices()
+    if not found:
+        return ["measured here: nothing yet (auto measures the layout and draft weights at a model's first use)"]
+    return ["measured here (auto, per model shape; SELFSPEC_CALIBRATE=0 keeps the rule above):",
+            *(f"  {key.rsplit('-', 1)[0]}: {choice.note()}" for key, choice in found)]

@@ -1,0 +1,97 @@
+"""The machine's limit: streaming read bandwidth, bytes of weights per committed token, and
+how close each method runs to ``bandwidth / bytes per token``.
+
+On a CPU a one-token forward is bound by streaming the weights from memory, so the fastest
+any decode of a model can run is the machine's read bandwidth over the bytes of weights it
+reads per committed token: the whole model's products once per token for HF ``generate`` and
+``vanilla``; for a speculative method, the whole model once per verification plus the draft
+weights it reads per draft pass, divided by the tokens committed (``Stats.weight_bytes`` of
+every decode). ``% of limit`` = measured tokens/s over that limit; ``limit vs vanilla`` =
+vanilla's bytes per token over the method's, the speedup the method's measured τ and draft
+cost would give if both ran at the limit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+#: Bytes of the buffer the bandwidth is read from (far beyond any CPU's caches).
+BUFFER_BYTES = 1 << 30
+
+
+def read_bandwidth(nbytes: int = BUFFER_BYTES, repeats: int = 5) -> float:
+    """The machine's streaming read bandwidth in bytes/s: the fastest of ``repeats`` sums over
+    a float32 buffer of ``nbytes`` with the process's torch threads (a sum does one addition
+    per 4 bytes read: bound by memory, not arithmetic)."""
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    buf.sum()  # warm-up: pages touched, threads started
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t0)
+    del buf
+    return nbytes / best
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes of product weights one full forward of ``model`` reads: every decoder layer's
+    linears and the LM head (in the model's own dtype)."""
+    from selfspec._engine.runner.adapters import adapter_for
+    from selfspec._engine.runner.traffic import product_bytes
+
+    adapter = adapter_for(model)
+    return sum(product_bytes(layer) for layer in adapter.layers) + product_bytes(adapter.lm_head)
+
+
+def roofline(records: Sequence[dict[str, Any]], *, bandwidth: float, full_forward_bytes: int,
+             baseline: str = "vanilla") -> dict[str, Any]:
+    """``{"bandwidth_bytes_per_s", "model_bytes", "rows": [...]}``, a row per method over every
+    record: ``bytes_per_token`` (records' ``weight_bytes``; HF's methods read the whole model
+    once per forward), ``limit_tokens_per_s``, ``tokens_per_s``, ``of_limit`` and
+    ``limit_vs_vanilla``."""
+    rows = []
+    for m in dict.fromkeys(r["method"] for r in records):
+        rs = [r for r in records if r["method"] == m]
+        tokens = sum(r["new_tokens"] for r in rs)
+        wall = sum(r["wall_time"] for r in rs)
+        if any(r.get("weight_bytes") is None for r in rs):
+            if any(r.get("plugin") for r in rs):
+                continue  # a plugin's records from before weight bytes were counted
+            read = sum((r.get("forwards") or r["new_tokens"]) * full_forward_bytes for r in rs)
+        else:
+            read = sum(r["weight_bytes"] for r in rs)
+        if not tokens or not read:
+            continue
+        per_token = read / tokens
+        limit = bandwidth / per_token
+        rows.append({"method": m, "bytes_per_token": per_token, "limit_tokens_per_s": limit,
+                     "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+                     "of_limit": (tokens / wall) / limit if wall > 0 else None})
+    base = next((r for r in rows if r["method"] == baseline), None)
+    for r in rows:
+        r["limit_vs_vanilla"] = base["bytes_per_token"] / r["bytes_per_token"] if base else None
+    return {"bandwidth_bytes_per_s": bandwidth, "model_bytes": full_forward_bytes, "rows": rows}
+
+
+def markdown(summary: dict[str, Any]) -> list[str]:
+    """The "Against the machine's limit" table (no lines without a roofline in ``summary``)."""
+    roof = summary.get("roofline")
+    if not roof:
+        return []
+    bw = roof["bandwidth_bytes_per_s"] / 1e9
+    lines = ["", f"**Against the machine's limit** (streaming read {bw:.1f} GB/s with the run's threads; "
+             f"one full forward reads {roof['model_bytes'] / 1e9:.2f} GB of weights; limit = bandwidth / bytes "
+             "of weights read per committed token)", "",
+             "| method | GB per token | limit tok/s | tok/s | % of limit | limit vs vanilla |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in roof["rows"]:
+        pct = "–" if r["of_limit"] is None else f"{100 * r['of_limit']:.0f}%"
+        vs = "–" if r["limit_vs_vanilla"] is None else f"{r['limit_vs_vanilla']:.2f}×"
+        lines.append(f"| {r['method']} | {r['bytes_per_token'] / 1e9:.3f} | {r['limit_tokens_per_s']:.1f} | "
+                     f"{r['tokens_per_s']:.1f} | {pct} | {vs} |")
+    return lines

@@ -1,0 +1,153 @@
+"""Measured choices (``weight_layout="auto"``, ``draft_weights="auto"``): the decision from
+injected timings in both orders of preference, the fallback to the static rule when the
+measurement cannot tell, the cache, explicit choices never overridden, and a real measurement
+on a tiny model that lands in the decode's stats. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from selfspec._engine import calibration
+from selfspec._engine.artefacts import ArtefactStore
+from selfspec._engine.calibration import Choice, choose_draft_weights, choose_weight_layout, decide
+from selfspec._engine.machine import cpu_capability
+from selfspec._engine.runner.layout import packing_unsupported
+
+CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128)
+PACKS = packing_unsupported("cpu", torch.float32, cpu_capability()) is None
+
+
+def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG)).to(dtype).eval()
+
+
+def _fake(seconds: dict[str, float], jitter: float = 0.0):
+    """A measuring function that reports ``seconds[c]`` (times the width) for candidate ``c``,
+    each round ``jitter`` apart, and checks it was given runnable candidates."""
+    def measure(candidates, widths):
+        out = {}
+        for c, run in candidates.items():
+            assert callable(run)
+            out[c] = {w: [seconds[c] * w * (1 + jitter * r) for r in range(5)] for w in widths}
+        return out
+    return measure
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch, tmp_path):
+    monkeypatch.setattr(calibration, "_MEMO", {})
+    monkeypatch.setattr(calibration, "STORE", ArtefactStore("calibration", root=tmp_path))
+    monkeypatch.delenv(calibration.ENV, raising=False)
+
+
+@pytest.mark.parametrize("faster", ["model", "packed"])
+def test_the_layout_measured_fastest_is_chosen_in_either_order(faster):
+    model = _model()
+    from selfspec._engine.runner.adapters import adapter_for
+
+    ad = adapter_for(model)
+    slower = "packed" if faster == "model" else "model"
+    choice = choose_weight_layout(model, list(ad.layers), ad.lm_head, static="packed", candidates=[slower, faster],
+                                  measure=_fake({faster: 1.0, slower: 2.0}))
+    assert choice.chosen == faster and choice.how == "measured"
+    assert set(choice.seconds) == {"model", "packed"} and choice.seconds[faster][1] < choice.seconds[slower][1]
+
+
+@pytest.mark.parametrize("faster", ["int8", "none"])
+def test_the_draft_weights_measured_fastest_are_chosen_in_either_order(faster):
+    from selfspec._engine.runner import Runner
+
+    runner = Runner(_model(), weight_layout="model")
+    slower = "none" if faster == "int8" else "int8"
+    choice = choose_draft_weights(runner, static="int8", candidates=["int8", "none"],
+                                  measure=_fake({faster: 1.0, slower: 3.0}))
+    assert choice.chosen == faster
+
+
+def test_a_lead_within_the_measurement_spread_keeps_the_static_rule():
+    # packed 5 % faster, but each candidate's rounds spread by 20 %: too close to call
+    chosen, how = decide({"packed": {1: 0.95}, "model": {1: 1.0}}, {"packed": 0.2, "model": 0.2}, static="model")
+    assert chosen == "model" and how.startswith("static:") and "spread" in how
+    # the same lead on a quiet machine (1 % spread) is a measured choice
+    assert decide({"packed": {1: 0.90}, "model": {1: 1.0}}, {"packed": 0.01, "model": 0.01}, "model") == (
+        "packed", "measured")
+
+
+def test_a_lead_below_the_minimum_margin_is_a_tie():
+    chosen, how = decide({"packed": {1: 0.99}, "model": {1: 1.0}}, {}, static="model")
+    assert chosen == "model" and how.startswith("static:")
+
+
+def test_the_sum_over_widths_decides():
+    # faster for one token, much slower for a block: the block's loss outweighs
+    secs = {"a": {1: 1.0, 8: 5.0}, "b": {1: 1.2, 8: 2.0}}
+    assert decide(secs, {}, static="a")[0] == "b"
+
+
+def test_calibrate_0_takes_the_static_rule_without_measuring(monkeypatch):
+    monkeypatch.setenv(calibration.ENV, "0")
+    model = _model()
+    from selfspec._engine.runner.adapters import adapter_for
+
+    ad = adapter_for(model)
+
+    def boom(*_):
+        raise AssertionError("measured")
+
+    choice = choose_weight_layout(model, list(ad.layers), ad.lm_head, static="packed",
+                                  candidates=["model", "packed"], measure=boom)
+    assert choice.chosen == "packed" and choice.how == f"static: {calibration.ENV}=0"
+
+
+def test_one_candidate_is_not_measured():
+    model = _model(torch.float64)
+    from selfspec._engine.runner.adapters import adapter_for
+
+    ad = adapter_for(model)
+    choice = choose_weight_layout(model, list(ad.layers), ad.lm_head, static="model", candidates=["model"])
+    assert choice.chosen == "model" and choice.how.startswith("static:") and not choice.seconds
+
+
+@pytest.mark.skipif(not PACKS, reason="oneDNN cannot prepack float32 here")
+def test_a_real_measurement_is_saved_reused_and_reported_in_the_stats(capsys):
+    from selfspec import Decoder
+
+    model = _model()
+    dec = Decoder(model, "vanilla")
+    err = capsys.readouterr().err
+    assert "measuring which weight layout is fastest here" in err and "weight layout" in err
+    choice = dec.runner.choices["weight_layout"]
+    assert choice.how == "measured" or choice.how.startswith("static:")
+    assert set(choice.seconds) == {"model", "transposed", "packed"}
+    assert all(s > 0 for ws in choice.seconds.values() for s in ws.values())
+    assert dec.runner.weight_layout == choice.chosen
+    saved = list(calibration.STORE.path("x").parent.glob("weight_layout-*.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["chosen"] == choice.chosen
+    result = dec.generate([1, 2, 3, 4], 4)
+    assert result.stats.as_dict()["choices"]["weight_layout"]["chosen"] == choice.chosen
+    # another process (the in-process memo cleared) reads the file instead of measuring
+    calibration._MEMO.clear()
+    again = Decoder(model, "vanilla").runner.choices["weight_layout"]
+    assert again.how.startswith("cached") and again.chosen == choice.chosen
+    assert "measuring" not in capsys.readouterr().err
+
+
+def test_an_explicit_layout_is_never_measured(capsys):
+    from selfspec import Decoder
+
+    dec = Decoder(_model(), "vanilla", weight_layout="model")
+    assert dec.runner.weight_layout == "model" and "weight_layout" not in dec.runner.choices
+    assert "measuring" not in capsys.readouterr().err
+
+
+def test_the_note_names_every_candidate_and_width():
+    c = Choice("weight_layout", "packed", "measured", {"packed": {1: 0.02, 8: 0.03}, "model": {1: 0.04, 8: 0.05}})
+    assert c.note() == ("weight layout packed (measured: packed 20.0/30.0, model 40.0/50.0 ms at 1/8 tokens)")
+    assert Choice.from_dict(c.as_dict()) == c

@@ -1,0 +1,77 @@
+"""The machine's limit in the bench: bytes of weights a decode reads (counted by the runner),
+the roofline rows built from records, its table, and the vanilla-vs-HF comparison that does not
+call HF's early stop at its own EOS a divergence. No timing is asserted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfspec.app._bench.roofline import markdown, model_bytes, read_bandwidth, roofline
+from selfspec.app._bench.vanilla import same_output
+
+CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128)
+
+
+def _model() -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG)).to(torch.float64).eval()
+
+
+def test_a_full_forward_reads_every_linear_and_the_head_once():
+    model = _model()
+    linears = sum(m.weight.numel() * 8 for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert model_bytes(model) == linears  # the head is a Linear too; norms and embedding left out
+
+
+def test_vanilla_reads_the_whole_model_per_token_and_a_skipping_draft_reads_less():
+    from selfspec import Decoder
+
+    model = _model()
+    full = model_bytes(model)
+    res = Decoder(model, "vanilla").generate([1, 2, 3, 4, 5], 6)
+    assert res.stats.weight_bytes == full * res.stats.new_tokens
+    # a draft pass that skips every MLP reads the attention products and the head only
+    runner = Decoder(model, "vanilla").runner
+    before = runner.weight_bytes
+    runner.forward(torch.tensor([1, 2]), skip_mlp=range(runner.n_layers))
+    mlp = sum(m.weight.numel() * 8 for layer in runner.layers for m in layer.mlp.modules()
+              if isinstance(m, torch.nn.Linear))
+    assert runner.weight_bytes - before == full - mlp
+
+
+def _rec(method, tokens, wall, weight_bytes=None, plugin=None, forwards=None):
+    return {"method": method, "new_tokens": tokens, "wall_time": wall, "weight_bytes": weight_bytes,
+            "plugin": plugin, "forwards": forwards}
+
+
+def test_roofline_rows_divide_the_bandwidth_by_bytes_per_committed_token():
+    recs = [_rec("hf", 10, 2.0, forwards=10), _rec("vanilla", 10, 1.0, 1000, "vanilla"),
+            _rec("spec", 10, 0.5, 400, "spec")]
+    roof = roofline(recs, bandwidth=1000.0, full_forward_bytes=100)
+    rows = {r["method"]: r for r in roof["rows"]}
+    assert rows["hf"]["bytes_per_token"] == 100 and rows["vanilla"]["bytes_per_token"] == 100
+    assert rows["vanilla"]["limit_tokens_per_s"] == pytest.approx(10.0)
+    assert rows["vanilla"]["of_limit"] == pytest.approx(1.0) and rows["hf"]["of_limit"] == pytest.approx(0.5)
+    assert rows["spec"]["bytes_per_token"] == 40 and rows["spec"]["limit_vs_vanilla"] == pytest.approx(2.5)
+    table = "\n".join(markdown({"roofline": roof}))
+    assert "% of limit" in table and "| vanilla | 0.000 | 10.0 | 10.0 | 100% | 1.00× |" in table
+
+
+def test_plugin_records_without_byte_counts_are_left_out():
+    roof = roofline([_rec("old", 10, 1.0, None, "old")], bandwidth=1.0, full_forward_bytes=1)
+    assert roof["rows"] == []
+
+
+def test_the_bandwidth_is_a_positive_rate():
+    assert read_bandwidth(nbytes=1 << 22, repeats=2) > 0
+
+
+def test_hf_stopping_at_its_own_eos_is_not_a_divergence():
+    assert same_output([1, 2, 3, 9, 9], [1, 2, 3], max_new_tokens=5)
+    assert not same_output([1, 2, 4, 9, 9], [1, 2, 3], max_new_tokens=5)
+    assert not same_output([1, 2], [1, 2, 3], max_new_tokens=5)  # the host stopped early: not the same
+    assert same_output([1, 2, 3], [1, 2, 3], max_new_tokens=3)
