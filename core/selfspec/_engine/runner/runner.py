@@ -23,6 +23,7 @@ from selfspec._engine.runner import masks
 from selfspec._engine.runner.adapters import Adapter, adapter_for
 from selfspec._engine.runner.cache import KVCache
 from selfspec._engine.runner.layout import adopt_layout, check_layout, shared_layout_copies
+from selfspec._engine.runner.exact import position_mask
 from selfspec._engine.runner.traffic import block_bytes, product_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,7 +55,7 @@ class Runner:
     """
 
     def __init__(self, model: nn.Module, adapter: Adapter | None = None, *, weight_layout: str = "auto",
-                 adopt: bool = False) -> None:
+                 adopt: bool = False, exact: bool = False) -> None:
         self.model = model.eval()
         self.adapter = adapter or adapter_for(model)
         self.config = model.config
@@ -71,6 +72,13 @@ class Runner:
         # (shared by every runner over this model: copies are stateless and made once)
         self._run_layers, self.adapter.lm_head = shared_layout_copies(  # the runner's own adapter
             model, list(self.layers), self.adapter.lm_head, "model" if adopt else self.weight_layout)
+        #: exact mode (:mod:`.exact`): every row of a forward bitwise its one-token forward's
+        self.exact = exact
+        if exact:
+            from selfspec._engine.runner.exact import exact_copy
+
+            self._run_layers = [exact_copy(layer) for layer in self._run_layers]
+            self.adapter.lm_head = exact_copy(self.adapter.lm_head)
         self.n_layers = len(self.layers)
         #: bytes of product weights read by every forward so far (:mod:`.traffic`)
         self.weight_bytes = 0
@@ -251,7 +259,8 @@ class Runner:
                 w = self.windows[i]
                 if w not in layer_masks:
                     m = masks.build(prefix_pos, positions, block_mask, w)
-                    layer_masks[w] = masks.for_attention(m, impl, h.dtype)
+                    layer_masks[w] = (masks.for_attention(m, impl, h.dtype) if not self.exact else
+                                      position_mask(m, torch.cat([prefix_pos, positions]), q))
                 kv = cache.view(i, start, write)
                 h = self.adapter.attn_block(layer, h, ropes[key], layer_masks[w], kv)
             if i not in skip_mlp:

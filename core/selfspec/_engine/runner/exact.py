@@ -1,0 +1,201 @@
+"""Exact mode: a forward whose every row is bitwise what that row's one-token forward gives.
+
+A verification pass over ``k + 1`` positions rounds differently from ``k + 1`` one-token
+steps when a product or a reduction sums in another order for a block than for one row: a
+GEMM picks its kernel and blocking from the number of rows (MKL runs one row as a
+matrix-vector product), and attention reduces over however many keys the block sees. Exact
+mode makes a row's result independent of how many rows are computed with it, with torch
+operations only:
+
+* **Products** (every linear of the layers and the LM head, in the runner's weight layout)
+  run on blocks of exactly :data:`ROWS` rows: a block is padded with zero rows to a multiple
+  of :data:`ROWS` and each group of :data:`ROWS` rows is its own product, so a row meets the
+  same kernel, blocking and summation order alone as inside any block.
+* **Attention** (:func:`exact_attention`, registered with transformers' attention interface
+  as :data:`IMPL`) scores queries in groups of :data:`ROWS` against keys in blocks of
+  :data:`KEY_BLOCK` slots aligned at slot 0, so every block product has one shape; masked and
+  padding entries contribute exact zeros (``exp(-inf)``); the softmax denominator and the
+  weighted values are summed block by block in slot order, so blocks a shorter forward does
+  not have add ``+0.0`` and change nothing. The maximum is order-free.
+* **Norms, rotary embeddings, activations, residuals** work row by row and are already
+  invariant (tested).
+
+It costs some speed (a one-token step computes :data:`ROWS` rows of every product; attention
+loops over key blocks in Python) and is its own reference: ``vanilla`` in exact mode, not HF
+``generate`` (whose one-row products round differently; docs/losslessness.md).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+#: Rows of every product and query group in exact mode.
+ROWS = 16
+#: Key slots per attention block (blocks aligned at slot 0).
+KEY_BLOCK = 64
+#: The attention implementation name exact layer copies run under.
+IMPL = "selfspec_exact"
+
+_registered = False
+
+
+class RowInvariantLinear(nn.Module):
+    """A product module (``nn.Linear``, a packed or compressed linear) run on groups of
+    exactly :data:`ROWS` rows: ``[..., in]`` -> ``[..., out]``."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.in_features = inner.in_features
+        self.out_features = inner.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.inner.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return getattr(self.inner, "bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, x.shape[-1])  # [n, in]
+        n = rows.shape[0]
+        padded = -(-n // ROWS) * ROWS
+        if padded != n:
+            rows = torch.cat([rows, rows.new_zeros(padded - n, rows.shape[1])])
+        out = torch.cat([self.inner(rows[i : i + ROWS]) for i in range(0, padded, ROWS)])  # [padded, out]
+        return out[:n].reshape(*lead, out.shape[-1])
+
+
+def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                    **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention with a row-invariant reduction order (see the module doc).
+
+    query ``[1, h, q, d]``; key/value ``[1, h_kv, n, d]`` (cache slots ``0..n-1``, the block's
+    own ``q`` keys last); attention_mask ``[1, 1, q, n]`` int64 from :func:`position_mask`:
+    the *position* of each key a query sees, ``-1`` where it sees none. Keys are reduced in
+    position order, so a tree node's ancestors count in the order a chain of one-token steps
+    would have them. Returns ``([1, q, h, d], None)`` in the query's dtype; scores, softmax and
+    the weighted sum run in float32 (float64 for float64 models).
+    """
+    if attention_mask is None or attention_mask.dtype != torch.long:
+        raise ValueError("exact attention needs the runner's position mask (Runner(exact=True))")
+    _, h, q, d = query.shape
+    n = key.shape[2]
+    start = n - q
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+    dev = query.device
+    rep = h // key.shape[1]
+    k = (key[0].repeat_interleave(rep, 0) if rep > 1 else key[0]).to(acc)  # [h, n, d]
+    v = (value[0].repeat_interleave(rep, 0) if rep > 1 else value[0]).to(acc)
+    pos = attention_mask.reshape(q, n)  # [q, n]: key position, -1 = not seen
+    groups, blocks = -(-q // ROWS), -(-n // KEY_BLOCK)
+    # 1. scores in slot order, every (query, key) pair in a [ROWS, d] x [d, KEY_BLOCK] product
+    qs = _pad(query[0].to(acc), 1, groups * ROWS).reshape(h, groups, 1, ROWS, d)
+    kb = _pad(k, 1, blocks * KEY_BLOCK).reshape(h, 1, blocks, KEY_BLOCK, d)
+    s = torch.matmul(qs, kb.transpose(-1, -2)) * scaling  # [h, G, B, R, K]
+    s = s.permute(0, 1, 3, 2, 4).reshape(h, groups * ROWS, blocks * KEY_BLOCK)[:, :q, :n]  # [h, q, n]
+    softcap = kwargs.get("softcap")
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    # 2. the same scores in position order: the prefix's slots are its positions, a block key
+    #    goes to its position's column for the queries that see it
+    width = -(-n // KEY_BLOCK) * KEY_BLOCK
+    cols = torch.where(pos >= 0, pos, width).clamp_(max=width)  # [q, n]; unseen -> a dropped column
+    sp = s.new_full((h, q, width + 1), float("-inf"))
+    sp.scatter_(2, cols[None].expand(h, q, n), s.masked_fill((pos < 0)[None], float("-inf")))
+    sp = sp[:, :, :width]  # [h, q, W]
+    top = sp.amax(-1, keepdim=True).clamp_min(torch.finfo(acc).min)  # order-free; finite
+    p = torch.exp(sp - top)  # unseen: exactly 0
+    pb = p.reshape(h, q, blocks, KEY_BLOCK)
+    # 3. values in position order: blocks before the block holding `start` read the shared
+    #    prefix (when its slots are its positions); later ones gather each query's own keys
+    first = start // KEY_BLOCK
+    prefix = pos[:, :start]
+    if first and not bool(((prefix == torch.arange(start, device=dev)) | (prefix < 0)).all()):
+        first = 0  # the cache's prefix is not in position order (a draft's nodes): gather it all
+    parts = []
+    if first:
+        pg = _pad(pb[:, :, :first], 1, groups * ROWS).reshape(h, groups, ROWS, first, KEY_BLOCK)
+        vb = v[:, : first * KEY_BLOCK].reshape(h, 1, first, KEY_BLOCK, d)
+        shared = torch.matmul(pg.permute(0, 1, 3, 2, 4), vb)  # [h, G, first, R, d]
+        parts.append(shared.permute(0, 1, 3, 2, 4).reshape(h, groups * ROWS, first, d)[:, :q])
+    tail = blocks - first
+    if tail:
+        lo = first * KEY_BLOCK
+        slot_of = torch.full((q, width - lo), n, dtype=torch.long, device=dev)  # position -> slot
+        seen = pos >= lo
+        rows, slots = seen.nonzero(as_tuple=True)
+        slot_of[rows, pos[rows, slots] - lo] = slots
+        vt = torch.cat([v, v.new_zeros(h, 1, d)], 1)[:, slot_of]  # [h, q, tail*K, d]
+        pt = pb[:, :, first:].reshape(h, q, tail, 1, KEY_BLOCK)
+        pt = torch.cat([pt, pt.new_zeros(h, q, tail, ROWS - 1, KEY_BLOCK)], 3)  # each alone in ROWS rows
+        own = torch.matmul(pt, vt.reshape(h, q, tail, KEY_BLOCK, d))[:, :, :, 0]  # [h, q, tail, d]
+        parts.append(own)
+    part = torch.cat(parts, 2)  # [h, q, B, d]
+    sums = pb.sum(-1)  # [h, q, B]
+    num, den = part[:, :, 0], sums[:, :, 0]
+    for b in range(1, blocks):  # in position order: a shorter forward's missing blocks add +0.0
+        num = num + part[:, :, b]
+        den = den + sums[:, :, b]
+    out = num / den[..., None]  # [h, q, d]
+    return out.transpose(0, 1)[None].to(query.dtype), None
+
+
+def position_mask(allowed: torch.Tensor | None, kv_pos: torch.Tensor, q: int) -> torch.Tensor:
+    """The mask exact attention takes: ``[1, 1, q, n]`` int64, each visible key's position,
+    ``-1`` where a query does not see it (``allowed``: ``[q, n]`` bool, ``None`` = all)."""
+    n = int(kv_pos.shape[0])
+    grid = kv_pos[None].expand(q, n)
+    if allowed is not None:
+        grid = torch.where(allowed, grid, torch.full_like(grid, -1))
+    return grid.reshape(1, 1, q, n).to(torch.long)
+
+
+def _pad(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``x`` with zeros appended along ``dim`` up to ``size``."""
+    extra = size - x.shape[dim]
+    if extra <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, x.new_zeros(shape)], dim)
+
+
+def register() -> None:
+    """Register :func:`exact_attention` with transformers as :data:`IMPL` (once)."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(IMPL, exact_attention)
+        _registered = True
+
+
+def exact_copy(module: nn.Module) -> nn.Module:
+    """A copy of a decoder layer (or a bare product module) for exact mode: every product
+    wrapped in :class:`RowInvariantLinear`, attention run by :func:`exact_attention` (the copy
+    has its own config object naming :data:`IMPL`); parameters and buffers shared."""
+    register()
+    if hasattr(module, "in_features"):
+        return RowInvariantLinear(module)
+    memo: dict[int, object] = {id(t): t for t in [*module.parameters(), *module.buffers()]}
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and id(config) not in memo:
+            twin_config = copy.copy(config)
+            twin_config._attn_implementation = IMPL
+            memo[id(config)] = twin_config
+    twin = copy.deepcopy(module, memo)
+    for sub in list(twin.modules()):
+        for name, child in list(sub.named_children()):
+            if hasattr(child, "in_features") and not isinstance(child, RowInvariantLinear) and not any(
+                    hasattr(c, "in_features") for c in child.children()):
+                setattr(sub, name, RowInvariantLinear(child))
+    return twin

@@ -1,0 +1,74 @@
+"""Exact mode: a forward over any number of positions gives, row for row, bitwise the logits
+of one-token forwards (chains and trees, every kit architecture, float32 and bfloat16), and a
+decode in exact mode equals ``vanilla`` in exact mode bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from selfspec._engine.runner import Runner
+from selfspec.testing._archs import ARCHS
+from selfspec.testing._models import tiny_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _runner(arch: str, dtype: torch.dtype, layout: str = "auto") -> Runner:
+    torch.manual_seed(0)
+    return Runner(tiny_model(arch).to(dtype), weight_layout=layout, exact=True)
+
+
+def _steps(r: Runner, ids: torch.Tensor, start: int, path: list[int]) -> torch.Tensor:
+    """Logits of one-token forwards over ``ids[:start]`` then the tokens ``path``."""
+    cache = r.new_cache(start + len(path) + 1)
+    r.forward(ids[:start], cache=cache, start=0, logits=None)
+    rows = [r.forward(torch.tensor([t]), cache=cache, start=start + i).logits[-1] for i, t in enumerate(path)]
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("start", "k"), [(7, 20), (60, 8), (128, 3)], ids=["short", "across-a-key-block", "long"])
+def test_a_block_equals_its_one_token_forwards_bitwise(arch, dtype, start, k):
+    r = _runner(arch, DTYPES[dtype])
+    ids = torch.randint(0, r.vocab_size, (start + k,), generator=torch.Generator().manual_seed(start))
+    one = _steps(r, ids, start, ids[start:].tolist())
+    cache = r.new_cache(start + k)
+    r.forward(ids[:start], cache=cache, start=0, logits=None)
+    block = r.forward(ids[start:], cache=cache, start=start).logits
+    assert torch.equal(one, block)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_every_tree_node_equals_the_one_token_forwards_along_its_path(arch, dtype):
+    from selfspec._engine.runner import masks
+
+    r = _runner(arch, DTYPES[dtype])
+    g = torch.Generator().manual_seed(1)
+    start = 70
+    ids = torch.randint(0, r.vocab_size, (start + 1,), generator=g)
+    parents = torch.tensor([-1, -1, 0, 0, 1, 2, 2, 4, 5, 8, -1, 3])  # siblings at every depth
+    nodes = torch.randint(0, r.vocab_size, (len(parents),), generator=g)
+    cache = r.new_cache(start + 1 + len(parents))
+    r.forward(ids[:start], cache=cache, start=0, logits=None)
+    block = torch.cat([ids[start:start + 1], nodes])
+    out = r.forward(block, cache=cache, start=start, block_mask=masks.tree(parents),
+                    positions=masks.tree_positions(parents, start)).logits
+    for i in range(len(parents)):
+        path, j = [], i
+        while j >= 0:
+            path.append(int(nodes[j]))
+            j = int(parents[j])
+        path = [int(ids[start])] + path[::-1]
+        assert torch.equal(out[i + 1], _steps(r, ids, start, path)[-1]), f"node {i}"
+
+
+def test_the_model_layout_is_row_invariant_too():
+    r = _runner("llama", torch.float32, layout="model")
+    ids = torch.randint(0, r.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    one = _steps(r, ids, 30, ids[30:].tolist())
+    cache = r.new_cache(40)
+    r.forward(ids[:30], cache=cache, start=0, logits=None)
+    assert torch.equal(one, r.forward(ids[30:], cache=cache, start=30).logits)
