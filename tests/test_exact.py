@@ -72,3 +72,31 @@ def test_the_model_layout_is_row_invariant_too():
     cache = r.new_cache(40)
     r.forward(ids[:30], cache=cache, start=0, logits=None)
     assert torch.equal(one, r.forward(ids[30:], cache=cache, start=30).logits)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_drafting_plugin_in_exact_mode_equals_vanilla_in_exact_mode_in_bf16(arch):
+    from selfspec import Decoder
+
+    model = tiny_model(arch).to(torch.bfloat16)
+    prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 7] * 3
+    ref = Decoder(model, "vanilla", exact=True).generate(prompt, 48, eos_token_ids=())
+    got = Decoder(model, "lookup", exact=True).generate(prompt, 48, eos_token_ids=())
+    assert got.stats.drafted > 0  # drafts were verified in blocks
+    assert got.output_ids == ref.output_ids
+
+
+def test_check_exact_compares_with_vanilla_exact(tmp_path):
+    import json
+
+    from _tiny_models import save_tiny_llama
+    from click.testing import CliRunner
+
+    from selfspec.app._cli import cli
+
+    model_dir = save_tiny_llama(tmp_path / "m")
+    out = CliRunner().invoke(cli, ["--model", str(model_dir), "--dtype", "bf16", "--exact", "--plugin", "lookup",
+                                   "check", "--json", "-n", "12", "--prompt", "the cat sat on the mat the cat"])
+    assert out.exit_code == 0, out.output
+    blob = json.loads(out.output[out.output.index("{"):])
+    assert blob["exact"] is True and [r["status"] for r in blob["results"]] == ["OK"]

@@ -51,6 +51,9 @@ class Decoder:
             as ``specdec`` does, instead of to copies beside it.
         sampling: how every decode picks its tokens unless :meth:`generate` is given its own
             (a :class:`selfspec.Sampling`; default greedy).
+        exact: exact mode (``Runner(exact=True)``): every forward's rows are bitwise those of
+            one-token forwards, so any lossless plugin's output equals ``vanilla``'s in exact
+            mode bit for bit, in every dtype (docs/losslessness.md).
 
     Returns:
         :meth:`generate` ``(prompt_ids [T] or [1, T], max_new_tokens, eos_token_ids=None,
@@ -80,13 +83,14 @@ class Decoder:
         audit: bool | None = None,
         adopt_weights: bool = False,
         sampling: Sampling | None = None,
+        exact: bool = False,
     ) -> None:
         self.model = model
         self.sampling = sampling or GREEDY
         self.tokenizer = tokenizer
         self.plugin_name = plugin
         self.draft_slack = draft_slack
-        self.runner = Runner(model, weight_layout=weight_layout, adopt=adopt_weights)
+        self.runner = Runner(model, weight_layout=weight_layout, adopt=adopt_weights, exact=exact)
         self.pm, self.plugin = plugins.make_manager(plugin, plugin_object, trace=trace)
         self.declared = plugins.declared_options(self.pm)
         from selfspec._engine.options import resolve

@@ -256,13 +256,14 @@ class Runner:
                 key = self._rope_keys[i]
                 if key not in ropes:
                     ropes[key] = self.adapter.rope(h, pos_ids, key)
-                w = self.windows[i]
-                if w not in layer_masks:
-                    m = masks.build(prefix_pos, positions, block_mask, w)
-                    layer_masks[w] = (masks.for_attention(m, impl, h.dtype) if not self.exact else
-                                      position_mask(m, torch.cat([prefix_pos, positions]), q))
+                # exact mode's own layers take a position mask; draft substitutes the usual one
+                mk = (self.windows[i], self.exact and layer is self._run_layers[i])
+                if mk not in layer_masks:
+                    m = masks.build(prefix_pos, positions, block_mask, mk[0])
+                    layer_masks[mk] = (position_mask(m, torch.cat([prefix_pos, positions]), q) if mk[1]
+                                       else masks.for_attention(m, impl, h.dtype))
                 kv = cache.view(i, start, write)
-                h = self.adapter.attn_block(layer, h, ropes[key], layer_masks[w], kv)
+                h = self.adapter.attn_block(layer, h, ropes[key], layer_masks[mk], kv)
             if i not in skip_mlp:
                 self.weight_bytes += mlp_bytes
                 h = self.adapter.mlp_block(layer, h)

@@ -47,6 +47,7 @@ def report(directory: str, more: tuple[str, ...], no_plot: bool, scaling: bool, 
         baseline = old.get("baseline", "hf")
         summary = res.build_summary(records, baseline=baseline, config=old.get("config", {}),
                                     machine=old.get("machine", {}))
+        _carry(old, summary, records)
         res.render(d, summary, plot=not no_plot)
         click.echo(res.markdown(summary))
         done = True
@@ -62,6 +63,21 @@ def report(directory: str, more: tuple[str, ...], no_plot: bool, scaling: bool, 
         done = True
     if not done:
         raise click.ClickException(f"{d} holds neither {res.RECORDS} nor {sw.SWEEP_RECORDS}")
+
+
+def _carry(old: dict[str, Any], summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """What a re-render cannot rebuild from the records alone, from the old summary: the
+    memory table and the measured choices as they were, the roofline recomputed from the
+    records with the bandwidth and model bytes measured then."""
+    from selfspec.app._bench.roofline import roofline
+
+    for key in ("memory", "choices"):
+        if key in old:
+            summary[key] = old[key]
+    roof = old.get("roofline")
+    if roof:
+        summary["roofline"] = roofline(records, bandwidth=roof["bandwidth_bytes_per_s"],
+                                       full_forward_bytes=roof["model_bytes"])
 
 
 def _report_scaling(directories: Sequence[str], out: str, plot: bool) -> None:

@@ -30,7 +30,8 @@ from selfspec.app._cli.settings import (
 @click.pass_context
 def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, audit: bool, **params: Any) -> None:
     """Compare a plugin's output with plain greedy decoding (model.generate), or with
-    plain sampling under the same seed when --temperature is above 0.
+    plain sampling under the same seed when --temperature is above 0. With --exact, compare
+    with `vanilla --exact` instead, bit for bit (OK or DIVERGED: no near-tie rule).
 
     Prints OK, NEAR-TIE (a float32/bf16 rounding flip: the reference's top-1/top-2 logit
     margin is within the dtype's near-tie bound at those logits, selfspec._engine.tiebound) or
@@ -61,6 +62,7 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
         decoder.audit = decoder.audit or audit
         tolerance = FIXED_BOUND.get(loaded.dtype)  # None: scales with the logits (bf16/fp16)
         sampling = decoder.sampling
+        reference = _exact_reference(loaded, decoder) if settings.exact else None
         for i, text in enumerate(texts, 1):
             ids = models.format_prompt(loaded, text)
             try:
@@ -70,9 +72,14 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
                 if not as_json:
                     click.echo(f"DIVERGED  [{i}] {text!r}: {exc}")
                 continue
-            ref = reference_sample(loaded.model, ids, max_new, loaded.eos_token_ids, sampling)
-            c = compare(loaded.model, ids, result.output_ids, ref, sampling=sampling)
-            status = "OK" if c.equal else "NEAR-TIE" if c.near_tie else "DIVERGED"
+            if reference is not None:  # exact mode: vanilla --exact, bit for bit, no near-tie rule
+                ref = reference.generate(ids, max_new, loaded.eos_token_ids).output_ids
+                c = compare(loaded.model, ids, result.output_ids, ref, sampling=sampling)
+                status = "OK" if c.equal else "DIVERGED"
+            else:
+                ref = reference_sample(loaded.model, ids, max_new, loaded.eos_token_ids, sampling)
+                c = compare(loaded.model, ids, result.output_ids, ref, sampling=sampling)
+                status = "OK" if c.equal else "NEAR-TIE" if c.near_tie else "DIVERGED"
             row: dict[str, Any] = {"prompt": text, "status": status, "tokens": len(result.output_ids),
                                    "tau": result.stats.tau, "index": c.index, "margin": c.margin}
             if not c.equal:
@@ -86,7 +93,7 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
     diverged = sum(r["status"] == "DIVERGED" for r in rows)
     near = sum(r["status"] == "NEAR-TIE" for r in rows)
     if as_json:
-        click.echo(json.dumps({"plugin": decoder.plugin_name, "model": loaded.name,
+        click.echo(json.dumps({"plugin": decoder.plugin_name, "model": loaded.name, "exact": bool(settings.exact),
                                "dtype": str(loaded.dtype).removeprefix("torch."),
                                "tolerance": tolerance, "sampling": sampling.as_dict(),
                                **settings.thread_choice.as_dict(), "results": rows}, indent=2))
@@ -97,6 +104,15 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
                    f"{len(rows) - near - diverged} OK, {near} near-tie, {diverged} diverged")
     if diverged:
         ctx.exit(1)
+
+
+def _exact_reference(loaded: Any, decoder: Any) -> Any:
+    """``vanilla`` in exact mode with the decoder's layout and sampling: the reference every
+    exact-mode output must equal bit for bit."""
+    from selfspec._engine.loop import Decoder
+
+    return Decoder(loaded.model, "vanilla", tokenizer=loaded.tokenizer, weight_layout=decoder.runner.weight_layout,
+                   sampling=decoder.sampling, exact=True)
 
 
 def _check_line(i: int, row: dict[str, Any]) -> str:

@@ -35,6 +35,10 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "where this CPU can run them for the dtype, the model's own otherwise; "
                           "`specdec plugins` says which), model (bitwise the model's forward), "
                           "transposed, packed. See docs/performance.md."),
+        click.option("--exact", is_flag=True, default=None,
+                     help="Exact mode: every forward's rows bitwise equal one-token forwards, so the "
+                          "output equals `vanilla --exact` bit for bit in every dtype (slower; "
+                          "docs/losslessness.md)."),
         click.option("--option", "-o", "options", metavar="KEY=VALUE", multiple=True,
                      help="Plugin option (repeatable); see `specdec plugins`."),
     ]

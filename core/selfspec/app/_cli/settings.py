@@ -54,6 +54,7 @@ class Settings:
     device_map: str | None = None
     threads: int | None = None
     weight_layout: str | None = None
+    exact: bool | None = None
     options: tuple[str, ...] = ()
     max_new_tokens: int | None = None
     json: bool = False
@@ -75,7 +76,7 @@ class Settings:
                 continue
             if key == "options":
                 new.options = (*new.options, *value)
-            elif key in ("json", "no_stream"):
+            elif key in ("json", "no_stream", "exact"):
                 setattr(new, key, getattr(new, key) or bool(value))
             else:
                 setattr(new, key, value)
@@ -168,7 +169,7 @@ class Settings:
         name, obj = self.plugin_object()
         return Decoder(loaded.model, name, self.parsed_options(), tokenizer=loaded.tokenizer, plugin_object=obj,
                        weight_layout=self.weight_layout or "auto", adopt_weights=adopt_weights,
-                       sampling=self.sampling())
+                       sampling=self.sampling(), exact=bool(self.exact))
 
 
 @contextlib.contextmanager
