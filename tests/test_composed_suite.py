@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from selfspec._engine.plugins import PluginError, load_file
 from selfspec.testing import ComposedSuite, LosslessError
-from selfspec.testing._mutants import COMPOSED_MUTANTS
+from selfspec.testing._composed import COMPOSED_MUTANTS
 from selfspec.testing.pytest_plugin import CI_PROFILE
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "plugins" / "_template" / "selfspec_mymethod.py"
@@ -43,8 +43,8 @@ class TestSelfDraftClasp(ComposedSuite):
     examples_per_arch = 1  # see a)
     option_strategies = {"clasp.num_draft": st.integers(1, 8), "clasp.LOI": st.integers(1, 4),
                          "selfdraft.max_candidates": st.integers(0, 4)}
-    reach_options = {"clasp.DET": 0.0, "clasp.num_draft": 8, "selfdraft.corpus": "off",
-                     "selfdraft.branch_len": 1, "selfdraft.history_len": 16}
+    reach_options = {"clasp.DET": 0.0, "clasp.num_draft": 8, "selfdraft.corpus": "off", "selfdraft.context": False,
+                     "selfdraft.branch_len": 1, "selfdraft.history_len": 16, "selfdraft.history_halving": False}
 
 
 class TestTemplateHispecFractal(ComposedSuite):

@@ -378,37 +378,3 @@ MUTANTS: tuple[type[Echo], ...] = (
     PolicyCorruptsKVLate, ForgetsTopK, EosAlias, SeedlessPicks,
 )
 
-
-# ---------------------------------------------------------------- a member of a composition
-class LossyMember:
-    """A composable drafter (no verify or cache hook) whose proposer is lossy: used as one member
-    of a composition (``"lookup+lossy"``), the kit must catch it and blame the member."""
-
-    bug = "a composition member's proposer writes its draft's KV over the last committed slot"
-    trigger = "composed with another plugin, 40+ committed tokens, with a draft"
-    hook = "selfspec_propose"
-    at = 40
-    fault_step: ClassVar[int | None] = None
-
-    @hookimpl
-    def selfspec_setup(self) -> None:
-        type(self).fault_step = None
-
-    @hookimpl
-    def selfspec_propose(self, state: DecodeState) -> Draft:
-        ids = state.committed.tolist()
-        draft = Draft.empty(state.runner.device)
-        for j in range(len(ids) - 2, -1, -1):  # what followed the pending token's last occurrence
-            if ids[j] == ids[-1]:
-                draft = Draft.chain(ids[j + 1 : j + 5][: state.max_draft_depth], device=state.runner.device)
-                break
-        if state.length >= self.at and len(draft) and state.length >= 2:
-            if type(self).fault_step is None:
-                type(self).fault_step = state.step
-            block = torch.cat([state.tokens[state.length - 1 : state.length], draft.tokens])
-            state.runner.forward(block, cache=state.cache, start=state.length - 2, logits=None)
-        return draft
-
-
-#: Mutants that are members of a composition (``tests/test_composed_suite.py`` scores them).
-COMPOSED_MUTANTS: tuple[type, ...] = (LossyMember,)
