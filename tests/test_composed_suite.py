@@ -41,6 +41,7 @@ class TestLookupSelfSD(ComposedSuite):
 class TestSelfDraftClasp(ComposedSuite):
     plugin = "selfdraft+clasp"
     examples_per_arch = 1  # see a)
+    fixed_options = {"selfdraft.corpus": "off"}  # see a): building the default corpus cache takes minutes
     option_strategies = {"clasp.num_draft": st.integers(1, 8), "clasp.LOI": st.integers(1, 4),
                          "selfdraft.max_candidates": st.integers(0, 4)}
     reach_options = {"clasp.DET": 0.0, "clasp.num_draft": 8, "selfdraft.corpus": "off", "selfdraft.context": False,
