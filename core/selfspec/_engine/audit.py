@@ -196,6 +196,21 @@ class Auditor:
         if not state.finished:
             self._check_kv(state, state.length - 1, "selfspec_update_policy")
 
+    def member(self, state: DecodeState, name: str, hook: str) -> None:
+        """A member of a composition finished ``hook`` (propose or update policy): the checks
+        that follow the whole hook, run now and blamed on the member ``name``."""
+        whole = self.plugin_name
+        self.plugin_name = name
+        try:
+            if hook == "selfspec_propose":
+                self.step = state.step
+            self._check_weights(hook)
+            self._check_tokens(state, hook)
+            if not state.finished:
+                self._check_kv(state, state.length - 1, hook)
+        finally:
+            self.plugin_name = whole
+
     def ended(self) -> None:
         """After ``selfspec_end``: the weights as they were."""
         self._check_weights("selfspec_end", values=True)

@@ -13,6 +13,13 @@ Hooks are grouped by phase. The loop (``selfspec._engine.loop``) calls them in t
 An implementation may accept any subset of a hook's arguments (pluggy's opt-in
 arguments); new arguments are only ever added at the end.
 
+Composed drafts (``--plugin lookup+selfsd``): the host's composer calls each member's
+``selfspec_options`` (names prefixed ``MEMBER.``), ``selfspec_setup``, ``selfspec_start``,
+``selfspec_propose``, ``selfspec_update_policy`` (with the verdict of the member's own draft)
+and ``selfspec_end``; never its ``selfspec_verify`` or ``selfspec_cache``. A plugin with either
+of those joins a composition only when it declares ``composable = True`` on its class (or
+module): it decodes correctly when they are not called. ``composable = False`` refuses always.
+
 Every docstring has the same sections, in this order: a one-line summary; **Called** (when,
 for which plugins, firstresult or not); **Args** (each argument, with shapes and dtypes);
 **Returns**; **Host enforces** (what the host checks and what it does when the rule is
@@ -189,7 +196,9 @@ def selfspec_propose(state: DecodeState) -> Draft | None:
     Notes:
         The proposer may run the model through ``state.runner`` and may write cache slots at
         or past ``state.length - 1`` (verification overwrites them); it must not change slots
-        before it (the audit checks).
+        before it (the audit checks). In a composition, every member proposes from the same
+        cache: the host crops it back to the committed prefix after each member, and may skip
+        a costly member for a step (then it sees neither propose nor update policy that step).
     """
 
 
@@ -225,6 +234,10 @@ def selfspec_verify(state: DecodeState, draft: Draft) -> Verdict | None:
         ``PluginError`` naming the plugin and the step.
 
     Notes:
+        Not called for a member of a composition (the host verifies the merged draft): a
+        plugin implementing it declares ``composable = True`` only when its verifier is an
+        optimisation it can do without (returns None, or the host's verdict faster), and
+        nothing it needs is set here (count a draft in ``selfspec_propose``, not here).
         Override only when verification differs (reusing hidden states, verifying extra
         branches in the same pass); build on ``selfspec.verify_greedy``, ``verify_tree``,
         ``verify_from_layer`` (and ``selfspec.provisional.chain_verdict``). A verifier that
@@ -256,6 +269,10 @@ def selfspec_cache(state: DecodeState, verdict: Verdict) -> None:
     Host enforces:
         After the step (EOS and budget cuts applied) every layer of the KV cache holds
         exactly ``state.length - 1`` positions, else a ``PluginError`` naming the plugin.
+
+    Notes:
+        Not called for a member of a composition (see ``selfspec_verify``): update what a
+        member keeps of the committed text in ``selfspec_update_policy`` instead.
     """
 
 
@@ -283,6 +300,12 @@ def selfspec_update_policy(state: DecodeState, verdict: Verdict) -> None:
         is freed before the next forward.
 
     Notes:
+        In a composition a member's ``verdict`` is that of its own draft: the longest prefix
+        of the committed path among its nodes (``accepted``, ``accepted_nodes`` in its own
+        numbering), the committed token after it (``bonus``), that path's ``kv_slots`` in the
+        merged block, ``logits`` rows of its nodes (``None`` when the composition cut some),
+        ``hidden`` rows of its path: what verifying its draft alone would have said. ``state``
+        is the whole decode's (``state.length`` counts every committed token).
         Learn from the full model's predictions here instead of overriding
         ``selfspec_verify``. The logits block is the verifying forward's own (no copy): keep
         what you learn, not the tensor.

@@ -34,12 +34,16 @@ class Decoder:
 
     Args:
         model: a Hugging Face causal LM of a supported architecture.
-        plugin: the method plugin's entry-point name (default ``vanilla``).
-        options: the plugin's options (``{"ngram": 3}``), validated against its declaration.
+        plugin: the method plugin's entry-point name (default ``vanilla``), or several joined by
+            ``+`` (``"lookup+selfsd"``) or listed (``["lookup", "selfsd"]``): a composed draft
+            (``docs/api.md``, "Composed drafts").
+        options: the plugin's options (``{"ngram": 3}``), validated against its declaration; a
+            composition's are its own (``budget``, ``cheap_first``) and each member's under
+            ``MEMBER.name`` (``{"selfsd.gamma": 0.5}``).
         tokenizer: the model's tokenizer, passed to ``selfspec_setup`` and used for
             ``Result.text`` and the default EOS ids.
         plugin_object: a class, instance or module to register under ``plugin`` instead of
-            an installed entry point.
+            an installed entry point; for a composition, a mapping ``{member: object}``.
         draft_slack: cache slots past ``prompt + max_new_tokens`` for drafts.
         trace: pluggy's hook-call tracing on stderr (default: ``SELFSPEC_TRACE``).
         weight_layout: how the runner holds the linear weights: ``auto`` (the host's choice
@@ -72,7 +76,7 @@ class Decoder:
     def __init__(
         self,
         model: torch.nn.Module,
-        plugin: str = plugins.BUILTIN_METHOD,
+        plugin: str | Sequence[str] = plugins.BUILTIN_METHOD,
         options: Mapping[str, Any] | None = None,
         *,
         tokenizer: Any = None,
@@ -88,6 +92,9 @@ class Decoder:
         self.model = model
         self.sampling = sampling or GREEDY
         self.tokenizer = tokenizer
+        from selfspec._engine.compose import label
+
+        plugin = label(plugin)
         self.plugin_name = plugin
         self.draft_slack = draft_slack
         self.runner = Runner(model, weight_layout=weight_layout, adopt=adopt_weights, exact=exact)
@@ -154,6 +161,10 @@ class Decoder:
         bytes_at_start = runner.weight_bytes
         self.auditor = self._auditor()
         observers = [self.auditor] if self.auditor is not None else []  # see _observe
+        from selfspec._engine.compose import Composer
+
+        if isinstance(self.plugin, Composer):  # the audit blames a member for what its own hooks broke
+            self.plugin.observers = observers
         self._call("selfspec_start", state=state)
         self._observe(observers, "start", state)
 
@@ -240,45 +251,7 @@ class Decoder:
             raise PluginError(self.plugin_name, f"{hook} raised {type(exc).__name__}: {exc}") from exc
 
     def _check_draft(self, draft: Any, state: DecodeState) -> Draft:
-        name = self.plugin_name
-        if not isinstance(draft, Draft):
-            raise PluginError(name, f"selfspec_propose returned {type(draft).__name__}, not a Draft")
-        t = draft.tokens
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.long or t.dim() != 1:
-            raise PluginError(name, "draft tokens must be a 1-D int64 tensor")
-        if t.device != state.runner.device:
-            raise PluginError(name, f"draft tokens are on {t.device}, the model on {state.runner.device}")
-        if len(draft) and (int(t.min()) < 0 or int(t.max()) >= state.runner.vocab_size):
-            raise PluginError(name, f"draft token ids must lie in [0, {state.runner.vocab_size})")
-        if draft.parents is not None:
-            p = draft.parents
-            if not isinstance(p, torch.Tensor) or p.dtype != torch.long or p.shape != t.shape:
-                raise PluginError(name, "draft parents must be an int64 tensor shaped like the tokens")
-            pl = p.tolist()
-            if any(not -1 <= q < i for i, q in enumerate(pl)):
-                raise PluginError(name, "draft parents must satisfy -1 <= parents[i] < i")
-        return self._cut(draft, state)
-
-    def _cut(self, draft: Draft, state: DecodeState) -> Draft:
-        """Drop nodes deeper than the budget allows or past the cache's spare room."""
-        limit = state.max_draft_depth
-        room = state.cache.capacity - (state.length - 1) - 1
-        if draft.parents is None:
-            if len(draft) <= min(limit, room):
-                return draft
-            state.stats.truncated_drafts += 1
-            return Draft(draft.tokens[: min(limit, room)], None, draft.meta, draft.owner)
-        depths = draft.depths()
-        keep = [i for i, d in enumerate(depths) if d <= limit][:room]
-        if len(keep) == len(draft):
-            return draft
-        state.stats.truncated_drafts += 1
-        remap = {old: new for new, old in enumerate(keep)}
-        remap[-1] = -1
-        parents = [remap[p] for p in draft.parents[keep].tolist()]
-        idx = torch.tensor(keep, dtype=torch.long, device=draft.tokens.device)
-        return Draft(draft.tokens[idx], torch.tensor(parents, dtype=torch.long, device=idx.device), draft.meta,
-                     draft.owner)
+        return check_draft(draft, state, self.plugin_name)
 
     def _check_verdict(self, verdict: Any, draft: Draft, state: DecodeState) -> Verdict:
         name = self.plugin_name
@@ -323,3 +296,48 @@ class Decoder:
     def _sync(self) -> None:
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------ draft checks
+def check_draft(draft: Any, state: DecodeState, name: str) -> Draft:
+    """``draft`` checked against the propose contract (a ``PluginError`` naming ``name``), then
+    cut to the depth and room the host keeps."""
+    if not isinstance(draft, Draft):
+        raise PluginError(name, f"selfspec_propose returned {type(draft).__name__}, not a Draft")
+    t = draft.tokens
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.long or t.dim() != 1:
+        raise PluginError(name, "draft tokens must be a 1-D int64 tensor")
+    if t.device != state.runner.device:
+        raise PluginError(name, f"draft tokens are on {t.device}, the model on {state.runner.device}")
+    if len(draft) and (int(t.min()) < 0 or int(t.max()) >= state.runner.vocab_size):
+        raise PluginError(name, f"draft token ids must lie in [0, {state.runner.vocab_size})")
+    if draft.parents is not None:
+        p = draft.parents
+        if not isinstance(p, torch.Tensor) or p.dtype != torch.long or p.shape != t.shape:
+            raise PluginError(name, "draft parents must be an int64 tensor shaped like the tokens")
+        pl = p.tolist()
+        if any(not -1 <= q < i for i, q in enumerate(pl)):
+            raise PluginError(name, "draft parents must satisfy -1 <= parents[i] < i")
+    return cut_draft(draft, state)
+
+
+def cut_draft(draft: Draft, state: DecodeState) -> Draft:
+    """Drop nodes deeper than the budget allows or past the cache's spare room."""
+    limit = state.max_draft_depth
+    room = state.cache.capacity - (state.length - 1) - 1
+    if draft.parents is None:
+        if len(draft) <= min(limit, room):
+            return draft
+        state.stats.truncated_drafts += 1
+        return Draft(draft.tokens[: min(limit, room)], None, draft.meta, draft.owner)
+    depths = draft.depths()
+    keep = [i for i, d in enumerate(depths) if d <= limit][:room]
+    if len(keep) == len(draft):
+        return draft
+    state.stats.truncated_drafts += 1
+    remap = {old: new for new, old in enumerate(keep)}
+    remap[-1] = -1
+    parents = [remap[p] for p in draft.parents[keep].tolist()]
+    idx = torch.tensor(keep, dtype=torch.long, device=draft.tokens.device)
+    return Draft(draft.tokens[idx], torch.tensor(parents, dtype=torch.long, device=idx.device), draft.meta,
+                 draft.owner)

@@ -111,8 +111,8 @@ class Option:
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
             raise TypeError(f"option {self.name!r}: type must be one of int, float, str, bool, Layers")
-        if not self.name.isidentifier():
-            raise ValueError(f"option name {self.name!r} is not an identifier")
+        if not all(part.isidentifier() for part in self.name.split(".", 1)):
+            raise ValueError(f"option name {self.name!r} is not an identifier (or MEMBER.identifier in a composition)")
         if self.default is not None:
             self.convert(self.default)
 

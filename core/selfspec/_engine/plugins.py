@@ -157,13 +157,21 @@ def make_manager(name: str = BUILTIN_METHOD, plugin_object: Any = None, *, trace
 
     Returns ``(manager, plugin)`` where ``plugin`` is the registered instance (None for
     ``vanilla``). Pass ``plugin_object`` to register an already-imported object (a class,
-    module or instance) under ``name`` instead of looking up the entry point.
+    module or instance) under ``name`` instead of looking up the entry point. A composed name
+    (``"lookup+selfsd"``) registers the host's :class:`~selfspec._engine.compose.Composer` over
+    those members; ``plugin_object`` may then be a mapping ``{member: object}``.
     """
     pm = _Manager(PROJECT)
     pm.add_hookspecs(hookspecs)
     for builtin_name, plugin in builtin_plugins():
         pm.register(plugin, name=f"builtin.{builtin_name}")
-    obj = plugin_object if plugin_object is not None else _load_object(name)
+    from selfspec._engine import compose
+
+    members = compose.member_names(name)
+    if members is not None:  # "a+b": the host's composer, holding each member's own manager
+        obj = compose.Composer.build(name, members, plugin_object)
+    else:
+        obj = plugin_object if plugin_object is not None else _load_object(name)
     instance = None
     if obj is not None:
         if name in blocked():

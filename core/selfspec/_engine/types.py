@@ -192,6 +192,11 @@ class Stats:
     #: bytes of product weights the decode's forwards read after the prefill (the model's own
     #: per full forward, the draft weights' per draft pass): what bounds it on a CPU
     weight_bytes: int = 0
+    #: a composed decode's members (``lookup+selfsd``): per member, steps it ``proposed`` in and was
+    #: ``skipped`` by the cheap-first rule, nodes it ``drafted`` into the verified tree, its tokens
+    #: ``accepted`` (what its own draft alone would have had accepted), steps its accepted path was
+    #: the ``longest``; empty for one plugin
+    members: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def tau(self) -> float:
@@ -224,6 +229,7 @@ class Stats:
             "weight_layout": self.weight_layout,
             "choices": dict(self.choices),
             "weight_bytes": self.weight_bytes,
+            **({"members": {k: dict(v) for k, v in self.members.items()}} if self.members else {}),
         }
 
 

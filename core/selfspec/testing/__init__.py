@@ -22,6 +22,7 @@ from ._archs import ARCHS
 
 __all__ = [
     "ARCHS",
+    "ComposedSuite",
     "LosslessError",
     "NearTieWarning",
     "PluginSuite",
@@ -38,6 +39,7 @@ _LAZY = {
     "LosslessError": "_lossless",
     "NearTieWarning": "_lossless",
     "PluginSuite": "_suite",
+    "ComposedSuite": "_composed",
 }
 
 

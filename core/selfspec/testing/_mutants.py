@@ -377,3 +377,4 @@ MUTANTS: tuple[type[Echo], ...] = (
     PastMismatchPrompt400, WrongTokenAfter200, WrongTokenGemmaLate, DropsSlotEvery130, EditsHeadInSetup,
     PolicyCorruptsKVLate, ForgetsTopK, EosAlias, SeedlessPicks,
 )
+

@@ -57,6 +57,10 @@ from .stats import COUNTERS
 class HiSpec:
     """One instance per decoder: options, exit heads, the per-step buffer's meta, counters."""
 
+    #: Joins compositions: its verifier only finishes, from the L_i states, the check the host's
+    #: full forward makes; without it (in a composition) ``counters`` miss the verify-side counts.
+    composable = True
+
     def __init__(self) -> None:
         self.ld = self.li = 0
         self.n_layers = 0

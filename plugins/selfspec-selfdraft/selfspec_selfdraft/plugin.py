@@ -32,6 +32,11 @@ class SelfDraft:
     """One instance per decoder: the corpus cache is loaded once; branches and the context
     cache are reset at every decode's start."""
 
+    #: Joins compositions: its verifier returns None for any draft not its own, and its policy
+    #: does without it (``self._step`` stays None). In a composition its lookahead branches, which
+    #: ride in its own verifying pass, do not run: it drafts from the history and corpus sources.
+    composable = True
+
     def __init__(self) -> None:
         self.opts: dict[str, Any] = {}
         self.corpus: CorpusCache | None = None

@@ -42,6 +42,10 @@ def _unit(x: float) -> str | None:
 class SelfSD:
     """One instance per decoder: the skip set, the threshold and the per-decode logs."""
 
+    #: Joins compositions (``lookup+selfsd``): its verifier is only a shortcut (verifying from the
+    #: first skipped layer) and its policy reads nothing that verifier leaves.
+    composable = True
+
     def __init__(self) -> None:
         self.num_draft = 12
         self.skip_attn: tuple[int, ...] = ()
@@ -52,7 +56,7 @@ class SelfSD:
         self.tree = TreeConfig()  # tree drafts (the host's draft_tree), off by default
         self.source = ""  # where the skip set came from: a profile path, "heuristic", "options"
         self.note: str | None = None  # said once on stderr when falling back to the heuristic
-        self.drafted = 0  # length of the draft being verified (after the host's cut)
+        self.drafted = 0  # length of this step's draft (set in propose: a composition never calls verify)
         self.log: list[tuple[int, int]] = []  # per step of the last decode: (drafted, accepted)
         self.gammas: list[float] = []  # gamma before every step of the last decode
         self._first_skip = 0
@@ -121,6 +125,7 @@ class SelfSD:
         base = state.length - 1  # the pending token's slot
         kmax = min(self.num_draft, state.max_draft_depth)
         self.gammas.append(self.threshold.gamma)
+        self.drafted = 0
         if kmax <= 0:
             return Draft.empty(runner.device)
         if self.tree.enabled:  # a dynamic tree from the same draft model, verified by the host's verify_tree
@@ -128,7 +133,9 @@ class SelfSD:
             step = skip_layer_step(runner, state.cache, skip_attn=self.skip_attn, skip_mlp=self.skip_mlp,
                                    weights=self.weights)
             share = 1.0 - (len(self.skip_attn) + len(self.skip_mlp)) / (2 * L)  # blocks the draft runs
-            return self.tree.draft(step, state, max_depth=kmax, draft_cost=share).draft(owner=self)
+            tree = self.tree.draft(step, state, max_depth=kmax, draft_cost=share).draft(owner=self)
+            self.drafted = len(tree)  # within the depth and room the host keeps: never cut
+            return tree
         f = self._first_skip
         reuse = self.reuse and 0 < f
         # the draft model writes keys/values at slots base.. in the layers whose attention runs;
@@ -137,12 +144,12 @@ class SelfSD:
         out = skip_layer_draft(runner, state.cache, state.tokens[base : base + 1], base, max_tokens=kmax,
                                skip_attn=self.skip_attn, skip_mlp=self.skip_mlp, exit_below=self.threshold.gamma,
                                capture=f if reuse else None, pick=state.pick, weights=self.weights)
+        self.drafted = len(out.tokens)  # at most kmax: the host never cuts it
         # the exact input of layer f of every token run, for verification from layer f
         return Draft(out.tokens, meta={"hidden": out.captured} if reuse else {}, owner=self)
 
     @selfspec.hookimpl
     def selfspec_verify(self, state: selfspec.DecodeState, draft: Draft) -> selfspec.Verdict | None:
-        self.drafted = len(draft)
         hidden = draft.meta.get("hidden") if draft.is_from(self) else None
         if not self.reuse or not hidden or draft.parents is not None or state.capture_layers or len(draft) == 0:
             return None  # the host's greedy verifier

@@ -9,7 +9,9 @@ import click
 
 
 def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, dict[str, str]]:
-    """Route ``-o [PLUGIN.]KEY=VALUE`` to plugins: scoped to one, or to every one declaring KEY."""
+    """Route ``-o [PLUGIN.]KEY=VALUE`` to plugins: scoped to one (and to the member of that name
+    in every composition measured), or unscoped to every plugin and composition member declaring
+    KEY."""
     from selfspec._engine.options import OptionError, parse_pairs
     from selfspec._engine.plugins import PluginError, declared_options, make_manager
 
@@ -20,17 +22,21 @@ def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, d
         raise click.ClickException(str(exc)) from exc
     routed: dict[str, dict[str, str]] = {p: {} for p in plugins}
     for key, value in given.items():
-        scope, dot, name = key.rpartition(".")
-        if dot:
-            if scope not in routed:
-                raise click.ClickException(f"-o {key}=...: plugin {scope!r} is not among --plugin {list(plugins)}")
-            routed[scope][name] = value
+        scope, dot, name = key.partition(".")
+        if dot:  # PLUGIN.KEY: that plugin's KEY, and a composition's member option of that name
+            takers = [p for p in plugins if p == scope or key in declared[p]]
+            if not takers:
+                raise click.ClickException(f"-o {key}=...: plugin {scope!r} is not among --plugin {list(plugins)} "
+                                           "(nor a member of a composition among them)")
+            for p in takers:
+                routed[p][name if p == scope else key] = value
             continue
-        takers = [p for p in plugins if key in declared[p]]
+        # unscoped: every plugin declaring KEY, and every member of a composition declaring it
+        takers = [(p, k) for p in plugins for k in sorted(declared[p]) if k == key or k.endswith(f".{key}")]
         if not takers:
             raise click.ClickException(f"-o {key}=...: no selected plugin declares option {key!r}")
-        for p in takers:
-            routed[p][key] = value
+        for p, k in takers:
+            routed[p][k] = value
     return routed
 
 

@@ -1,0 +1,190 @@
+"""The arithmetic of a composed draft: the merged trie, its budget, and the cheap-first rule.
+
+Pure functions and small records, no model: :mod:`selfspec._engine.compose` calls them each step.
+
+* :class:`Trie` merges the members' drafts (chains or trees) into one tree: a node is a path
+  from the pending token, so a shared prefix is one node and a token two members propose at
+  the same place is one node that remembers both (``owners``).
+* :class:`MemberStats` keeps a member's running statistics: how often its drafts reach and pass
+  each depth, its accepted-length histogram, its proposing cost, its draft size. Exponentially
+  weighted (``DECAY`` per observed step), so they follow the text.
+* :func:`node_values` scores every merged node by the probability that verification accepts it
+  (from the proposing members' per-depth acceptance); :func:`cut` keeps the nodes that
+  maximise expected committed tokens per unit of cost on the machine's cost-per-width curve
+  (the same rule as ``draft_tree``'s ``choose_size``).
+* :func:`worth_calling` is the cheap-first rule: call a member only when its expected extra
+  accepted tokens pay for its proposing cost and its nodes' verify cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from selfspec._engine.drafttree import choose_size
+
+#: Weight kept by a member's statistics per step in which it proposed: an effective memory of
+#: ``1 / (1 - DECAY)`` = 50 of its steps.
+DECAY = 0.98
+
+
+@dataclass
+class Trie:
+    """Merged draft: ``tokens[i]``, ``parents[i]`` (``-1`` = the pending token, ``parents[i] <
+    i``), ``owners[i]`` the members (by index) that proposed node ``i``."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    owners: list[set[int]] = field(default_factory=list)
+    _index: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+
+    def add(self, tokens: Sequence[int], parents: Sequence[int] | None, owner: int) -> list[int]:
+        """Merge one member's draft (``parents`` None: a chain); returns the merged node of each
+        of its nodes."""
+        where: list[int] = []
+        for i, tok in enumerate(tokens):
+            p = (i - 1) if parents is None else parents[i]
+            parent = -1 if p < 0 else where[p]
+            key = (parent, int(tok))
+            node = self._index.get(key)
+            if node is None:
+                node = self._index[key] = len(self.tokens)
+                self.tokens.append(int(tok))
+                self.parents.append(parent)
+                self.owners.append(set())
+            self.owners[node].add(owner)
+            where.append(node)
+        return where
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def depths(self) -> list[int]:
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
+    def subtree(self, keep: Sequence[int]) -> tuple[list[int], list[int], dict[int, int]]:
+        """``(tokens, parents, old -> new)`` of the nodes ``keep`` (closed under ancestors),
+        in their merged order."""
+        keep = sorted(keep)
+        remap = {old: new for new, old in enumerate(keep)}
+        parents = [-1 if self.parents[i] < 0 else remap[self.parents[i]] for i in keep]
+        return [self.tokens[i] for i in keep], parents, remap
+
+
+@dataclass
+class MemberStats:
+    """One member's running statistics (exponentially weighted by :data:`DECAY`).
+
+    ``reach[d - 1]`` / ``passed[d - 1]``: weight of its steps whose (kept) draft had a node at
+    depth ``d`` / whose accepted length was at least ``d``; ``lengths[a]``: weight of its steps
+    with accepted length ``a``; ``cost``: its proposing time in one-token full forwards;
+    ``size``: its kept draft's nodes; ``weight``: total weight of its observed steps."""
+
+    reach: list[float] = field(default_factory=list)
+    passed: list[float] = field(default_factory=list)
+    lengths: list[float] = field(default_factory=list)
+    cost: float = 0.0
+    size: float = 0.0
+    weight: float = 0.0
+    costed: float = 0.0
+
+    def observe(self, depth: int, accepted: int, size: int) -> None:
+        """One verified step: the member's kept draft was ``depth`` deep with ``size`` nodes, and
+        ``accepted`` of its tokens were accepted."""
+        n = max(depth, accepted + 1, len(self.reach))
+        for xs in (self.reach, self.passed):
+            xs.extend([0.0] * (n - len(xs)))
+            xs[:] = [x * DECAY for x in xs]
+        self.lengths.extend([0.0] * (accepted + 1 - len(self.lengths)))
+        self.lengths[:] = [x * DECAY for x in self.lengths]
+        for d in range(depth):
+            self.reach[d] += 1.0
+        for d in range(accepted):
+            self.passed[d] += 1.0
+        self.lengths[accepted] += 1.0
+        self.size = self.size * DECAY + size
+        self.weight = self.weight * DECAY + 1.0
+
+    def observe_cost(self, forwards: float) -> None:
+        """The member's proposing time this step, in one-token full forwards."""
+        self.cost = self.cost * DECAY + forwards
+        self.costed = self.costed * DECAY + 1.0
+
+    def depth_rate(self, depth: int) -> float:
+        """P(accepted length >= depth | its draft reached depth): (passed + 1) / (reach + 2),
+        one half before any evidence."""
+        if depth <= len(self.reach):
+            return (self.passed[depth - 1] + 1.0) / (self.reach[depth - 1] + 2.0)
+        return 0.5
+
+    def mean_cost(self) -> float | None:
+        return self.cost / self.costed if self.costed else None
+
+    def mean_size(self) -> float:
+        return self.size / self.weight if self.weight else 0.0
+
+    def expected_gain(self, covered: float) -> float | None:
+        """Expected accepted tokens this member adds beyond ``covered`` (the current draft's
+        expected accepted tokens): ``sum_a P(a) * max(0, a - covered)`` over its accepted-length
+        histogram; None before it was observed."""
+        if not self.weight:
+            return None
+        return sum(w * max(0.0, a - covered) for a, w in enumerate(self.lengths)) / self.weight
+
+
+def node_values(trie: Trie, stats: Sequence[MemberStats]) -> list[float]:
+    """Each merged node's probability of acceptance: per proposing member, its depth rate
+    (:meth:`MemberStats.depth_rate`: how often its drafts that reached this depth had it
+    accepted), shared among that member's nodes at the same depth (a tree's siblings are
+    alternatives: at most one is accepted); the highest over the node's members; never above
+    its parent's value (so the best nodes are closed under ancestors)."""
+    depths = trie.depths()
+    width: dict[tuple[int, int], int] = {}
+    for i, owners in enumerate(trie.owners):
+        for m in owners:
+            width[(m, depths[i])] = width.get((m, depths[i]), 0) + 1
+    values: list[float] = []
+    for i, owners in enumerate(trie.owners):
+        d = depths[i]
+        best = 0.0
+        for m in owners:
+            best = max(best, stats[m].depth_rate(d) / width[(m, d)])
+        p = trie.parents[i]
+        values.append(best if p < 0 else min(best, values[p]))
+    return values
+
+
+def cut(values: Sequence[float], cost: Callable[[int], float] | None, spent: float,
+        limit: int | None = None) -> list[int]:
+    """The merged nodes to verify: the ``n`` most valuable (ties: merged order, so parents
+    first), ``n`` maximising ``(1 + sum of their values) / (spent + cost(n + 1))`` (``spent``:
+    what proposing cost this step, in one-token forwards); every node when ``cost`` is None;
+    at most ``limit``."""
+    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    if limit is not None:
+        order = order[:limit]
+    if cost is None:
+        return sorted(order)
+    n, _, _ = choose_size([values[i] for i in order], cost, spent)
+    return sorted(order[:n])
+
+
+def worth_calling(stats: MemberStats, covered: float, nodes: int, spent: float,
+                  cost: Callable[[int], float]) -> bool:
+    """The cheap-first rule: whether calling a member pays, given the draft so far (``nodes``
+    merged nodes, ``covered`` expected accepted tokens, ``spent`` forwards of proposing).
+
+    Without the member a step commits ``1 + covered`` tokens for ``spent + cost(nodes + 1)``;
+    with it, ``gain`` more (:meth:`MemberStats.expected_gain`) for its proposing cost and its
+    mean draft size more verified nodes. Call it when the second ratio is at least the first,
+    and always while its cost or acceptance has not been observed yet."""
+    gain = stats.expected_gain(covered)
+    own = stats.mean_cost()
+    if gain is None or own is None:
+        return True
+    without = (1.0 + covered) / (spent + cost(nodes + 1))
+    with_it = (1.0 + covered + gain) / (spent + own + cost(nodes + 1 + round(stats.mean_size())))
+    return with_it >= without

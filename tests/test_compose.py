@@ -1,0 +1,174 @@
+"""Composed drafts: names, refusals, the merged trie, the budget cut, the cheap-first rule with
+injected statistics, each member's own verdict, option routing, losslessness end to end.
+
+a) A member's verdict must be what verifying its own draft alone gives: checked against
+   ``verify_greedy`` on that draft, from the same cache, on a real tiny model.
+b) The cheap-first rule is tested with statistics injected by hand, so the expected decision
+   follows from the formula, not from timings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import selfspec
+from selfspec import Decoder, Draft, PluginError, Verdict
+from selfspec._engine.compose import Composer, _Proposal, member_names
+from selfspec._engine.composetree import MemberStats, Trie, cut, node_values, worth_calling
+from selfspec._engine.costcurve import CostCurve
+from selfspec.testing import assert_lossless
+from selfspec.testing._mutants import Echo
+
+
+class Chain:
+    """A composable drafter proposing fixed chains, recording the verdicts it is given."""
+
+    def __init__(self, ids: list[int] | None = None) -> None:
+        self.ids = ids or []
+        self.verdicts: list[Verdict] = []
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state: Any) -> Draft:
+        return Draft.chain(self.ids[: state.max_draft_depth], device=state.runner.device)
+
+    @selfspec.hookimpl
+    def selfspec_update_policy(self, verdict: Verdict) -> None:
+        self.verdicts.append(verdict)
+
+
+class Refuses(Chain):
+    composable = False
+
+
+def test_composed_names_are_parsed():
+    assert member_names("lookup") is None
+    assert member_names("lookup+selfsd") == ["lookup", "selfsd"]
+    assert member_names(["lookup", "selfsd"]) == ["lookup", "selfsd"]
+
+
+@pytest.mark.parametrize(("name", "objects", "blamed", "words"), [
+    ("a+vanilla", {"a": Chain}, "vanilla", "cannot be a member"),
+    ("a+echo", {"a": Chain, "echo": Echo}, "echo", "selfspec_verify and selfspec_cache"),
+    ("a+no", {"a": Chain, "no": Refuses}, "no", "composable = False"),
+    ("a+a", {"a": Chain}, "a+a", "named twice"),
+    ("a+", {"a": Chain}, "", "empty member"),
+    ("a+not-installed", {"a": Chain}, "not-installed", "not installed"),
+])
+def test_members_that_cannot_join_are_refused_by_name(name, objects, blamed, words):
+    with pytest.raises(PluginError) as info:
+        selfspec._engine.plugins.make_manager(name, objects)
+    assert info.value.plugin == blamed and words in str(info.value)
+
+
+def test_the_trie_merges_shared_prefixes_once_and_remembers_owners():
+    t = Trie()
+    assert t.add([5, 6, 7], None, 0) == [0, 1, 2]
+    assert t.add([5, 6, 9, 8], [-1, 0, 0, 2], 1) == [0, 1, 3, 4]  # 5, 5>6 shared; 5>9, 5>9>8 new
+    assert t.tokens == [5, 6, 7, 9, 8] and t.parents == [-1, 0, 1, 0, 3]
+    assert t.owners == [{0, 1}, {0, 1}, {0}, {1}, {1}]
+    tokens, parents, remap = t.subtree([0, 3, 4])
+    assert tokens == [5, 9, 8] and parents == [-1, 0, 1] and remap == {0: 0, 3: 1, 4: 2}
+
+
+def _stats(rates: list[float], lengths: dict[int, float] | None = None, cost: float | None = None,
+           size: float = 0.0) -> MemberStats:
+    """Statistics injected by hand: depth d passes with rate ``rates[d-1]`` (after 100 steps)."""
+    s = MemberStats(reach=[100.0] * len(rates), passed=[100.0 * r - 1 + 2 * r for r in rates])
+    s.passed = [r * 102 - 1 for r in rates]  # (passed + 1) / (reach + 2) == r
+    if lengths is not None:
+        s.lengths = [lengths.get(a, 0.0) for a in range(max(lengths) + 1)]
+        s.weight = sum(lengths.values())
+        s.size = size * s.weight
+    if cost is not None:
+        s.cost, s.costed = cost, 1.0
+    return s
+
+
+def test_node_values_are_depth_rates_shared_among_siblings_and_never_above_the_parent():
+    t = Trie()
+    t.add([1, 2, 3], None, 0)
+    t.add([1, 4, 5], [-1, 0, 0], 1)  # a tree: 4 and 5 are siblings at depth 2
+    values = node_values(t, [_stats([0.9, 0.8, 0.7]), _stats([0.5, 0.6])])
+    assert values == pytest.approx([0.9, 0.8, 0.7, 0.3, 0.3])
+
+
+def test_the_cut_keeps_the_nodes_worth_their_verify_cost():
+    values = [0.9, 0.8, 0.1, 0.05]
+    flat = CostCurve((1, 64), (1.0, 1.0))  # verifying more costs nothing: keep every node
+    assert cut(values, flat, 0.0) == [0, 1, 2, 3]
+    steep = CostCurve((1, 2), (1.0, 2.0))  # every node costs a forward: keep none
+    assert cut(values, steep, 0.0) == []
+    knee = CostCurve((1, 3, 4), (1.0, 1.0, 1.5))  # two nodes are free, a third costs half a forward
+    assert cut(values, knee, 0.0) == [0, 1]
+    assert cut(values, None, 0.0, limit=3) == [0, 1, 2]
+
+
+def test_cheap_first_skips_a_costly_member_when_the_free_draft_covers_its_gain():
+    curve = CostCurve((1, 16), (1.0, 1.3))
+    costly = _stats([0.9, 0.8], lengths={0: 2, 1: 3, 2: 5}, cost=0.6, size=2)  # ~1.3 accepted, 0.6 forwards
+    assert worth_calling(costly, covered=0.0, nodes=0, spent=0.0, cost=curve)  # nothing drafted yet: call it
+    assert not worth_calling(costly, covered=5.0, nodes=6, spent=0.0, cost=curve)  # a long confident draft
+    cheap = _stats([0.9, 0.8], lengths={0: 2, 1: 3, 2: 5}, cost=0.01, size=2)
+    assert worth_calling(cheap, covered=1.0, nodes=6, spent=0.0, cost=curve)  # nearly free: worth it
+    assert worth_calling(MemberStats(), covered=9.0, nodes=9, spent=0.0, cost=curve)  # never observed: call
+
+
+def test_a_member_verdict_is_what_verifying_its_own_draft_alone_gives(tiny_model_factory):
+    # see a)
+    model = tiny_model_factory("llama")
+    prompt = [3, 4, 5, 6] * 12
+    ref = selfspec.reference_generate(model, prompt, 8)
+    a = Chain(ref[:2] + [0])  # right twice, then wrong
+    b = Chain([ref[0], 1])  # right once
+    dec = Decoder(model, "a+b", {"budget": "8", "cheap_first": False}, plugin_object={"a": a, "b": b})
+    dec.generate(prompt, 4)
+    va, vb = a.verdicts[0], b.verdicts[0]
+    assert (va.accepted, va.bonus, va.accepted_nodes) == (tuple(ref[:2]), ref[2], (0, 1))
+    assert (vb.accepted, vb.bonus, vb.accepted_nodes) == (tuple(ref[:1]), ref[1], (0,))
+    assert va.logits.shape[0] == 4 and vb.logits.shape[0] == 3
+    alone = Decoder(model, "a", plugin_object=Chain(a.ids)).generate(prompt, 4)
+    assert alone.output_ids[:3] == ref[:3]
+    assert torch.equal(vb.logits[0], va.logits[0])
+
+
+def test_member_verdict_follows_the_committed_path_through_the_kept_nodes():
+    comp = Composer("x+y", [])
+    comp._remap = {0: 0, 1: 1, 3: 2}  # merged node 2 was cut
+    p = _Proposal(member=None, tokens=[7, 8, 9], parents=None, where=[0, 1, 2], seconds=0.0)  # type: ignore[arg-type]
+    v = comp.member_verdict(p, Verdict(accepted=(7, 8), bonus=9, accepted_nodes=(0, 1), kv_slots=(0, 1, 2)))
+    assert (v.accepted, v.bonus, v.accepted_nodes, v.kv_slots, v.logits) == ((7, 8), 9, (0, 1), (0, 1, 2), None)
+    q = _Proposal(member=None, tokens=[5], parents=None, where=[3], seconds=0.0)  # type: ignore[arg-type]
+    w = comp.member_verdict(q, Verdict(accepted=(7, 8), bonus=9, accepted_nodes=(0, 1), kv_slots=(0, 1, 2)))
+    assert (w.accepted, w.bonus, w.kv_slots) == ((), 7, (0,))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_compositions_of_the_shipped_plugins_are_lossless(tiny_model_factory, arch):
+    model = tiny_model_factory(arch)
+    prompt = [3, 4, 5, 6] * 20 + list(range(20, 40))
+    r = assert_lossless(model, ["lookup", "selfsd"], prompt, 48, {"selfsd.num_draft": 4})
+    assert set(r.stats.members) == {"lookup", "selfsd"}
+    assert_lossless(model, "selfdraft+clasp+lookup", prompt, 48)
+
+
+def test_member_options_are_routed_and_validated(tiny_model_factory):
+    model = tiny_model_factory("llama")
+    dec = Decoder(model, "lookup+selfsd", {"lookup.num_draft": 3, "selfsd.gamma": 0.2})
+    lookup, selfsd = (m.plugin for m in dec.plugin.members)
+    assert lookup.num_draft == 3 and selfsd.threshold.gamma0 == pytest.approx(0.2)
+    with pytest.raises(selfspec.OptionError, match="num_draft"):
+        Decoder(model, "lookup+selfsd", {"num_draft": 3})
+    with pytest.raises(selfspec.OptionError, match="lookup.num_draft"):
+        Decoder(model, "lookup+selfsd", {"lookup.num_draft": 0})
+
+
+def test_bench_routes_options_to_composition_members():
+    from selfspec.app._bench.variants import _plugin_options
+
+    routed = _plugin_options(["lookup", "lookup+selfsd"], ["num_draft=4", "selfsd.gamma=0.3", "lookup.min_ngram=2"])
+    assert routed["lookup"] == {"num_draft": "4", "min_ngram": "2"}
+    assert routed["lookup+selfsd"] == {"lookup.num_draft": "4", "selfsd.num_draft": "4", "selfsd.gamma": "0.3",
+                                       "lookup.min_ngram": "2"}
