@@ -1,0 +1,35 @@
+"""selfspec-qspec: installed, lossless under the kit (trees and chains), and its mechanics:
+it drafts on the compressed copy and refuses the model's own weights."""
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from selfspec import Decoder, PluginError
+from selfspec.testing import PluginSuite, tiny_model
+
+
+class TestQSpec(PluginSuite):
+    """The kit's standard suite: installed, valid options, lossless (with coverage)."""
+
+    plugin = "qspec"
+    option_strategies = {"num_draft": st.integers(1, 10), "tree": st.booleans(),
+                         "draft_weights": st.sampled_from(["int8", "int8wo"])}
+    reach_options = {"num_draft": 10, "tree": False, "exit": 0.0}  # deep chains reach the deep buckets
+    coverage_exempt = {  # the int8 copy of a tiny model agrees with it on most tokens
+        "steps>=128": "qspec accepts several tokens a step here: the kit's 520 tokens take under 128 steps",
+        "steps>=256": "qspec accepts several tokens a step here: the kit's 520 tokens take under 128 steps",
+    }
+
+
+def test_the_draft_reads_the_compressed_copy_and_agrees_often():
+    model = tiny_model("llama", dtype=torch.float32)
+    dec = Decoder(model, "qspec", {"draft_weights": "int8", "tree": False, "exit": 0.0})
+    assert dec.plugin.weights.backend == "int8" and dec.plugin.weights.layers  # every layer compressed
+    res = dec.generate([3, 4, 5, 6, 7] * 4, 32, eos_token_ids=())
+    assert res.stats.drafted > 0 and res.stats.acceptance > 0.5  # int8 of the same model mostly agrees
+
+
+def test_the_models_own_weights_are_refused():
+    with pytest.raises(PluginError, match="draft_weights=none"):
+        Decoder(tiny_model("llama", dtype=torch.float32), "qspec", {"draft_weights": "none"})
