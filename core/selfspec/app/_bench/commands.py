@@ -315,7 +315,7 @@ def _spec_bench_samples(families: str | None, n: int, seed: int) -> tuple[list[s
     names = list(FAMILIES) if families is None else [t.strip() for t in families.split(",") if t.strip()]
     try:
         return names, load_suite(n, seed, names)
-    except DataError as exc:
+    except (DataError, FileNotFoundError) as exc:
         raise click.BadParameter(str(exc), param_hint="--tasks") from None
 
 

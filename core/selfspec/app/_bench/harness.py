@@ -27,7 +27,14 @@ from typing import Any
 
 import torch
 
-from selfspec.app._bench.turns import answer_text, conversation, encode_turn, make_record, safe_run
+from selfspec.app._bench.turns import (
+    Run,
+    answer_text,
+    conversation,
+    encode_turn,
+    make_record,
+    safe_run,
+)
 from selfspec.app._data import Sample, encode_sample
 from selfspec.app._models import Loaded, eos_token_ids
 
@@ -100,22 +107,6 @@ def check_assistant(model: torch.nn.Module, assistant: torch.nn.Module, names: t
 def n_layers(model: torch.nn.Module) -> int:
     cfg = getattr(model.config, "get_text_config", lambda: model.config)()
     return int(cfg.num_hidden_layers)
-
-
-@dataclass
-class Run:
-    """One decode of one prompt by one method."""
-
-    output_ids: list[int]
-    wall_time: float
-    forwards: float
-    drafted: int | None = None
-    accepted: int | None = None
-    accept_lengths: list[int] | None = None
-    phase_s: dict[str, float] = field(default_factory=dict)
-    prefill_s: float | None = None
-    weight_layout: str | None = None  # the runner's layout (None for HF's own generate)
-    error: str | None = None  # the run raised: what (no output then; see .turns.safe_run)
 
 
 RunFn = Callable[[list[int], int, set[int]], Run]

@@ -22,9 +22,26 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from selfspec.app._data import Sample
+
+
+@dataclass
+class Run:
+    """One decode of one prompt by one method."""
+
+    output_ids: list[int]
+    wall_time: float
+    forwards: float
+    drafted: int | None = None
+    accepted: int | None = None
+    accept_lengths: list[int] | None = None
+    phase_s: dict[str, float] = field(default_factory=dict)
+    prefill_s: float | None = None
+    weight_layout: str | None = None  # the runner's layout (None for HF's own generate)
+    error: str | None = None  # the run raised: what (no output then; see .turns.safe_run)
 
 
 def conversation(sample: Sample, chat: bool) -> list[str]:
@@ -50,11 +67,9 @@ def answer_text(tokenizer: Any, ids: list[int]) -> str:
 
 
 def safe_run(fn: Callable[..., Any], ids: list[int], max_new_tokens: int, eos: set[int]) -> Any:
-    """``fn(ids, max_new_tokens, eos)``; on an exception, a :class:`~.harness.Run` with no output
+    """``fn(ids, max_new_tokens, eos)``; on an exception, a :class:`Run` with no output
     and ``error`` set to the exception's type, message and last frame."""
     import time
-
-    from selfspec.app._bench.harness import Run
 
     t0 = time.perf_counter()
     try:

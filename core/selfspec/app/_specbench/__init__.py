@@ -19,17 +19,17 @@ The suite is never a split of the project's own tasks: nothing tunes on it, and
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import Iterator, Sequence
-from functools import cache
-from importlib import resources
+from collections.abc import Sequence
 from typing import Any
 
 from selfspec.app._data import DataError, Sample
+from selfspec.app._specbench.questions import QUESTIONS, data_file, questions, texts
+
+__all__ = ["FAMILIES", "LABELS", "MT_BENCH_CATEGORIES", "QUESTIONS", "SUITE", "data_file", "family_of", "load_suite",
+           "questions", "texts", "to_sample"]
 
 SUITE = "spec-bench"
-QUESTIONS = "question.jsonl"
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 FAMILIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 #: The leaderboard's column titles.
@@ -50,21 +50,6 @@ def family_of(category: str) -> str:
     if category in FAMILIES:
         return category
     raise DataError(f"unknown Spec-Bench category {category!r}")
-
-
-def data_file(name: str = QUESTIONS) -> Any:
-    """A file of the shipped data (``question.jsonl``, ``LICENSE``, ``SOURCE.md``)."""
-    f = resources.files(__name__).joinpath("data", name)
-    if not f.is_file():
-        raise DataError(f"the Spec-Bench file {name} is missing from the selfspec package; reinstall selfspec")
-    return f
-
-
-@cache
-def questions() -> tuple[dict[str, Any], ...]:
-    """Every question of ``question.jsonl``, as parsed, in the file's order."""
-    lines = data_file().read_text(encoding="utf-8").splitlines()
-    return tuple(json.loads(line) for line in lines if line.strip())
 
 
 def to_sample(q: dict[str, Any]) -> Sample:
@@ -108,18 +93,3 @@ def load_suite(n: int | None = None, seed: int = 0, families: Sequence[str] = FA
                     drawn.append(pool.pop(0))
         out += [to_sample(q) for q in drawn]
     return out
-
-
-def texts() -> Iterator[str]:
-    """Every text of the suite: each turn of each question and each reference string."""
-    for q in questions():
-        yield from q["turns"]
-        yield from _strings(q.get("reference"))
-
-
-def _strings(x: Any) -> Iterator[str]:
-    if isinstance(x, str):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _strings(y)

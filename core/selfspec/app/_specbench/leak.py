@@ -34,7 +34,7 @@ def words(text: str) -> list[str]:
 def _probes() -> tuple[frozenset[str], dict[str, tuple[tuple[str, ...], ...]]]:
     """The 13-word runs of long Spec-Bench texts (joined by spaces) and, keyed by their first
     word, the whole word sequences of shorter ones."""
-    from selfspec.app._specbench import texts
+    from selfspec.app._specbench.questions import texts
 
     grams: set[str] = set()
     short: dict[str, set[tuple[str, ...]]] = {}
