@@ -27,6 +27,12 @@ parts of one ShareGPT conversation, and a conversation in both ShareGPT tasks, a
 same side. Everything built from data (tuning dev sets, Self-Draft's corpus cache through
 :func:`build_corpus_texts`) reads ``dev``; benchmarks read ``test``.
 
+No Spec-Bench text reaches the dev side (the ``spec-bench`` suite of ``specdec bench``,
+:mod:`selfspec.app._specbench`; GSM8K and MT-bench questions are in both): a sample the split
+rule puts in ``dev`` but whose prompt, answer or turns overlap a Spec-Bench question or
+reference (:func:`selfspec.app._specbench.leak.overlaps`) is ``held-out`` instead, in neither
+split, and :func:`build_corpus_texts` drops every ShareGPT conversation with such a turn.
+
 Tests and experiments inject their own tasks with :func:`register_task`.
 """
 
@@ -45,6 +51,7 @@ from typing import Any
 
 DEV_PERCENT = 20
 SPLITS = ("dev", "test")
+HELD_OUT = "held-out"  # a dev-side sample that overlaps Spec-Bench: in no split
 TASKS = ("humaneval", "gsm8k", "mtbench", "sharegpt", "summarization")
 SUMMARY_PATTERN = re.compile(r"\b(summari[sz]e|summary of|tl;?dr)\b", re.IGNORECASE)
 SUMMARY_CHARS = (400, 4000)
@@ -74,11 +81,29 @@ class Sample:
 
     @property
     def split(self) -> str:
-        return split_of(self.key)
+        """``dev``, ``test`` or ``held-out`` (see the module docstring)."""
+        side = split_of(self.key)
+        if side == "dev" and _held_out(self.texts()):
+            return HELD_OUT
+        return side
+
+    def texts(self) -> tuple[str, ...]:
+        """Every text of the sample: prompt, completion, answer and turns."""
+        turns = self.meta.get("turns") or ()
+        answer = self.meta.get("answer")
+        out = [self.prompt, self.completion, answer if isinstance(answer, str) else None, *turns]
+        return tuple(t for t in out if isinstance(t, str) and t)
 
     def text(self, chat: bool) -> str:
         """The text to tokenize: the user turn for a chat model, else the completion prompt."""
         return self.prompt if chat or self.completion is None else self.completion
+
+
+@cache
+def _held_out(texts: tuple[str, ...]) -> bool:
+    from selfspec.app._specbench.leak import any_overlaps
+
+    return any_overlaps(texts)
 
 
 def split_of(key: str) -> str:
@@ -132,17 +157,21 @@ def load_task(name: str, split: str = "test", n: int | None = None, seed: int = 
 def build_corpus_texts(tasks: tuple[str, ...] = ("sharegpt", "humaneval", "gsm8k")) -> Iterator[str]:
     """Texts of the ``dev`` split only, for corpora built from data (Self-Draft's cache).
 
-    ShareGPT: every turn of dev conversations (human and model); HumanEval: prompt + canonical
-    solution; GSM8K: question + answer. Tasks whose package is missing are skipped.
+    ShareGPT: every turn of dev conversations (human and model) that have no turn overlapping
+    Spec-Bench; HumanEval: prompt + canonical solution; GSM8K: question + answer (dev samples,
+    so never a held-out one). Tasks whose package is missing are skipped.
     """
+    from selfspec.app._specbench.leak import any_overlaps
+
     for task in tasks:
         try:
             if task == "sharegpt":
                 for rec in _sharegpt_records():
                     if split_of(_sharegpt_key(rec)) == "dev":
-                        for turn in rec.get("conversations") or []:
-                            if isinstance(turn.get("value"), str) and turn["value"].strip():
-                                yield turn["value"]
+                        turns = [t["value"] for t in rec.get("conversations") or []
+                                 if isinstance(t.get("value"), str) and t["value"].strip()]
+                        if not any_overlaps(turns):
+                            yield from turns
             else:
                 for s in all_samples(task):
                     if s.split == "dev":

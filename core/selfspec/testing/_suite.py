@@ -181,7 +181,14 @@ class PluginSuite:
     def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
         from hypothesis import Phase, example, given, seed, settings
 
-        from selfspec.testing._scenarios import last_position, reach, sampled, sampled_filters, scenarios, several_eos
+        from selfspec.testing._scenarios import (
+            last_position,
+            reach,
+            sampled,
+            sampled_filters,
+            scenarios,
+            several_eos,
+        )
 
         cov = self.coverage()
         _, declared = self._manager()

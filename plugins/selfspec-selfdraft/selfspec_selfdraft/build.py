@@ -18,13 +18,16 @@ BATCH = 256
 
 
 def default_path(tokenizer: Any, max_tokens: int) -> Path:
-    """Where the default corpus cache of this tokenizer lives (in the plugin's artefact store)."""
-    return STORE.path(f"corpus-dev-{tokenizer_key(tokenizer)}-{max_tokens}.npz")
+    """Where the default corpus cache of this tokenizer lives (in the plugin's artefact store).
+    ``heldout`` in the name: the dev split without any text overlapping Spec-Bench (a cache of
+    a corpus that held such texts is never read)."""
+    return STORE.path(f"corpus-dev-heldout-{tokenizer_key(tokenizer)}-{max_tokens}.npz")
 
 
 def default_corpus(tokenizer: Any, max_tokens: int = DEFAULT_TOKENS, progress: bool = True) -> CorpusCache:
     """The default corpus cache: built on first use from :func:`selfspec.app.corpus_texts` (the dev
-    split of ShareGPT, HumanEval and GSM8K; never a test prompt), then loaded from disk."""
+    split of ShareGPT, HumanEval and GSM8K; never a test prompt nor a Spec-Bench text), then loaded
+    from disk."""
     path = default_path(tokenizer, max_tokens)
     if path.is_file():
         return CorpusCache.load(path)

@@ -2,10 +2,11 @@
 
 The ranking counts the tokens of the registered corpus (:func:`set_vocab_corpus`; the ``specdec``
 command registers the app's: the dev split of HumanEval, GSM8K and ShareGPT, never a test
-prompt, ``selfspec.app.corpus_texts``) tokenized with the model's own tokenizer, up to
+prompt nor a Spec-Bench text, ``selfspec.app.corpus_texts``) tokenized with the model's own tokenizer, up to
 :data:`MAX_TOKENS` tokens; the tokenizer's special tokens (EOS, chat markers) come first, then
 the counted tokens by count, then the tokens never seen, by id. The counts are cached as an
-artefact per tokenizer (``<selfspec cache dir>/draftvocab/counts-<tokenizer>-<n>.npy``).
+artefact per tokenizer (``<selfspec cache dir>/draftvocab/counts-heldout-<tokenizer>-<n>.npy``;
+``heldout``: counts of a corpus that held a Spec-Bench text are never read).
 
 Without a tokenizer (test models) no corpus can be counted: the ranking is the ids in order,
 which for a byte-pair vocabulary is its merge order, roughly by frequency in the tokenizer's
@@ -39,7 +40,7 @@ def tokenizer_key(tokenizer: Any) -> str:
 
 def token_counts(tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKENS, progress: bool = True) -> np.ndarray:
     """``[vocab_size]`` int64 counts of each token id in the corpus (cached, see the module doc)."""
-    path = STORE.path(f"counts-{tokenizer_key(tokenizer)}-{max_tokens}.npy")
+    path = STORE.path(f"counts-heldout-{tokenizer_key(tokenizer)}-{max_tokens}.npy")
     if path.is_file():
         counts = np.load(path)
         if counts.shape[0] >= vocab_size:

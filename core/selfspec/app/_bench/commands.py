@@ -17,6 +17,7 @@ from selfspec.app._bench.report import report, write_sweep
 from selfspec.app._bench.variants import _check_inline, _plugin_options, parse_variant  # noqa: F401 (parse_variant: public here too)
 
 DEFAULT_TASKS = "humaneval,gsm8k,mtbench,sharegpt,summarization"
+SPEC_BENCH = "spec-bench"
 
 
 def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -28,7 +29,8 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="torch.set_num_threads for the run [default: the physical cores; on a busy "
                           "machine see specdec's busy-machine rule, docs/cli.md]."),
         click.option("--tasks", default=DEFAULT_TASKS, show_default=True, help="Comma-separated task names."),
-        click.option("--samples", "-n", type=click.IntRange(1), default=2, show_default=True, help="Prompts per task."),
+        click.option("--samples", "-n", type=click.IntRange(1), default=2, show_default=True,
+                     help="Prompts per task (bench --suite spec-bench: questions per family)."),
         click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True),
         click.option("--seed", type=int, default=0, show_default=True, help="Which prompts are drawn from the split."),
         click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Warm-up calls per method."),
@@ -169,6 +171,11 @@ def _add_limits(summary: dict[str, Any], records: list[dict[str, Any]], model: A
 def _finish(records: list[dict[str, Any]], allow: bool) -> None:
     bad = [r for r in records if r["lossless"] is False and not r["near_tie"]]
     ties = sum(1 for r in records if r["near_tie"])
+    failed = [r for r in records if r.get("error")]
+    if failed:
+        click.secho(f"{len(failed)} run(s) FAILED and were recorded without output (the bench went on): "
+                    + "; ".join(sorted({f"{r['method']} on {r['task']}/{r['question_id']}: {r['error']}" for r in failed})),
+                    fg="yellow", err=True)
     if ties:
         click.secho(f"{ties} output(s) differ from the baseline at a near-tie (within the dtype's rounding: selfspec._engine.tiebound).", fg="yellow")
     if bad:
@@ -207,19 +214,25 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
 @click.option("--sample-seed", type=click.IntRange(min=0, max=2**64 - 1), default=0, show_default=True,
               help="Seed of the sampling noise (--seed picks the prompts).")
 @click.option("--split", type=click.Choice(["test", "dev"]), default="test", show_default=True)
+@click.option("--suite", type=click.Choice(["tasks", SPEC_BENCH]), default="tasks", show_default=True,
+              help="tasks: the project's own tasks (--tasks). spec-bench: Spec-Bench's 480 questions in its six "
+                   "families (--samples per family, 80 for all; --tasks picks families), both MT-bench turns, "
+                   "and Spec-Bench answer files in OUT/model_answer/.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
-def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int, max_new_tokens: int,
-          seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool, plugins: tuple[str, ...],
-          options: tuple[str, ...], no_peers: bool, peer_spec: str | None, early_exit_layer: int | None,
-          assistant_model: str | None, memory: bool, temperature: float, top_k: int, top_p: float,
-          sample_seed: int, split: str, out: str) -> None:
+@click.pass_context
+def bench(ctx: click.Context, model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int,
+          max_new_tokens: int, seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool,
+          plugins: tuple[str, ...], options: tuple[str, ...], no_peers: bool, peer_spec: str | None,
+          early_exit_layer: int | None, assistant_model: str | None, memory: bool, temperature: float, top_k: int,
+          top_p: float, sample_seed: int, split: str, suite: str, out: str) -> None:
     """Measure HF greedy, vanilla, the HF peers and plugins side by side on real prompts.
 
     Every method runs on the same prompts in one process, interleaved prompt by prompt, and
     every output is checked against HF greedy's. With --temperature above 0 every method
     samples instead: plugins are checked against vanilla sampling with the same seed, speedups
     stay against HF generate (sampling). Writes results.jsonl, summary.json, results.md and
-    speedup.png to --out.
+    speedup.png to --out; with --suite spec-bench also one Spec-Bench answer file per method
+    (model_answer/<model>-<method>.jsonl) and Spec-Bench's speed report in the table.
     """
     from selfspec._engine.plugins import BUILTIN_METHOD, available
     from selfspec._engine.sampling import Sampling
@@ -227,8 +240,12 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     from selfspec.app._bench.harness import Method, n_layers, run_bench
 
     sampling = Sampling(temperature, top_k, top_p, sample_seed)
-    task_list = _tasks(tasks)
-    prompts = _samples(task_list, split, samples, seed)
+    if suite == SPEC_BENCH:
+        given = ctx.get_parameter_source("tasks") not in (None, click.core.ParameterSource.DEFAULT)
+        task_list, prompts = _spec_bench_samples(tasks if given else None, samples, seed)
+    else:
+        task_list = _tasks(tasks)
+        prompts = _samples(task_list, split, samples, seed)
     specs = [p for p in plugins if p != "none"] if plugins else [p for p in available() if p != BUILTIN_METHOD]
     variants = [(spec.strip(), *parse_variant(spec)) for spec in dict.fromkeys(specs)]
     variants = [v for v in variants if not (v[1] == BUILTIN_METHOD and not v[2])]
@@ -258,7 +275,8 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     jsonl = outdir / res.RECORDS
     jsonl.write_text("", encoding="utf-8")
     config = _config(loaded, model, device=device, dtype=dtype, **choice.as_dict(), tasks=task_list, samples=samples,
-                     max_new_tokens=max_new_tokens, seed=seed, split=split, warmup=warmup,
+                     max_new_tokens=max_new_tokens, seed=seed, split=split if suite == "tasks" else None, warmup=warmup,
+                     suite=suite, questions=len(prompts),
                      methods=[_method_config(m) for m in methods], argv=list(sys.argv),
                      assistant_model=assistant.name if assistant else None, sampling=sampling.as_dict(),
                      **_model_facts(loaded.model))
@@ -266,10 +284,15 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
                f"max {max_new_tokens} new tokens, {threads} threads"
                + ("" if sampling.greedy else f", sampling {sampling.as_dict()}"), err=True)
+    answers = None
+    if suite == SPEC_BENCH:
+        from selfspec.app._bench.answers import AnswerWriter
+
+        answers = AnswerWriter(outdir, config["model"], [m.name for m in methods])
     try:
         records = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, baseline="hf", warmup=warmup,
                             progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r), sampling=sampling,
-                            reference="hf" if sampling.greedy else BUILTIN_METHOD)
+                            reference="hf" if sampling.greedy else BUILTIN_METHOD, on_sample=answers)
     except Exception as exc:
         from selfspec._engine.plugins import PluginError
 
@@ -294,7 +317,22 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     click.echo(res.markdown(summary))
     click.echo(f"wrote {outdir}/{{{res.RECORDS},{res.SUMMARY},{res.TABLE}" + ("" if no_plot else f",{res.PLOT}") + "}",
                err=True)
+    if answers is not None:
+        click.echo(f"wrote Spec-Bench answer files: {answers.dir}/{{{','.join(p.name for p in answers.paths.values())}}}",
+                   err=True)
     _finish(records, allow_divergence)
+
+
+def _spec_bench_samples(families: str | None, n: int, seed: int) -> tuple[list[str], list[Any]]:
+    """The families asked for (all without ``--tasks``) and ``n`` questions of each."""
+    from selfspec.app._data import DataError
+    from selfspec.app._specbench import FAMILIES, load_suite
+
+    names = list(FAMILIES) if families is None else [t.strip() for t in families.split(",") if t.strip()]
+    try:
+        return names, load_suite(n, seed, names)
+    except (DataError, FileNotFoundError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--tasks") from None
 
 
 # --------------------------------------------------------------------------- report

@@ -27,6 +27,14 @@ from typing import Any
 
 import torch
 
+from selfspec.app._bench.turns import (
+    Run,
+    answer_text,
+    conversation,
+    encode_turn,
+    make_record,
+    safe_run,
+)
 from selfspec.app._data import Sample, encode_sample
 from selfspec.app._models import Loaded, eos_token_ids
 
@@ -101,23 +109,6 @@ def n_layers(model: torch.nn.Module) -> int:
     return int(cfg.num_hidden_layers)
 
 
-@dataclass
-class Run:
-    """One decode of one prompt by one method."""
-
-    output_ids: list[int]
-    wall_time: float
-    forwards: float
-    drafted: int | None = None
-    accepted: int | None = None
-    accept_lengths: list[int] | None = None
-    phase_s: dict[str, float] = field(default_factory=dict)
-    prefill_s: float | None = None
-    weight_layout: str | None = None  # the runner's layout (None for HF's own generate)
-    weight_bytes: int | None = None  # bytes of weights the decode read (None for HF's own generate)
-    choices: dict[str, Any] | None = None  # how the decode's "auto"s were decided
-
-
 RunFn = Callable[[list[int], int, set[int]], Run]
 
 
@@ -163,7 +154,9 @@ def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> 
 
     Full-model forwards are counted by a hook on the last decoder layer (draft passes of the
     peers never reach it), so tau = new tokens / forwards, prefill forward included: HF's
-    prefill produces the first token, like the first step of a selfspec decode.
+    prefill produces the first token, like the first step of a selfspec decode. The same hook
+    reads each forward's first position, from which the tokens each forward committed follow
+    (:func:`accept_lengths_from_starts`).
     """
     from transformers import GenerationConfig
 
@@ -188,8 +181,13 @@ def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> 
         if sample:
             torch.manual_seed(sampling.seed)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-        count = [0]
-        handle = layer.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+        starts: list[int | None] = []
+
+        def hook(_module: Any, args: Any, kwargs: dict[str, Any], _out: Any) -> None:
+            pos = kwargs.get("position_ids")
+            starts.append(int(pos.reshape(-1)[0]) if isinstance(pos, torch.Tensor) and pos.numel() else None)
+
+        handle = layer.register_forward_hook(hook, with_kwargs=True)
         try:
             with torch.inference_mode():
                 _sync(model)
@@ -204,9 +202,21 @@ def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> 
             if t in eos:
                 new = new[: i + 1]
                 break
-        return Run(new, wall, float(count[0]))
+        return Run(new, wall, float(len(starts)), accept_lengths=accept_lengths_from_starts(starts, len(prompt_ids), len(new)))
 
     return run
+
+
+def accept_lengths_from_starts(starts: Sequence[int | None], prompt_len: int, new_tokens: int) -> list[int] | None:
+    """The tokens each full-model forward of an HF decode committed, from the first position of
+    every forward: forward ``k > 0`` starts at the last committed token (not yet cached), so
+    ``starts[k] + 1 - prompt_len`` tokens were committed before it; the last forward committed the
+    rest. ``None`` when a position is unknown or the lengths are not all positive."""
+    if not starts or any(s is None for s in starts) or starts[0] != 0:
+        return None
+    done = [s + 1 - prompt_len for s in starts[1:]] + [new_tokens]  # type: ignore[operator]
+    lengths = [done[0], *(b - a for a, b in zip(done, done[1:]))]
+    return lengths if all(x > 0 for x in lengths) and sum(lengths) == new_tokens else None
 
 
 # --------------------------------------------------------------------------- the run
@@ -227,6 +237,7 @@ def run_bench(
     runners: dict[str, RunFn] | None = None,
     sampling: Any = None,
     reference: str | None = None,
+    on_sample: Callable[[Sample, list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every method on every sample, interleaved; one record (a dict) per (sample, method).
 
@@ -237,6 +248,11 @@ def run_bench(
     docstring); ``reference`` names the method whose output the others must equal (default: the
     baseline); under sampling, methods of another kind than ``plugin`` are not checked
     (``lossless: None``: HF's RNG) unless they are the reference's kind.
+
+    A sample of several turns (``meta["conversation"]``) gives one record per turn and method
+    (``turn`` 1, 2, ...), run and checked as :mod:`.turns` describes; a run that raises gives a
+    record with ``error`` set, never an exception. ``on_sample(sample, records)`` is called
+    after every sample with its records.
     """
     from selfspec._engine.reference import compare
 
@@ -257,93 +273,85 @@ def run_bench(
     ref_kind = next(m.kind for m in methods if m.name == reference)
     greedy_run = sampling is None or sampling.greedy  # greedy: every output is checked
 
-    encoded = [encode_sample(loaded, s) for s in samples]
+    encoded = [encode_sample(loaded, s) for s in samples]  # every sample's first turn
     if warmup and encoded:
         for m in methods:
             for _ in range(warmup):
-                runners[m.name](encoded[0], min(16, max_new_tokens), eos)
+                safe_run(runners[m.name], encoded[0], min(16, max_new_tokens), eos)
 
+    n_turns = [len(conversation(s, loaded.chat)) for s in samples]
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(samples) * len(methods), unit="run", dynamic_ncols=True, leave=True)
+        bar = tqdm(total=sum(n_turns) * len(methods), unit="run", dynamic_ncols=True, leave=True)
     records: list[dict[str, Any]] = []
     try:
-        for i, (sample, ids) in enumerate(zip(samples, encoded)):
+        for i, (sample, first) in enumerate(zip(samples, encoded)):
             shift = i % len(methods) if rotate else 0
             order = list(methods[shift:]) + list(methods[:shift])
-            runs: dict[str, Run] = {}
+            runs: dict[str, list[tuple[list[int], Run]]] = {}
             position: dict[str, int] = {}
-            for pos, m in enumerate(order):
-                if bar is not None:
-                    bar.set_postfix_str(f"{sample.task} · {m.name}")
-                runs[m.name] = run = runners[m.name](ids, max_new_tokens, eos)
-                if bar is not None:
-                    tps = len(run.output_ids) / run.wall_time if run.wall_time > 0 else 0.0
-                    bar.set_postfix_str(f"{sample.task} · {m.name} {tps:.1f} tok/s")
-                    bar.update(1)
+            for pos, m in enumerate(order):  # every turn of the conversation, method by method
                 position[m.name] = pos
-            ref = runs[reference].output_ids
+                runs[m.name] = []
+                answers: list[str] = []
+                for turn in range(n_turns[i]):
+                    if bar is not None:
+                        bar.set_postfix_str(f"{sample.task} · {m.name}")
+                    ids = first if turn == 0 else encode_turn(loaded, sample, answers)
+                    run = safe_run(runners[m.name], ids, max_new_tokens, eos)
+                    runs[m.name].append((ids, run))
+                    if bar is not None:
+                        tps = len(run.output_ids) / run.wall_time if run.wall_time > 0 else 0.0
+                        bar.set_postfix_str(f"{sample.task} · {m.name} {tps:.1f} tok/s")
+                        bar.update(1)
+                    if run.error is not None:
+                        _warn(f"ERROR {m.name} on {sample.task}/{sample.id} turn {turn + 1}: {run.error}", bar)
+                        if bar is not None:
+                            bar.update(n_turns[i] - turn - 1)
+                        break
+                    if turn + 1 < n_turns[i]:
+                        answers.append(answer_text(loaded.tokenizer, run.output_ids))
+            sample_records = []
             for m in methods:
-                run = runs[m.name]
                 checked = greedy_run or m.kind == "plugin" or m.kind == ref_kind
-                cmp = compare(model, ids, run.output_ids, ref, sampling=sampling) if checked and m.name != reference else None
-                rec = make_record(sample, m, run, ids, cmp, loaded.tokenizer, i, position[m.name], checked)
-                records.append(rec)
-                if on_record is not None:
-                    on_record(rec)
-                if rec["lossless"] is False and not rec["near_tie"]:
-                    _warn(f"DIVERGENCE {m.name} on {sample.task}/{sample.id}: differs from {reference} at new token "
-                          f"{rec['diverged_at']} (top-1/top-2 margin {rec['margin']}, above the near-tie bound {rec['bound']})", bar)
+                for turn, (ids, run) in enumerate(runs[m.name]):
+                    cmp, against = None, None
+                    if checked and m.name != reference and run.error is None:
+                        ref = _reference_output(runs[reference], turn, ids, runners[reference], max_new_tokens, eos)
+                        if ref is not None:
+                            against = "shared" if ref[1] else "own-prompt"
+                            cmp = compare(model, ids, run.output_ids, ref[0], sampling=sampling)
+                    ok = checked and (m.name == reference or cmp is not None)
+                    rec = make_record(sample, m, run, ids, cmp, loaded.tokenizer, i, position[m.name], ok, turn + 1)
+                    rec["reference_prompt"] = against
+                    records.append(rec)
+                    sample_records.append(rec)
+                    if on_record is not None:
+                        on_record(rec)
+                    if rec["lossless"] is False and not rec["near_tie"]:
+                        _warn(f"DIVERGENCE {m.name} on {sample.task}/{sample.id} turn {turn + 1}: differs from "
+                              f"{reference} at new token {rec['diverged_at']} (top-1/top-2 margin {rec['margin']}, "
+                              f"above the near-tie bound {rec['bound']})", bar)
+            if on_sample is not None:
+                on_sample(sample, sample_records)
     finally:
         if bar is not None:
             bar.close()
     return records
 
 
-def make_record(sample: Sample, method: Method, run: Run, prompt_ids: list[int], cmp: Any, tokenizer: Any,
-                index: int, order: int, checked: bool = True) -> dict[str, Any]:
-    """One JSONL line: Spec-Bench's fields plus ours (see docs/benchmarks.md); ``lossless`` is
-    None for an output nothing was compared with (``checked=False``: HF sampling)."""
-    n = len(run.output_ids)
-    text = None
-    if tokenizer is not None:
-        try:
-            text = tokenizer.decode(run.output_ids, skip_special_tokens=True)
-        except Exception:  # a tokenizer that cannot decode some id: keep the ids only
-            text = None
-    return {
-        "question_id": sample.id,
-        "task": sample.task,
-        "method": method.name,
-        "plugin": method.plugin,
-        "options": {k: v for k, v in method.options.items()},
-        "new_tokens": n,
-        "wall_time": run.wall_time,
-        "accept_lengths": run.accept_lengths,
-        "tokens_per_s": n / run.wall_time if run.wall_time > 0 else 0.0,
-        "tau": n / run.forwards if run.forwards else None,
-        "forwards": run.forwards,
-        "drafted": run.drafted,
-        "accepted": run.accepted,
-        "acceptance": (run.accepted / run.drafted) if run.drafted else None,
-        "phase_s": run.phase_s,
-        "prefill_s": run.prefill_s,
-        "weight_layout": run.weight_layout,
-        "weight_bytes": run.weight_bytes,
-        "choices": run.choices,
-        "prompt_tokens": len(prompt_ids),
-        "lossless": (cmp is None or bool(cmp.equal)) if checked else None,
-        "near_tie": bool(cmp is not None and cmp.near_tie),
-        "margin": None if cmp is None else cmp.margin,
-        "bound": None if cmp is None else cmp.bound,
-        "diverged_at": None if cmp is None else cmp.index,
-        "sample_index": index,
-        "order": order,
-        "output_ids": list(run.output_ids),
-        "output": text,
-    }
+def _reference_output(ref_runs: list[tuple[list[int], Run]], turn: int, ids: list[int], ref_fn: RunFn,
+                      max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool] | None:
+    """The reference's output for a turn whose prompt is ``ids``, and whether it is the timed run
+    of the same prompt (``False``: the reference run afresh, untimed, on a prompt of the method's
+    own, after an earlier answer differed). ``None`` when the reference failed."""
+    if turn < len(ref_runs) and ref_runs[turn][0] == ids:
+        run = ref_runs[turn][1]
+        return None if run.error is not None else (run.output_ids, True)
+    run = safe_run(ref_fn, ids, max_new_tokens, eos)
+    return None if run.error is not None else (run.output_ids, False)
 
 
 def _warn(msg: str, bar: Any = None) -> None:

@@ -6,6 +6,11 @@ sum(method wall time) over the samples both ran; ``tau`` = sum(new tokens) / sum
 forwards); ``acceptance`` = sum(accepted) / sum(drafted). The ``all`` task pools every sample.
 The table adds, with two tasks or more, the geometric mean of the per-task speedups (every task
 weighs the same, however long its outputs: the figure speed targets are usually stated in).
+Samples pair by task, question and turn (a multi-turn question gives one record per turn); a
+run that failed (``error``) is counted in ``errors`` and left out of every other figure, its
+baseline's time included. A Spec-Bench run (``config["suite"] == "spec-bench"``) also gets
+``spec_bench``: Spec-Bench's own speed report (:func:`.answers.speed_report`) and its
+leaderboard-style table.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ RECORDS = "results.jsonl"
 SUMMARY = "summary.json"
 TABLE = "results.md"
 PLOT = "speedup.png"
+SPEC_BENCH = "spec-bench"
 
 REQUIRED_FIELDS = ("question_id", "task", "method", "new_tokens", "wall_time", "accept_lengths",
                    "tokens_per_s", "tau", "lossless", "near_tie", "margin")
@@ -66,7 +72,7 @@ def summarize(records: Sequence[dict[str, Any]], baseline: str = "hf") -> list[d
     """One row per (task, method), then one per method over all tasks (``task == "all"``)."""
     methods = list(dict.fromkeys(r["method"] for r in records))
     tasks = list(dict.fromkeys(r["task"] for r in records))
-    base_time = {(r["task"], r["question_id"]): r["wall_time"] for r in records if r["method"] == baseline}
+    base_time = {_pair(r): r["wall_time"] for r in records if r["method"] == baseline and not r.get("error")}
     rows = []
     for task in [*tasks, "all"]:
         for m in methods:
@@ -76,11 +82,16 @@ def summarize(records: Sequence[dict[str, Any]], baseline: str = "hf") -> list[d
     return rows
 
 
-def _row(task: str, method: str, rs: list[dict[str, Any]], base_time: dict[tuple[str, str], float]) -> dict[str, Any]:
+def _pair(r: dict[str, Any]) -> tuple[str, str, int]:
+    return r["task"], r["question_id"], r.get("turn", 1)
+
+
+def _row(task: str, method: str, every: list[dict[str, Any]], base_time: dict[tuple[str, str, int], float]) -> dict[str, Any]:
+    rs = [r for r in every if not r.get("error")]
     tokens = sum(r["new_tokens"] for r in rs)
     wall = sum(r["wall_time"] for r in rs)
-    paired = [r for r in rs if (r["task"], r["question_id"]) in base_time]
-    t_base = sum(base_time[(r["task"], r["question_id"])] for r in paired)
+    paired = [r for r in rs if _pair(r) in base_time]
+    t_base = sum(base_time[_pair(r)] for r in paired)
     t_meth = sum(r["wall_time"] for r in paired)
     forwards = sum(r.get("forwards") or 0 for r in rs)
     drafted = [r.get("drafted") for r in rs]
@@ -93,7 +104,8 @@ def _row(task: str, method: str, rs: list[dict[str, Any]], base_time: dict[tuple
     return {
         "task": task,
         "method": method,
-        "samples": len(rs),
+        "samples": len(every),
+        "errors": len(every) - len(rs),
         "new_tokens": tokens,
         "wall_time": wall,
         "tokens_per_s": tokens / wall if wall > 0 else 0.0,
@@ -109,12 +121,17 @@ def _row(task: str, method: str, rs: list[dict[str, Any]], base_time: dict[tuple
 
 def build_summary(records: Sequence[dict[str, Any]], *, baseline: str, config: dict[str, Any],
                   machine: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
+    summary = {
         "baseline": baseline,
         "config": config,
         "machine": machine if machine is not None else machine_info(),
         "rows": summarize(records, baseline),
     }
+    if config.get("suite") == SPEC_BENCH:
+        from selfspec.app._bench.answers import lines_by_method, speed_report
+
+        summary["spec_bench"] = speed_report(lines_by_method(records, str(config.get("model"))), baseline)
+    return summary
 
 
 # --------------------------------------------------------------------------- markdown
@@ -163,16 +180,23 @@ def markdown(summary: dict[str, Any]) -> str:
     by = {(r["task"], r["method"]): r for r in rows}
     lines = [
         f"Model `{cfg.get('model', '?')}` ({cfg.get('dtype', '?')}, {cfg.get('device', '?')}), "
-        f"{cfg.get('samples', '?')} samples per task, max {cfg.get('max_new_tokens', '?')} new tokens, "
+        f"{cfg.get('samples', '?')} {'questions per family' if cfg.get('suite') == SPEC_BENCH else 'samples per task'}, max {cfg.get('max_new_tokens', '?')} new tokens, "
         f"seed {cfg.get('seed', '?')}, {mach.get('torch_threads', '?')} threads; "
         f"{mach.get('cpu', '?')}{capability_note(mach)} ({mach.get('cores', '?')} cores), "
         f"torch {mach.get('torch', '?')}, "
         f"transformers {mach.get('transformers', '?')}, {mach.get('date', '?')}{_load(mach)}. "
         f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same prompts.",
         "",
-        "**Speedup**",
-        "",
     ]
+    if summary.get("spec_bench"):
+        from selfspec.app._bench.answers import leaderboard_markdown
+
+        sb = summary["spec_bench"]
+        lines += ["**Spec-Bench** (speedup over `" + sb["baseline"] + "` as Spec-Bench's `evaluation/speed.py` computes it: "
+                  "per family, the mean over questions of tokens/s, turns summed, over the same mean of the baseline; "
+                  "#Mean Accepted Tokens: the mean tokens committed per verification step)", "",
+                  *leaderboard_markdown(sb), ""]
+    lines += ["**Speedup**", ""]
     geo = geomean_speedups(summary) if sum(t != "all" for t in tasks) >= 2 else None
     head = [*tasks, "geo-mean over tasks"] if geo is not None else tasks
     lines += ["| method | " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head) + " |"]
@@ -195,6 +219,8 @@ def markdown(summary: dict[str, Any]) -> str:
             ok += f" (+{r['near_ties']} near-tie)"
         if r["divergences"]:
             ok += f" **{r['divergences']} DIVERGED**"
+        if r.get("errors"):
+            ok += f" **{r['errors']} FAILED**"
         lines.append(
             f"| {r['task']} | {r['method']} | {r['samples']} | {r['new_tokens']} | {_f(r['tokens_per_s'], '.1f')} | "
             f"{_f(r['speedup'])} | {_f(r['tau'])} | {_f(r['acceptance'])} | {ok} | {_phases(r['phase_s'])} |"

@@ -33,10 +33,10 @@ from selfspec.app._models.embedded import (
     _smollm2_gguf,
     embedded_available,
 )
-from selfspec.app._models.load import eos_token_ids, format_prompt, load
+from selfspec.app._models.load import eos_token_ids, format_conversation, format_prompt, load
 
 __all__ = [
     "ALIASES", "CACHE_ENV", "DEFAULT_MODEL", "DTYPES", "EMBEDDED", "Loaded", "ModelLoadError",
-    "_Embedded", "_smollm2_gguf", "cache_dir", "embedded_available", "eos_token_ids",
+    "_Embedded", "_smollm2_gguf", "cache_dir", "embedded_available", "eos_token_ids", "format_conversation",
     "format_prompt", "load", "parse_device", "parse_dtype",
 ]

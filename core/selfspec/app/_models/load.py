@@ -87,20 +87,36 @@ def load(
 
 def format_prompt(loaded: Loaded, text: str) -> list[int]:
     """Token ids of ``text``: through the chat template for chat models, else a plain encode."""
-    if not text or not text.strip():
+    return format_conversation(loaded, [text], [])
+
+
+def format_conversation(loaded: Loaded, user_turns: list[str], answers: list[str]) -> list[int]:
+    """Token ids of a conversation whose next turn is the model's: ``user_turns[i]`` then, for
+    every earlier turn, ``answers[i]`` (one fewer answer than user turns).
+
+    Chat models: the chat template over the alternating user/assistant messages with the
+    generation prompt. Other models: the turns and answers joined by blank lines, plainly encoded.
+    """
+    if len(answers) != len(user_turns) - 1:
+        raise ValueError(f"{len(user_turns)} user turn(s) need {len(user_turns) - 1} answer(s), not {len(answers)}")
+    if any(not t or not t.strip() for t in user_turns):
         raise ValueError("the prompt is empty")
     tok = loaded.tokenizer
     if loaded.chat:
-        ids = tok.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
+        messages = []
+        for i, turn in enumerate(user_turns):
+            messages.append({"role": "user", "content": turn})
+            if i < len(answers):
+                messages.append({"role": "assistant", "content": answers[i]})
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         ids = list(ids)
         if ids and isinstance(ids[0], list):  # a batch of one
             ids = ids[0]
     else:
-        ids = tok.encode(text)
+        parts = [x for pair in zip(user_turns, [*answers, ""]) for x in pair if x]
+        ids = tok.encode("\n\n".join(parts))
     ids = [int(i) for i in ids]
     if not ids:
         raise ValueError("the prompt encodes to no tokens")
