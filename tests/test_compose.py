@@ -59,7 +59,7 @@ def test_composed_names_are_parsed():
 ])
 def test_members_that_cannot_join_are_refused_by_name(name, objects, blamed, words):
     with pytest.raises(PluginError) as info:
-        selfspec._engine.plugins.make_manager(name, objects)
+        selfspec._engine.manager.make_manager(name, objects)
     assert info.value.plugin == blamed and words in str(info.value)
 
 

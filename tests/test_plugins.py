@@ -11,9 +11,10 @@ import pytest
 
 import selfspec
 from selfspec import Decoder, Option
-from selfspec._engine import plugins
+from selfspec._engine import manager, plugins
+from selfspec._engine.manager import make_manager
 from selfspec._engine.options import OptionError, parse_pairs, resolve
-from selfspec._engine.plugins import PluginError, UnknownPluginError, declared_options, make_manager
+from selfspec._engine.plugins import PluginError, UnknownPluginError, declared_options
 
 
 class Proposer:
@@ -80,7 +81,7 @@ def test_third_party_plugin_via_entry_point(fake_installed, tiny_model_factory):
     dec = Decoder(tiny_model_factory("llama"), "fake", {"width": "3"})
     dec.generate([1, 2, 3], 4, eos_token_ids=())
     assert dec.plugin.proposed == 4 and dec.options == {"width": 3}
-    info = plugins.describe("fake")
+    info = manager.describe("fake")
     assert info["name"] == "fake" and "selfspec_propose" in info["hooks"]
     assert info["options"][0]["name"] == "width"
 

@@ -37,6 +37,9 @@ import torch
 
 from selfspec._engine import hookspecs
 from selfspec._engine.composetree import MemberStats, Trie, cut, node_values, worth_calling
+from selfspec._engine.draftcheck import (
+    check_draft,  # the host's own draft checks, blamed on the member
+)
 from selfspec._engine.markers import PROJECT, hookimpl
 from selfspec._engine.options import Option
 from selfspec._engine.plugins import (
@@ -214,9 +217,6 @@ class Composer:
     # ------------------------------------------------------------------------------ the step
     @hookimpl
     def selfspec_propose(self, state: DecodeState) -> Draft:
-        from selfspec._engine.loop import (
-            check_draft,  # the host's own draft checks, blamed on the member
-        )
 
         base = state.length - 1
         dev = state.runner.device

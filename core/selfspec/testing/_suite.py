@@ -133,7 +133,8 @@ class PluginSuite:
         return coverage_for(cls.suite_name())
 
     def _manager(self) -> tuple[Any, dict[str, Any]]:
-        from selfspec._engine.plugins import declared_options, make_manager
+        from selfspec._engine.manager import make_manager
+        from selfspec._engine.plugins import declared_options
 
         pm, _ = make_manager(self.plugin, self.plugin_object)
         return pm, declared_options(pm)

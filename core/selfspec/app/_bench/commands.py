@@ -153,21 +153,6 @@ def _measure_memory(specs: Sequence[tuple[str, dict[str, Any] | None]], model: s
     return out
 
 
-def _add_limits(summary: dict[str, Any], records: list[dict[str, Any]], model: Any) -> None:
-    """The roofline (the machine's bandwidth, measured now, with the run's threads) and the
-    measured choices of every ``auto`` of the run, into ``summary``."""
-    from selfspec.app._bench.roofline import model_bytes, read_bandwidth, roofline
-
-    bandwidth = read_bandwidth()
-    summary["machine"]["read_bandwidth_gbs"] = round(bandwidth / 1e9, 2)
-    summary["roofline"] = roofline(records, bandwidth=bandwidth, full_forward_bytes=model_bytes(model))
-    choices: dict[str, Any] = {}
-    for r in records:
-        for what, c in (r.get("choices") or {}).items():
-            choices.setdefault(what, c)
-    summary["choices"] = choices
-
-
 def _finish(records: list[dict[str, Any]], allow: bool) -> None:
     bad = [r for r in records if r["lossless"] is False and not r["near_tie"]]
     ties = sum(1 for r in records if r["near_tie"])
@@ -301,7 +286,9 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, thread
         raise
     machine["load_avg_end"] = res.load_avg()
     summary = res.build_summary(records, baseline="hf", config=config, machine=machine)
-    _add_limits(summary, records, loaded.model)
+    from selfspec.app._bench.roofline import add_limits
+
+    add_limits(summary, records, loaded.model)
     if memory:  # in fresh processes, after this one let go of its models
         from selfspec.app._bench.memory import method_spec
         from selfspec.app._data import encode_sample
@@ -355,8 +342,9 @@ def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     Example: specdec sweep --plugin lookup -o max_ngram=1,2,3 -o num_draft=4,8,16
     (or specdec --plugin lookup sweep -o ...).
     """
+    from selfspec._engine.manager import make_manager
     from selfspec._engine.options import OptionError
-    from selfspec._engine.plugins import BUILTIN_METHOD, PluginError, declared_options, make_manager
+    from selfspec._engine.plugins import BUILTIN_METHOD, PluginError, declared_options
     from selfspec.app._bench import results as res
     from selfspec.app._bench import sweep as sw
     from selfspec.app._bench.harness import Method, run_bench

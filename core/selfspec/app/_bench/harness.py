@@ -69,8 +69,9 @@ def resolved_options(plugin: str, options: dict[str, Any], plugin_object: Any = 
     can tell a row measured at other defaults than today's (``scripts/readme_tables.py``)."""
     import json
 
+    from selfspec._engine.manager import make_manager
     from selfspec._engine.options import resolve
-    from selfspec._engine.plugins import declared_options, make_manager
+    from selfspec._engine.plugins import declared_options
 
     values = resolve(declared_options(make_manager(plugin, plugin_object)[0]), options, plugin)
     return json.loads(json.dumps(values))

@@ -95,3 +95,16 @@ def markdown(summary: dict[str, Any]) -> list[str]:
         lines.append(f"| {r['method']} | {r['bytes_per_token'] / 1e9:.3f} | {r['limit_tokens_per_s']:.1f} | "
                      f"{r['tokens_per_s']:.1f} | {pct} | {vs} |")
     return lines
+
+
+def add_limits(summary: dict[str, Any], records: Sequence[dict[str, Any]], model: torch.nn.Module) -> None:
+    """Into a bench ``summary``: the roofline (the machine's bandwidth, measured now, with the
+    run's threads; :func:`roofline`) and how every ``auto`` of the run was decided."""
+    bandwidth = read_bandwidth()
+    summary["machine"]["read_bandwidth_gbs"] = round(bandwidth / 1e9, 2)
+    summary["roofline"] = roofline(records, bandwidth=bandwidth, full_forward_bytes=model_bytes(model))
+    choices: dict[str, Any] = {}
+    for r in records:
+        for what, c in (r.get("choices") or {}).items():
+            choices.setdefault(what, c)
+    summary["choices"] = choices

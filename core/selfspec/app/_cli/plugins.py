@@ -17,18 +17,18 @@ from selfspec.app._cli.settings import Settings, user_errors
 @click.pass_obj
 def plugins_command(settings: Settings, as_json: bool) -> None:
     """List installed plugins with version, hooks and options."""
-    from selfspec._engine import plugins
+    from selfspec._engine import manager, plugins
 
     entries: list[dict[str, Any]] = []
     for name, info in plugins.available().items():
         try:
-            entries.append(plugins.describe(name))
+            entries.append(manager.describe(name))
         except Exception as exc:  # one broken plugin must not hide the others
             entries.append({**info.as_dict(), "hooks": [], "options": [], "error": str(exc)})
     if settings.plugin_file:
         with user_errors():
             name, obj = settings.plugin_object()
-            pm, instance = plugins.make_manager(name, obj)
+            pm, instance = manager.make_manager(name, obj)
             entries.append({"name": name, "version": getattr(obj, "__version__", None),
                             "distribution": None, "value": os.path.abspath(settings.plugin_file),
                             "hooks": plugins.hook_names(pm, instance),

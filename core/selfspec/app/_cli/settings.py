@@ -114,8 +114,9 @@ class Settings:
     def validate_plugin(self) -> dict[str, Any]:
         """Load the plugin and check the ``-o`` options against what it declares (before any
         model is loaded). Returns the resolved option values."""
+        from selfspec._engine.manager import make_manager
         from selfspec._engine.options import resolve
-        from selfspec._engine.plugins import declared_options, make_manager
+        from selfspec._engine.plugins import declared_options
 
         plugin_commands(self)  # a command-name clash is an error whatever the command
         name, obj = self.plugin_object()
@@ -201,7 +202,8 @@ def plugin_commands(settings: Settings) -> dict[str, click.Command]:
         return settings._plugin_cache[key]
     commands: dict[str, click.Command] = {}
     with user_errors():
-        from selfspec._engine.plugins import PluginError, make_manager
+        from selfspec._engine.manager import make_manager
+        from selfspec._engine.plugins import PluginError
 
         name, obj = settings.plugin_object()
         pm, _ = make_manager(name, obj)
