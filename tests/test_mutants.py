@@ -4,7 +4,8 @@ known-lossy plugin of :mod:`selfspec.testing._mutants`, and passes the correct c
 a) Each mutant runs exactly as a plugin author's suite does (a :class:`PluginSuite` with
    ``plugin_object=``, the ``selfspec-ci`` profile), architecture after architecture, without
    shrinking, then the suite's decodes on one instance (``test_lossless_across_decodes``, each
-   decode one example); the score is the number of examples run up to the first that fails.
+   decode one example), then the verifier on the kit's drafts (``test_verify_any_draft``); the
+   score is the number of examples run up to the first that fails.
 b) The derandomized profile makes that number exact, so docs/testing-plugins.md states it
    and this test keeps the table true.
 c) A mutant that names the hook the audit must blame (``hook``) and records the step it first
@@ -42,6 +43,10 @@ def run_suite(plugin_object, factory, dtype=None) -> tuple[int | None, str]:
             calls.append(1)
             return super().check_example(*args, **kwargs)
 
+        def check_any_draft_example(self, *args, **kwargs):
+            calls.append(1)
+            return super().check_any_draft_example(*args, **kwargs)
+
     Suite.plugin_object = plugin_object
     Suite.model_dtype = dtype
     Suite.coverage().__init__(Suite.suite_name())  # fresh counters for each run
@@ -68,6 +73,12 @@ def run_suite(plugin_object, factory, dtype=None) -> tuple[int | None, str]:
         return len(calls), str(exc)
     finally:
         lossless.assert_lossless = original
+    # then the verifier on the kit's drafts (each decode one example), arch after arch
+    for arch in Suite.archs:
+        try:
+            suite.test_verify_any_draft(arch, "cpu", factory)
+        except (LosslessError, PluginError) as exc:
+            return len(calls), str(exc)
     cov = Suite.coverage()
     return None, f"{cov.report()}\nmissing: {cov.missing(Suite.archs)}"
 

@@ -27,7 +27,8 @@ class Draft:
     Called:
         Returned by ``selfspec_propose``; the host checks it, may cut it, and hands it to
         ``selfspec_verify``. Built with ``Draft.chain(ids, device, owner=self, **meta)``,
-        ``Draft.empty(device)`` (a plain greedy step) or ``Draft(tokens, parents)`` for a tree.
+        ``Draft.empty(device, owner=self, **meta)`` (a plain greedy step; ``selfspec_verify``
+        is still called with it) or ``Draft(tokens, parents)`` for a tree.
 
     Args:
         tokens: ``[k]`` int64 on the model's device, the draft's token ids in node order.
@@ -70,8 +71,11 @@ class Draft:
         return self.owner is not None and self.owner is plugin
 
     @classmethod
-    def empty(cls, device: torch.device | str = "cpu") -> Draft:
-        return cls(torch.empty(0, dtype=torch.long, device=device))
+    def empty(cls, device: torch.device | str = "cpu", *, owner: Any = None, **meta: Any) -> Draft:
+        """No draft tokens: a plain step (``selfspec_verify`` is still called with it, and the
+        verdict is the bonus alone). ``owner``/``meta`` as for :meth:`chain`, so a verifier that
+        answers only its own drafts (``is_from``) also sees its empty ones."""
+        return cls(torch.empty(0, dtype=torch.long, device=device), None, dict(meta), owner)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -170,7 +174,12 @@ class Verdict:
 
 @dataclass
 class Stats:
-    """Counters of one decode. ``tau`` = committed tokens per full-model forward."""
+    """Counters of one decode. ``tau`` = committed tokens per full-model forward.
+
+    ``extra``: the plugin's own counters (``state.stats.extra["pool_hits"] += 1``; numbers,
+    under names of its choice), carried by :meth:`as_dict` (``specdec --json``) and by
+    ``specdec bench`` (each record's ``extra``, summed per task and method in the summary).
+    """
 
     new_tokens: int = 0
     steps: int = 0
@@ -185,6 +194,8 @@ class Stats:
     #: the runner's weight layout this decode ran with (``"packed"``, ``"model"``, ...: what
     #: ``"auto"`` resolved to on this device, dtype and CPU)
     weight_layout: str = ""
+    #: the plugin's own counters (numbers), see the class docstring
+    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def tau(self) -> float:
@@ -215,6 +226,7 @@ class Stats:
             "phase_s": dict(self.phase_s),
             "accept_lengths": list(self.accept_lengths),
             "weight_layout": self.weight_layout,
+            "extra": dict(self.extra),
         }
 
 

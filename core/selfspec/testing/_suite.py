@@ -56,6 +56,11 @@ DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
 )
 
 
+#: The prompt and budget of ``test_verify_any_draft``'s decodes (a repetitive prompt).
+ANY_DRAFT_PROMPT: tuple[int, ...] = (9, 4, 17, 4, 2) * 8
+ANY_DRAFT_NEW = 32
+
+
 class PluginSuite:
     """A plugin's whole standard suite: subclass with ``plugin = "name"``.
 
@@ -181,7 +186,15 @@ class PluginSuite:
     def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
         from hypothesis import Phase, example, given, seed, settings
 
-        from selfspec.testing._scenarios import last_position, reach, sampled, sampled_filters, scenarios, several_eos
+        from selfspec.testing._scenarios import (
+            last_position,
+            near_tied,
+            reach,
+            sampled,
+            sampled_filters,
+            scenarios,
+            several_eos,
+        )
 
         cov = self.coverage()
         _, declared = self._manager()
@@ -195,8 +208,13 @@ class PluginSuite:
         if n is None:
             n = max(2, (base.max_examples - len(fixed)) // len(self.archs))
 
+        twins: list[Any] = []  # the near-tie variant, built when an example asks for it
+
         def check(scenario: Any, options: dict[str, Any]) -> None:
-            self.check_example(model, scenario, options, cov)
+            if scenario.near_ties and not twins:
+                twins.append(tiny_model_factory(suite_arch, device=selfspec_device, near_ties=True,
+                                                **self.model_overrides))
+            self.check_example(twins[0] if scenario.near_ties else model, scenario, options, cov)
 
         drawn = scenarios([suite_arch], max_prompt=lim.max_prompt, max_new=lim.max_new,
                           boundaries=self.boundaries, positions=lim.positions)
@@ -204,7 +222,9 @@ class PluginSuite:
         # explicit examples run last-applied first: the reach set (where most bugs live), then
         # the sampling example, then the draws
         fixed_opts = {**self.reach_options, **self.fixed_options}
-        for sc in (*sampled_filters(suite_arch), several_eos(suite_arch), last_position(suite_arch, lim.positions)):
+        ties = [near_tied(suite_arch)] if self.model_dtype is None else []  # exact only in float64
+        for sc in (*sampled_filters(suite_arch), several_eos(suite_arch), *ties,
+                   last_position(suite_arch, lim.positions)):
             test = example(scenario=sc, options=fixed_opts)(test)
         test = example(scenario=sampled(suite_arch), options=fixed_opts)(test)
         for sc in fixed:
@@ -237,6 +257,51 @@ class PluginSuite:
             assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 24, sampling=Sampling(1.0, 0, 0.9, seed))
         assert decoder.plugin is plugin  # one instance throughout
 
+    def test_verify_any_draft(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
+        from hypothesis import Phase, example, given, seed, settings
+        from hypothesis import strategies as st
+
+        from selfspec._engine.plugins import hook_names, make_manager
+        from selfspec._engine.sampling import Sampling
+        from selfspec.testing._anydraft import EVERY_SHAPE, draft_shapes
+
+        pm, instance = make_manager(self.plugin, self.plugin_object)
+        if instance is None or "selfspec_verify" not in hook_names(pm, instance):
+            pytest.skip(f"{self.plugin!r} has no selfspec_verify: the host's verifier checks every draft")
+        dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
+        model = tiny_model_factory(suite_arch, device=selfspec_device, **dtype, **self.model_overrides)
+        base = settings.get_profile(self.hypothesis_profile) if self.hypothesis_profile else settings.default
+        sampling = Sampling(0.8, 0, 0.95, zlib.crc32(f"any:{suite_arch}".encode()))
+
+        def check(shapes: list[Any], sampled: bool) -> None:
+            self.check_any_draft_example(model, shapes, sampling if sampled else None)
+
+        test = given(shapes=st.lists(draft_shapes(), min_size=3, max_size=8), sampled=st.booleans())(check)
+        test = example(shapes=list(EVERY_SHAPE[::-1]), sampled=True)(test)
+        test = example(shapes=list(EVERY_SHAPE), sampled=False)(test)
+        if base.derandomize:
+            test = seed(zlib.crc32(f"any:{self.plugin}:{suite_arch}".encode()))(test)
+        phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate], "report_multiple_bugs": False}
+        settings(base, max_examples=max(2, base.max_examples // 6), **phases)(test)()
+
+    def check_any_draft_example(self, model: Any, shapes: list[Any], sampling: Any) -> None:
+        """One decode of ``ANY_DRAFT_PROMPT`` whose drafts are the kit's ``shapes`` in turn
+        (:func:`selfspec.testing._anydraft.check_any_drafts`)."""
+        from selfspec._engine.audit import LosslessError
+        from selfspec._engine.plugins import PluginError
+        from selfspec.testing._anydraft import check_any_drafts
+        from selfspec.testing._report import with_example
+
+        options = {**self.reach_options, **self.fixed_options}
+        try:
+            check_any_drafts(model, self.plugin, self.plugin_object, options, ANY_DRAFT_PROMPT, ANY_DRAFT_NEW,
+                             shapes, sampling)
+        except (LosslessError, PluginError) as exc:
+            with_example(exc, {"plugin": self.plugin, "suite": self.suite_name(), "prompt": list(ANY_DRAFT_PROMPT),
+                               "max_new_tokens": ANY_DRAFT_NEW, "shapes": [repr(s) for s in shapes],
+                               "sampling": repr(sampling), "options": options})
+            raise
+
     def test_lossless_coverage(self) -> None:
         cov = self.coverage()
         if set(self.archs) - cov.done:
@@ -251,8 +316,11 @@ class PluginSuite:
         """Decode one scenario in audit mode, compare with ``generate``, record coverage."""
         from hypothesis import event
 
+        from selfspec._engine.audit import LosslessError
+        from selfspec._engine.plugins import PluginError
         from selfspec._engine.sampling import reference_sample
         from selfspec.testing._lossless import assert_lossless, greedy_reference
+        from selfspec.testing._report import with_example
 
         prompt = list(scenario.prompt)
         eos: tuple[int, ...] = ()
@@ -272,6 +340,12 @@ class PluginSuite:
                                      sampled=scenario.sampling is not None):
                 event(bucket)
 
-        assert_lossless(model, self.plugin, prompt, scenario.max_new_tokens, options,
-                        plugin_object=self.plugin_object, eos_token_ids=eos, record=record,
-                        sampling=scenario.sampling)
+        try:
+            assert_lossless(model, self.plugin, prompt, scenario.max_new_tokens, options,
+                            plugin_object=self.plugin_object, eos_token_ids=eos, record=record,
+                            sampling=scenario.sampling)
+        except (LosslessError, PluginError) as exc:  # the whole example to a file the message names
+            with_example(exc, {"plugin": self.plugin, "suite": self.suite_name(), "scenario": scenario.as_json(),
+                               "options": options, "eos_token_ids": list(eos),
+                               "dtype": str(next(model.parameters()).dtype)})
+            raise

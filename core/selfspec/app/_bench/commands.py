@@ -206,6 +206,7 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
     stay against HF generate (sampling). Writes results.jsonl, summary.json, results.md and
     speedup.png to --out.
     """
+    from selfspec._engine.machine import plural
     from selfspec._engine.plugins import BUILTIN_METHOD, available
     from selfspec._engine.sampling import Sampling
     from selfspec.app._bench import results as res
@@ -249,7 +250,7 @@ def bench(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
                      **_model_facts(loaded.model))
     machine = res.machine_info()  # before the run: the load average says how busy the machine was
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
-               f"max {max_new_tokens} new tokens, {threads} threads"
+               f"max {max_new_tokens} new tokens, {plural(threads, 'thread')}"
                + ("" if sampling.greedy else f", sampling {sampling.as_dict()}"), err=True)
     try:
         records = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, baseline="hf", warmup=warmup,

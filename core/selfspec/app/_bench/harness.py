@@ -114,6 +114,7 @@ class Run:
     phase_s: dict[str, float] = field(default_factory=dict)
     prefill_s: float | None = None
     weight_layout: str | None = None  # the runner's layout (None for HF's own generate)
+    extra: dict[str, float] = field(default_factory=dict)  # the plugin's own counters (Stats.extra)
 
 
 RunFn = Callable[[list[int], int, set[int]], Run]
@@ -149,7 +150,7 @@ def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, s
         wall = time.perf_counter() - t0
         s = res.stats
         return Run(res.output_ids, wall, s.forwards, s.drafted, s.accepted, list(s.accept_lengths), dict(s.phase_s),
-                   s.prefill_s, s.weight_layout)
+                   s.prefill_s, s.weight_layout, dict(s.extra))
 
     return run
 
@@ -329,6 +330,7 @@ def make_record(sample: Sample, method: Method, run: Run, prompt_ids: list[int],
         "phase_s": run.phase_s,
         "prefill_s": run.prefill_s,
         "weight_layout": run.weight_layout,
+        "extra": dict(run.extra),
         "prompt_tokens": len(prompt_ids),
         "lossless": (cmp is None or bool(cmp.equal)) if checked else None,
         "near_tie": bool(cmp is not None and cmp.near_tie),
