@@ -17,18 +17,27 @@ generates, for that plugin:
   lengths up to ``max_prompt``/``max_new_tokens``; repetitive prompts; EOS mid-output) and
   ``strategies.options(declared)``, plus the fixed :func:`~selfspec.testing._scenarios.reach`
   examples (a 520+-token prompt with a 260-token output on every architecture, a 520-token
-  output, short edge cases), each decoded in audit mode by
+  output, short edge cases) and the fixed examples where bugs hide (sampling with top-k
+  alone, top-p alone and both; two EOS ids; an output to the model's last position; in
+  float64 the near-tie variant of the tiny model), each decoded in audit mode by
   :func:`~selfspec.testing.assert_lossless` and recorded in the suite's coverage;
 * ``test_lossless_across_decodes[arch-device]``: one :class:`~selfspec.Decoder` (so one
   plugin instance, set up once) decodes a warm-up and then :data:`DECODE_SEQUENCE` in turn,
   each checked by ``assert_lossless``: the way ``specdec bench`` (a method's warm-up and
   every prompt) and ``specdec check`` (every prompt) run a plugin, so state a plugin keeps
-  across decodes is exercised. The Hypothesis property builds a fresh ``Decoder`` per example
-  instead, so a failing example replays and shrinks on its own;
-* ``test_lossless_coverage``: after every ``test_lossless`` of the class ran, fails when a
+  across decodes is exercised, then the same prompt sampled under :data:`SAMPLED_SEEDS`.
+  The Hypothesis property builds a fresh ``Decoder`` per example instead, so a failing
+  example replays and shrinks on its own;
+* ``test_verify_any_draft[arch-device]``: for a plugin with its own ``selfspec_verify``,
+  its verifier on kit-made chains and trees on a real decode
+  (:mod:`selfspec.testing._anydraft`), each verdict compared with the host's verification;
+* ``test_lossless_coverage``: after every ``test_lossless`` of the class passed, fails when a
   required bucket (:data:`selfspec.testing._coverage.REQUIRED`, and
   :data:`~selfspec.testing._coverage.REQUIRED_PER_ARCH` of every architecture) was never hit,
-  printing what was.
+  printing what was; skipped, naming the architectures, when one of them did not pass.
+
+A failing example's message keeps its first line (hook, step, token, margin), summarises
+long token lists and names a JSON file with the whole example (:mod:`selfspec.testing._report`).
 
 Add the plugin's own mechanics tests as more methods of the class or beside it.
 """
@@ -43,11 +52,11 @@ import pytest
 from selfspec.testing._archs import ARCHS, POSITIONS
 from selfspec.testing._coverage import Coverage, coverage_for
 
+#: The seeds of the sampled decodes ``test_lossless_across_decodes`` ends with.
+SAMPLED_SEEDS: tuple[int, ...] = (11, 12)
 #: ``(prompt, max_new_tokens)`` decoded in turn by one Decoder in ``test_lossless_across_decodes``,
 #: after a warm-up on the first prompt (16 tokens, as ``specdec bench`` warms up): a repetitive
 #: prompt, the same prompt again with a longer budget, another motif, a plain ramp.
-#: The seeds of the sampled decodes ``test_lossless_across_decodes`` ends with.
-SAMPLED_SEEDS: tuple[int, ...] = (11, 12)
 DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
     ((3, 4, 5) * 8, 24),
     ((3, 4, 5) * 8, 40),
@@ -114,9 +123,9 @@ class PluginSuite:
     model_dtype: ClassVar[Any] = None
     #: Drawn examples per architecture and device, besides the reach and sampled examples; None:
     #: the profile's ``max_examples`` left after the reach set, spread over the architectures, at
-    #: least 2 (2 each under ``selfspec-ci``: 24 examples in all with the 9 of the reach set and
-    #: one sampled example per architecture). The trivial draw (1-token prompt, 1 new token) is
-    #: never made.
+    #: least 2 (2 each under ``selfspec-ci``: 54 examples in all with the 9 of the reach set and
+    #: the 7 fixed examples of each architecture). The trivial draw (1-token prompt, 1 new token)
+    #: is never made.
     examples_per_arch: ClassVar[int | None] = None
     #: Run under this Hypothesis profile instead of the loaded one (the kit's mutation test).
     hypothesis_profile: ClassVar[str | None] = None
