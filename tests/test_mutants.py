@@ -102,11 +102,13 @@ def test_the_ci_profile_catches_every_mutant(mutant, tiny_model_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.float64_only is None], ids=lambda m: m.__name__)
 def test_the_ci_profile_catches_every_mutant_in_bf16(mutant, tiny_model_factory):
     """c) The same suite on bf16 tiny models, where differences within the near-tie bound
     (selfspec._engine.tiebound) are allowed: every mutant is still caught, at a margin above it or by
-    the audit's KV check. (The number of examples may differ from float64's: not asserted.)"""
+    the audit's KV check. (The number of examples may differ from float64's: not asserted.) A
+    mutant whose error lies within that bound (``float64_only``, a verifier accepting near-ties)
+    is a near-tie in bf16 by definition: only float64 tells it apart, and it is left out here."""
     n, message = run_suite(mutant, tiny_model_factory, dtype=torch.bfloat16)
     assert n is not None, f"{mutant.__name__} ({mutant.bug}; {mutant.trigger}) escaped in bf16:\n{message}"
     assert "selfspec_" in message

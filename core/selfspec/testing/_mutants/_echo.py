@@ -21,6 +21,9 @@ class Echo:
     hook: ClassVar[str | None] = None
     #: ``state.step`` of the first wrong step of the last decode (None: none, or not recorded).
     fault_step: ClassVar[int | None] = None
+    #: Why only float64 can tell this mutant from a correct plugin (its error lies within the
+    #: near-tie bound of float32/bf16), or None: the bf16 mutation test leaves such mutants out.
+    float64_only: ClassVar[str | None] = None
 
     @hookimpl
     def selfspec_options(self, register: Any) -> None:
