@@ -84,7 +84,8 @@ class CountingSuite(PluginSuite):  # not collected (no Test prefix): the test be
 
 
 def test_the_kit_runs_a_sequence_through_one_instance(tiny_model_factory):
-    from selfspec.testing._suite import DECODE_SEQUENCE
+    from selfspec.testing._suite import DECODE_SEQUENCE, SAMPLED_SEEDS
 
     CountingSuite().test_lossless_across_decodes("llama", "cpu", tiny_model_factory)
-    assert len(STARTS) == 1 + len(DECODE_SEQUENCE) and len(set(STARTS)) == 1  # the warm-up, then each prompt
+    # the warm-up, then each prompt, then the sampled decodes under each seed
+    assert len(STARTS) == 1 + len(DECODE_SEQUENCE) + len(SAMPLED_SEEDS) and len(set(STARTS)) == 1

@@ -184,7 +184,8 @@ def selfspec_propose(state: DecodeState) -> Draft | None:
     Returns:
         A :class:`selfspec.Draft`: a chain (``tokens`` ``[k]`` int64 on
         ``state.runner.device``) or a tree (``parents`` ``[k]`` int64, ``parents[i] < i``,
-        ``-1`` = the pending token); ``Draft.empty(device)`` asks for a plain greedy step.
+        ``-1`` = the pending token); ``Draft.empty(device, owner=self)`` asks for a plain step
+        (``selfspec_verify`` is still called with it).
 
     Host enforces:
         A ``Draft`` instance; ``tokens`` 1-D int64 on the model's device with ids in
@@ -242,7 +243,12 @@ def selfspec_verify(state: DecodeState, draft: Draft) -> Verdict | None:
         branches in the same pass); build on ``selfspec.verify_greedy``, ``verify_tree``,
         ``verify_from_layer`` (and ``selfspec.provisional.chain_verdict``). A verifier that
         relies on its proposer's ``draft.meta`` first checks ``draft.is_from(self)`` and
-        returns None for any other draft.
+        returns None for any other draft; any other verifier must be right for every draft
+        shape, not only its drafter's (the kit's ``test_verify_any_draft`` gives it kit-made
+        chains and trees). Tokens riding along in the same pass (``verify_tree``'s
+        ``ExtraBlock``) take absolute positions below ``state.runner.max_positions`` and must
+        fit in the cache from slot ``state.length - 1`` (``state.cache.capacity``); their
+        predictions are ``state.pick``'s, so under sampling the decode's own choice.
     """
 
 

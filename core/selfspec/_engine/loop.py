@@ -68,7 +68,8 @@ class Decoder:
         :class:`selfspec.Runner`, ``.auditor`` the last audited decode's auditor.
 
     Host enforces:
-        An empty prompt, ids outside ``[0, vocab)`` or a negative budget are a ``ValueError``.
+        An empty prompt, ids outside ``[0, vocab)``, a negative budget, or a prompt and
+        budget past the model's positions (``max_position_embeddings``) are a ``ValueError``.
         Every hook result is checked (see each hook's contract) and a broken rule stops the
         decode with a ``PluginError`` naming the plugin; only verified tokens are committed
         and streamed; EOS (``eos_token_ids=None``: the host's one rule over generation config,
@@ -139,6 +140,11 @@ class Decoder:
             raise ValueError("max_new_tokens must be >= 0")
         if int(prompt.min()) < 0 or int(prompt.max()) >= runner.vocab_size:
             raise ValueError(f"prompt token ids must lie in [0, {runner.vocab_size})")
+        limit = runner.max_positions
+        if limit is not None and T + max_new_tokens > limit:
+            raise ValueError(f"a prompt of {T} tokens and max_new_tokens={max_new_tokens} need {T + max_new_tokens} "
+                             f"positions; the model holds {limit} (max_position_embeddings): lower "
+                             f"max_new_tokens to {max(0, limit - T)} or shorten the prompt")
         eos = frozenset(self._default_eos() if eos_token_ids is None else eos_token_ids)
         sampling = self.sampling if sampling is None else sampling
         sampler = None if sampling.greedy else Sampler(sampling, runner.vocab_size, runner.device)

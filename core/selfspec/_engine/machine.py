@@ -136,6 +136,11 @@ def physical_cores() -> int:
     return max(1, min(len(cores) or available, available))
 
 
+def plural(n: Any, word: str) -> str:
+    """``"1 thread"``, ``"2 threads"``; a count that is not a number (``"?"``) takes the plural."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def default_threads() -> int:
     """Torch threads the CLI uses when none are asked for: the physical cores, at most
     torch's own default."""
@@ -167,8 +172,8 @@ class ThreadChoice:
 
     def note(self) -> str:
         """The one line the CLI prints on stderr when it chose for a busy machine."""
-        how = (f"{self.threads} threads with OMP_WAIT_POLICY=PASSIVE" if self.wait_policy == "PASSIVE"
-               else f"{self.threads} thread")
+        how = (f"{plural(self.threads, 'thread')} with OMP_WAIT_POLICY=PASSIVE" if self.wait_policy == "PASSIVE"
+               else plural(self.threads, "thread"))
         return (f"specdec: the machine is busy (load average {self.load_average:.1f} on {self.physical_cores} "
                 f"cores): running on {how} (--threads N to override)")
 

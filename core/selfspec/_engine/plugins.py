@@ -112,14 +112,16 @@ def instantiate(obj: Any) -> Any:
     if inspect.isclass(obj):
         return obj()
     if isinstance(obj, ModuleType):
-        # A module is the plugin when it has module-level hooks; otherwise the one class it
-        # defines with hook methods is (so `--plugin-file` works on a packaged plugin's module).
+        # A module is the plugin when it has module-level hooks; otherwise its class `Plugin`;
+        # otherwise the one class it defines (not imports) with hook methods, its own or
+        # inherited (so `--plugin-file` works on a packaged plugin's module, and on a file that
+        # imports another plugin's class to subclass it).
         if any(_is_hook(name, value) for name, value in vars(obj).items()):
             return obj
         if inspect.isclass(getattr(obj, "Plugin", None)):
             return obj.Plugin()
         classes = [c for c in vars(obj).values() if inspect.isclass(c) and c.__module__ == obj.__name__
-                   and any(_is_hook(n, v) for n, v in vars(c).items())]
+                   and any(_is_hook(n, getattr(c, n, None)) for n in dir(c))]
         if len(classes) == 1:
             return classes[0]()
         if len(classes) > 1:

@@ -27,7 +27,8 @@ class Draft:
     Called:
         Returned by ``selfspec_propose``; the host checks it, may cut it, and hands it to
         ``selfspec_verify``. Built with ``Draft.chain(ids, device, owner=self, **meta)``,
-        ``Draft.empty(device)`` (a plain greedy step) or ``Draft(tokens, parents)`` for a tree.
+        ``Draft.empty(device, owner=self, **meta)`` (a plain greedy step; ``selfspec_verify``
+        is still called with it) or ``Draft(tokens, parents)`` for a tree.
 
     Args:
         tokens: ``[k]`` int64 on the model's device, the draft's token ids in node order.
@@ -70,8 +71,11 @@ class Draft:
         return self.owner is not None and self.owner is plugin
 
     @classmethod
-    def empty(cls, device: torch.device | str = "cpu") -> Draft:
-        return cls(torch.empty(0, dtype=torch.long, device=device))
+    def empty(cls, device: torch.device | str = "cpu", *, owner: Any = None, **meta: Any) -> Draft:
+        """No draft tokens: a plain step (``selfspec_verify`` is still called with it, and the
+        verdict is the bonus alone). ``owner``/``meta`` as for :meth:`chain`, so a verifier that
+        answers only its own drafts (``is_from``) also sees its empty ones."""
+        return cls(torch.empty(0, dtype=torch.long, device=device), None, dict(meta), owner)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -170,7 +174,12 @@ class Verdict:
 
 @dataclass
 class Stats:
-    """Counters of one decode. ``tau`` = committed tokens per full-model forward."""
+    """Counters of one decode. ``tau`` = committed tokens per full-model forward.
+
+    ``extra``: the plugin's own counters (``state.stats.extra["pool_hits"] += 1``; numbers,
+    under names of its choice), carried by :meth:`as_dict` (``specdec --json``) and by
+    ``specdec bench`` (each record's ``extra``, summed per task and method in the summary).
+    """
 
     new_tokens: int = 0
     steps: int = 0
@@ -197,6 +206,8 @@ class Stats:
     #: ``accepted`` (what its own draft alone would have had accepted), steps its accepted path was
     #: the ``longest``; empty for one plugin
     members: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the plugin's own counters (numbers), see the class docstring
+    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def tau(self) -> float:
@@ -230,6 +241,7 @@ class Stats:
             "choices": dict(self.choices),
             "weight_bytes": self.weight_bytes,
             **({"members": {k: dict(v) for k, v in self.members.items()}} if self.members else {}),
+            "extra": dict(self.extra),
         }
 
 

@@ -34,11 +34,15 @@ from selfspec._engine.types import DecodeState, Draft, Verdict
 class ExtraBlock:
     """Tokens that ride along in a verifying forward, after the draft's nodes.
 
-    ``ids``/``positions``: ``[e]`` int64; ``mask``: ``[e, e]`` bool, which extra tokens each
-    extra token sees (besides the cached prefix and the pending token, which every extra token
-    sees; it never sees a draft node); ``rows``: ``[r]`` indices into ``ids`` whose greedy
-    predictions are wanted. The draft's nodes never see the extra tokens, so the verdict is
-    the one :func:`verify_greedy` gives.
+    ``ids``/``positions``: ``[e]`` int64, positions absolute (the pending token is at
+    ``state.length - 1``) and below ``state.runner.max_positions``; ``mask``: ``[e, e]`` bool,
+    which extra tokens each extra token sees (besides the cached prefix and the pending token,
+    which every extra token sees; it never sees a draft node); ``rows``: ``[r]`` indices into
+    ``ids`` whose predictions are wanted: ``state.pick`` for position ``positions[row] + 1``
+    (the greedy token, or the decode's sampled one). The draft's nodes never see the extra
+    tokens, so the verdict is the one :func:`verify_greedy` gives. ``[pending, nodes...,
+    extra...]`` is written from cache slot ``state.length - 1`` and must fit in
+    ``state.cache.capacity`` (else a ``ValueError`` from the runner).
     """
 
     ids: torch.Tensor
@@ -67,8 +71,9 @@ def verify_greedy(state: DecodeState, draft: Draft) -> Verdict:
 
 def verify_tree(state: DecodeState, draft: Draft, extra: ExtraBlock | None = None) -> tuple[Verdict, list[int]]:
     """Verify a tree draft (a chain is the tree ``parents[i] = i - 1``) in one forward over
-    ``[pending, nodes..., extra...]``; returns the verdict and the full model's greedy token
-    after each of ``extra.rows`` (``[]`` without ``extra``).
+    ``[pending, nodes..., extra...]``; returns the verdict and the full model's token
+    (``state.pick``: greedy, or the decode's sampled choice) after each of ``extra.rows``
+    (``[]`` without ``extra``).
 
     Cache: the block is written at slots ``state.length - 1`` on; the verdict's ``kv_slots``
     name the accepted path's slots (the extra tokens' slots are never kept).

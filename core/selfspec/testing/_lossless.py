@@ -16,6 +16,7 @@ from selfspec._engine.reference import compare, reference_generate
 from selfspec._engine.sampling import Sampling, reference_sample
 from selfspec._engine.tiebound import explain
 from selfspec._engine.types import Result
+from selfspec.testing._report import around
 
 
 class NearTieWarning(UserWarning):
@@ -106,8 +107,8 @@ def assert_lossless(
     where = (
         f"plugin {name!r} diverges from {'greedy decoding' if sampling.greedy else sampling} at new token {i} "
         f"(prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, {dtype}):\n"
-        f"  plugin:    {result.output_ids[:i]} | {result.output_ids[i:i + 12]}\n"
-        f"  reference: {reference[:i]} | {reference[i:i + 12]}\n"
+        f"  plugin:    {around(result.output_ids, i)}\n"
+        f"  reference: {around(reference, i)}\n"
         f"  reference top-1/top-2 logit margin there: {cmp.margin:.3g} ({explain(dtype, cmp.margin, cmp.bound)})"
     )
     if not cmp.near_tie:

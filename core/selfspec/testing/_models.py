@@ -74,12 +74,15 @@ def tiny_model(
     seed: int = 0,
     attn_implementation: str = "sdpa",
     device: torch.device | str = "cpu",
+    near_ties: bool = False,
     **overrides: Any,
 ) -> Any:
     """A randomly initialised causal LM of ``arch`` (one of :data:`ARCHS`), in eval mode.
 
     Deterministic in ``seed``. ``eos_token_id`` defaults to None so decoding runs to the
     budget; pass ``eos_token_id=...`` (and any other config field) as an override.
+    ``near_ties=True``: the near-tie variant (:func:`near_tie_head`: the same greedy output,
+    top-1/top-2 logit margins below 1e-3 at most positions).
     """
     import transformers
 
@@ -89,10 +92,30 @@ def tiny_model(
         model = transformers.AutoModelForCausalLM.from_config(
             config, dtype=torch.float32, attn_implementation=attn_implementation
         )
+    if near_ties:
+        near_tie_head(model)
     model = model.to(device=device, dtype=dtype).eval()
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.eos_token_id if config.eos_token_id is not None else 0
     return model
+
+
+#: The near-tie variant's LM-head scale (:func:`near_tie_head`): the tiny models' top-1/top-2
+#: logit margins (mostly 0.05-2) shrink to a few 1e-4.
+NEAR_TIE_SCALE = 1e-3
+
+
+@torch.no_grad()
+def near_tie_head(model: Any, scale: float = NEAR_TIE_SCALE) -> None:
+    """Scale the model's LM head by ``scale``, in place: the same tokens win (greedy decoding
+    is unchanged), by margins ``scale`` times smaller, below 1e-3 at most positions. A verifier
+    that accepts a draft token within some tolerance of the top-1 then commits tokens that are
+    not the model's, which float64 decoding never allows, while a correct plugin stays exact
+    (the margins are still far above float64's and float32's rounding at these logits)."""
+    head = model.get_output_embeddings()
+    head.weight.mul_(scale)
+    if getattr(head, "bias", None) is not None:
+        head.bias.mul_(scale)
 
 
 class _fork_rng:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import assume
 from hypothesis import strategies as st
@@ -48,7 +49,8 @@ LONGEST_NEW = 520
 class Scenario:
     """One example: ``arch``, ``prompt`` ids, ``max_new_tokens``, and ``eos_at``: None, the
     index in the reference output of the token to use as EOS, or a tuple of such indices
-    (several EOS ids at once: the decode stops at the first of any of them)."""
+    (several EOS ids at once: the decode stops at the first of any of them); ``near_ties``:
+    decoded on the architecture's near-tie variant (``tiny_model(arch, near_ties=True)``)."""
 
     arch: str
     prompt: tuple[int, ...]
@@ -56,14 +58,26 @@ class Scenario:
     eos_at: int | tuple[int, ...] | None = None
     label: str = ""
     sampling: Sampling | None = None
+    near_ties: bool = False
 
-    def __repr__(self) -> str:  # short enough to read in a falsifying example
-        p = list(self.prompt)
-        shown = p if len(p) <= 12 else f"{p[:6]}...+{len(p) - 6}"
-        return (f"Scenario(arch={self.arch!r}, prompt={shown} ({len(p)} tokens), "
+    def __repr__(self) -> str:  # short: a long prompt is summarised (length, head, tail, hash)
+        from selfspec.testing._report import summarise
+
+        return (f"Scenario(arch={self.arch!r}, prompt={summarise(self.prompt)}, "
                 f"max_new_tokens={self.max_new_tokens}, eos_at={self.eos_at}"
                 f"{f', sampling={self.sampling}' if self.sampling else ''}"
+                f"{', near_ties=True' if self.near_ties else ''}"
                 f"{f', label={self.label!r}' if self.label else ''})")
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """Hypothesis prints a falsifying example with its pretty printer: the short repr."""
+        printer.text(repr(self))
+
+    def as_json(self) -> dict[str, Any]:
+        """Every field, the whole prompt included (the file a failure report names)."""
+        return {"arch": self.arch, "prompt": list(self.prompt), "max_new_tokens": self.max_new_tokens,
+                "eos_at": self.eos_at, "label": self.label, "near_ties": self.near_ties,
+                "sampling": None if self.sampling is None else repr(self.sampling)}
 
 
 @dataclass(frozen=True)
@@ -174,6 +188,15 @@ def last_position(arch: str, positions: int = POSITIONS) -> Scenario:
     changes the output)."""
     return Scenario(arch, _motif(positions - 24, (11, 2, 7, 2, 30), changes=3, salt=f"end:{arch}"), 24,
                     None, "to the last position")
+
+
+def near_tied(arch: str) -> Scenario:
+    """A fixed greedy example on the near-tie variant of ``arch``'s tiny model (twin tokens whose
+    logits differ by a few 1e-4: the top-1/top-2 margin is below 1e-3 almost everywhere), a
+    repetitive 48-token prompt and 40 new tokens, so drafts hold the wrong twin often: a
+    verifier that accepts a draft token near the top-1 commits it, which float64 never allows."""
+    return Scenario(arch, _motif(48, (3, 4, 5, 6), changes=2, salt=f"ties:{arch}"), 40, None, "near-ties",
+                    near_ties=True)
 
 
 def sampled(arch: str) -> Scenario:

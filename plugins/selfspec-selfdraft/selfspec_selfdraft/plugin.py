@@ -138,6 +138,9 @@ class SelfDraft:
         room = state.cache.capacity - base - 1 - len(draft)
         if sum(len(b) for b in branches) > room:
             branches = []  # no room left for the branches this step (only near the capacity)
+        limit = state.runner.max_positions  # branch token j sits at position base + 1 + j
+        if limit is not None and base + max((len(b) for b in branches), default=0) >= limit:
+            branches = []  # the branches would run past the model's last position (only near it)
         first_row = self.opts["gram"] - 2 if second_arm else 1 << 30
         laid = layout.branches(branches, base, first_row, state.runner.device)
         verdict, pred = verify_tree(state, draft, laid.extra)

@@ -123,6 +123,18 @@ def test_history_source_alone_drafts_and_gets_accepted(arch):
         assert result.stats.accepted > 0
 
 
+def test_branches_stay_below_the_models_last_position(tiny_model_factory):
+    # the branch tokens ride at positions past the pending token's; at the end of a decode that
+    # fills the model's positions they would run past the last one (a ValueError from the
+    # runner), so the plugin leaves them out there and the decode stays lossless to the end
+    model = tiny_model_factory("llama")
+    limit = model.config.max_position_embeddings
+    prompt = [3, 4, 5] * ((limit - 16) // 3)
+    options = {"corpus": "off", "branches": 4, "branch_len": 5, "gram": 3, "init": "vocab"}
+    result = assert_lossless(model, "selfdraft", prompt, limit - len(prompt), options)
+    assert len(prompt) + len(result.output_ids) == limit
+
+
 # ------------------------------------------------------------------------------ layout
 def test_trie_and_branch_layout():
     # trie of ["7 8 9", "7 5"] -> nodes 7(0) 8(1) 9(2) 5(3); branches [20 21], [30 31 32] ride

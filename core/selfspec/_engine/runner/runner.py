@@ -88,6 +88,10 @@ class Runner:
         emb = self.embedding
         self.vocab_size = int(getattr(self.config, "vocab_size", emb.num_embeddings))
         self.hidden_size = int(emb.embedding_dim)
+        limit = getattr(self.config, "max_position_embeddings", None)
+        #: Positions the model holds (``max_position_embeddings``; None: no limit known): a
+        #: forward at position ``max_positions`` or later is a ``ValueError``.
+        self.max_positions: int | None = int(limit) if limit else None
 
     def _measured_layout(self, model: nn.Module) -> str:
         """``auto``: the fastest layout measured here among those that can run (the model's own,
@@ -193,7 +197,9 @@ class Runner:
         cache/start: the block's keys/values go to slots ``[start, start+q)`` (default: the
             valid length of layer ``a``) and it attends to slots ``[0, start)``; every layer run
             must hold at least ``start`` valid slots. ``cache=None`` runs without a prefix.
-        positions: ``[q]`` position ids (default ``start + arange(q)``).
+        positions: ``[q]`` position ids (default ``start + arange(q)``), absolute (the position
+            of the token in the sequence, from 0), each below :attr:`max_positions`: a
+            position at or past the model's limit is a ``ValueError`` naming it.
         block_mask: ``[q, q]`` bool, which block tokens each block token sees (default causal;
             the cached prefix is visible to all), or ``[q, start+q]`` bool, which cached slots
             and block tokens each block token sees (a tree drafted depth by depth, whose earlier
@@ -227,7 +233,14 @@ class Runner:
         if start is None:
             start = cache.lengths[a] if a < self.n_layers else 0
         if positions is None:
+            last = start + q - 1
             positions = torch.arange(start, start + q, device=device)
+        else:
+            positions = positions.reshape(-1)
+            last = int(positions.max()) if q else -1
+        if self.max_positions is not None and last >= self.max_positions:
+            raise ValueError(f"position {last} is past the model's limit: it holds positions 0 to "
+                             f"{self.max_positions - 1} (max_position_embeddings {self.max_positions})")
         positions = positions.reshape(-1)
         if start + q > cache.capacity:
             raise ValueError(f"block of {q} tokens at slot {start} exceeds the cache capacity {cache.capacity}")

@@ -219,6 +219,7 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, thread
     speedup.png to --out; with --suite spec-bench also one Spec-Bench answer file per method
     (model_answer/<model>-<method>.jsonl) and Spec-Bench's speed report in the table.
     """
+    from selfspec._engine.machine import plural
     from selfspec._engine.plugins import BUILTIN_METHOD, available
     from selfspec._engine.sampling import Sampling
     from selfspec.app._bench import results as res
@@ -267,7 +268,7 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, thread
                      **_model_facts(loaded.model))
     machine = res.machine_info()  # before the run: the load average says how busy the machine was
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
-               f"max {max_new_tokens} new tokens, {threads} threads"
+               f"max {max_new_tokens} new tokens, {plural(threads, 'thread')}"
                + ("" if sampling.greedy else f", sampling {sampling.as_dict()}"), err=True)
     answers = None
     if suite == SPEC_BENCH:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from selfspec._engine.machine import capability_note
+from selfspec._engine.machine import capability_note, plural
 
 
 def format_params(n: float) -> str:
@@ -148,5 +148,5 @@ def plot_title(summary: dict[str, Any], what: str) -> str:
     cfg, mach = summary.get("config", {}), summary.get("machine", {})
     model = Path(str(cfg.get("model", "?"))).name or str(cfg.get("model"))
     return (f"{what}: {model}, {cfg.get('dtype', '?')}, max {cfg.get('max_new_tokens', '?')} new tokens\n"
-            f"{mach.get('cpu', '?')}{capability_note(mach)}, {mach.get('torch_threads', '?')} threads, "
+            f"{mach.get('cpu', '?')}{capability_note(mach)}, {plural(mach.get('torch_threads', '?'), 'thread')}, "
             f"{mach.get('date', '?')}")

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from selfspec._engine.machine import capability_note
+from selfspec._engine.machine import capability_note, plural
 
 RECORDS = "results.jsonl"
 SUMMARY = "summary.json"
@@ -97,9 +97,13 @@ def _row(task: str, method: str, every: list[dict[str, Any]], base_time: dict[tu
     drafted = [r.get("drafted") for r in rs]
     accepted = [r.get("accepted") for r in rs]
     phases: dict[str, float] = {}
+    extra: dict[str, float] = {}  # the plugin's own counters (Stats.extra), summed
     for r in rs:
         for k, v in (r.get("phase_s") or {}).items():
             phases[k] = phases.get(k, 0.0) + v
+        for k, v in (r.get("extra") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                extra[k] = extra.get(k, 0) + v
     has_draft = all(d is not None for d in drafted) and sum(drafted) > 0  # type: ignore[arg-type]
     return {
         "task": task,
@@ -113,6 +117,7 @@ def _row(task: str, method: str, every: list[dict[str, Any]], base_time: dict[tu
         "tau": tokens / forwards if forwards else None,
         "acceptance": sum(accepted) / sum(drafted) if has_draft else None,  # type: ignore[arg-type]
         "phase_s": phases,
+        "extra": extra,
         "lossless": sum(1 for r in rs if r["lossless"]) if any(r["lossless"] is not None for r in rs) else None,
         "near_ties": sum(1 for r in rs if r["near_tie"]),
         "divergences": sum(1 for r in rs if r["lossless"] is False and not r["near_tie"]),
@@ -181,8 +186,8 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"Model `{cfg.get('model', '?')}` ({cfg.get('dtype', '?')}, {cfg.get('device', '?')}), "
         f"{cfg.get('samples', '?')} {'questions per family' if cfg.get('suite') == SPEC_BENCH else 'samples per task'}, max {cfg.get('max_new_tokens', '?')} new tokens, "
-        f"seed {cfg.get('seed', '?')}, {mach.get('torch_threads', '?')} threads; "
-        f"{mach.get('cpu', '?')}{capability_note(mach)} ({mach.get('cores', '?')} cores), "
+        f"seed {cfg.get('seed', '?')}, {plural(mach.get('torch_threads', '?'), 'thread')}; "
+        f"{mach.get('cpu', '?')}{capability_note(mach)} ({plural(mach.get('cores', '?'), 'core')}), "
         f"torch {mach.get('torch', '?')}, "
         f"transformers {mach.get('transformers', '?')}, {mach.get('date', '?')}{_load(mach)}. "
         f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same prompts.",

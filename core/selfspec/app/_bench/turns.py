@@ -43,6 +43,7 @@ class Run:
     weight_layout: str | None = None  # the runner's layout (None for HF's own generate)
     weight_bytes: int | None = None  # bytes of weights the decode read (None for HF's own generate)
     choices: dict[str, Any] | None = None  # how the decode's "auto"s were decided
+    extra: dict[str, float] = field(default_factory=dict)  # the plugin's own counters (Stats.extra)
     error: str | None = None  # the run raised: what (no output then; see .turns.safe_run)
 
 
@@ -117,6 +118,7 @@ def make_record(sample: Sample, method: Any, run: Any, prompt_ids: list[int], cm
         "weight_layout": run.weight_layout,
         "weight_bytes": run.weight_bytes,
         "choices": run.choices,
+        "extra": run.extra,
         "prompt_tokens": len(prompt_ids),
         "lossless": (cmp is None or bool(cmp.equal)) if checked and not failed else None,
         "near_tie": bool(cmp is not None and cmp.near_tie),

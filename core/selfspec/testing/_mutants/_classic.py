@@ -1,89 +1,17 @@
-"""Known-lossy plugins: the kit's own mutation score.
-
-:class:`Echo` is a small correct drafter (it copies what followed the last earlier occurrence
-of the pending token, up to ``k`` tokens) with its own verify and cache hooks that defer to the
-built-in mechanics. Each mutant changes one thing, the way plugin authors get it wrong, and
-only past a threshold (long prompts, late in a long output, deep drafts), so that a kit whose
-strategies stay short cannot see it. ``MUTANTS`` lists them with a one-line description;
-``tests/test_mutants.py`` checks that a standard :class:`~selfspec.testing.PluginSuite` under
-the ``selfspec-ci`` profile catches every one and that :class:`Echo` passes.
-"""
+"""Mutants wrong past a length, a depth or a step: long prompts, late output tokens, deep drafts,
+KV slots, the update policy, the model's weights."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from selfspec._engine.builtin.verify import verify_greedy
 from selfspec._engine.markers import hookimpl
-from selfspec._engine.options import Option
-from selfspec._engine.types import DecodeState, Draft, Verdict
-
-
-class Echo:
-    """Correct: drafts the ``k`` tokens that followed the pending token's last earlier occurrence."""
-
-    bug: ClassVar[str] = "none (the correct control)"
-    trigger: ClassVar[str] = "-"
-    #: The hook the audit must blame (None: not checked).
-    hook: ClassVar[str | None] = None
-    #: ``state.step`` of the first wrong step of the last decode (None: none, or not recorded).
-    fault_step: ClassVar[int | None] = None
-
-    @hookimpl
-    def selfspec_options(self, register: Any) -> None:
-        register(Option("k", int, 8, "longest draft", min=1, max=16))
-
-    @hookimpl
-    def selfspec_setup(self, options: dict[str, Any]) -> None:
-        self.k = options["k"]
-        type(self).fault_step = None
-
-    @hookimpl
-    def selfspec_propose(self, state: DecodeState) -> Draft:
-        ids = state.committed.tolist()
-        pending = ids[-1]
-        for j in range(len(ids) - 2, -1, -1):
-            if ids[j] == pending:
-                return Draft.chain(ids[j + 1 : j + 1 + self.k], device=state.runner.device)
-        return Draft.empty(state.runner.device)
-
-    @hookimpl
-    def selfspec_verify(self, state: DecodeState, draft: Draft) -> Verdict:
-        return self.verify(state, draft)
-
-    @hookimpl
-    def selfspec_cache(self, state: DecodeState, verdict: Verdict) -> None:
-        self.cache(state, verdict)
-
-    # what the mutants override
-    def verify(self, state: DecodeState, draft: Draft) -> Verdict:
-        return verify_greedy(state, draft)
-
-    def cache(self, state: DecodeState, verdict: Verdict) -> None:
-        pass  # the built-in commit keeps verdict.kv_slots
-
-    def fault(self, state: DecodeState, after_commit: bool = False) -> None:
-        """Note the step of the first wrong step of this decode (what the audit must name).
-        ``selfspec_update_policy`` runs after the commit, where ``state.step`` already counts
-        the step (``after_commit=True``)."""
-        if type(self).fault_step is None:
-            type(self).fault_step = state.step - 1 if after_commit else state.step
-
-
-def _accept_all(state: DecodeState, draft: Draft) -> Verdict:
-    """Accept every draft token unchecked (the bonus is the model's token after them)."""
-    v = verify_greedy(state, draft)
-    if len(draft) == len(v.accepted):
-        return v
-    # re-run the whole draft so the KV of [pending, draft...] is the full model's
-    base = state.length - 1
-    ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
-    out = state.runner.forward(ids, cache=state.cache, start=base, logits="last")
-    bonus = int(out.logits[-1].to(torch.float32).argmax())
-    return Verdict(tuple(draft.tokens.tolist()), bonus, tuple(range(len(draft))))
+from selfspec._engine.types import Draft, Verdict
+from selfspec.testing._mutants._echo import Echo, _accept_all
 
 
 class WrongBonusLate(Echo):
@@ -313,68 +241,3 @@ class PolicyCorruptsKVLate(Echo):
         for i in range(c.n_layers):
             if c.keys[i] is not None:
                 c.keys[i][:, :, base] *= 0.5
-
-
-# ---------------------------------------------------------------- sampling filters, EOS ids, seeds
-class ForgetsTopK(Echo):
-    bug = "its sampler applies temperature and top-p but forgets top-k"
-    trigger = "sampling with top-k on"
-    hook = "selfspec_verify"
-
-    def verify(self, state, draft):
-        if not state.sampling_on or state.sampler.sampling.top_k == 0:
-            return verify_greedy(state, draft)
-        from selfspec._engine.sampling import sample_tokens
-        from selfspec._engine.verification import accepted_length
-
-        base = state.length - 1
-        ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
-        out = state.runner.forward(ids, cache=state.cache, start=base)
-        at = torch.arange(len(draft) + 1) + base + 1  # the right positions
-        pred = sample_tokens(out.logits, at, replace(state.sampler.sampling, top_k=0))  # wrong: no top-k
-        a = accepted_length(pred, draft.tokens)
-        return Verdict(tuple(draft.tokens[:a].tolist()), int(pred[a]), tuple(range(a)))
-
-
-class EosAlias(Echo):
-    bug = "treats every EOS id as the first one (its bonus becomes the smallest EOS id)"
-    trigger = "two or more EOS ids, the model's next token one of the others"
-    hook = "selfspec_verify"
-
-    def verify(self, state, draft):
-        v = verify_greedy(state, draft)
-        eos = sorted(state.eos_token_ids)
-        if len(eos) > 1 and v.bonus in eos and v.bonus != eos[0]:
-            self.fault(state)
-            return replace(v, bonus=eos[0])  # wrong: another EOS id is another token
-        return v
-
-
-class SeedlessPicks(Echo):
-    bug = "memoises sampled picks on the instance keyed by position and logits, not by the seed"
-    trigger = "a second sampled decode of the same prompt with another seed, on one instance"
-    hook = "selfspec_verify"
-
-    def verify(self, state, draft):
-        v = verify_greedy(state, draft)
-        if not state.sampling_on:
-            return v
-        memo = self.__dict__.setdefault("memo", {})  # kept across decodes, like a real cache
-        # wrong: a position's pick depends on the seed too; the key leaves it out
-        key = (state.length, hash(tuple(state.committed[-8:].tolist())))
-        if key in memo and memo[key] != v.bonus and not v.accepted:
-            self.fault(state)
-            return replace(v, bonus=memo[key])
-        memo.setdefault(key, v.bonus)
-        return v
-
-
-#: Every mutant, in the order of the score table.
-MUTANTS: tuple[type[Echo], ...] = (
-    WrongBonusLate, WrongBonusVeryLate, PastMismatchLongPrompt, PastMismatchVeryLongPrompt,
-    ShiftedSlotsDeep, ProposerOverwritesLong, PendingOverwrittenLate, StaleKVLate,
-    SkipsCheckLongPrompt, SkipsCheckDeep, SkipsCheckLate, StepKeyedNoise,
-    PastMismatchPrompt400, WrongTokenAfter200, WrongTokenGemmaLate, DropsSlotEvery130, EditsHeadInSetup,
-    PolicyCorruptsKVLate, ForgetsTopK, EosAlias, SeedlessPicks,
-)
-
