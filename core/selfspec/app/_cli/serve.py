@@ -47,7 +47,7 @@ def serve_command(ctx: click.Context, host: str, port: int, api_key: str | None,
     settings: Settings = ctx.obj.merged(params)
     try:
         from selfspec.app._serve.protocol import Defaults, Limits
-        from selfspec.app._serve.server import serve
+        from selfspec.app._serve.server import bind, serve
     except ImportError as exc:
         raise CliError(f"specdec serve needs the serve extra ({exc.name} is missing): "
                        "pip install 'selfspec[serve]'") from None
@@ -62,9 +62,10 @@ def serve_command(ctx: click.Context, host: str, port: int, api_key: str | None,
     limits = Limits(max_tokens_limit=max_tokens_limit, max_prompt_tokens=max_prompt_tokens,
                     default_max_tokens=default_max)
     try:
-        status = serve(settings, host=host, port=port, api_key=api_key or None, queue_size=queue_size,
-                       limits=limits, defaults=defaults)
+        sock = bind(host, port)
     except OSError as exc:
         raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    status = serve(settings, sock, api_key=api_key or None, queue_size=queue_size, limits=limits,
+                   defaults=defaults)
     if status:
         sys.exit(status)

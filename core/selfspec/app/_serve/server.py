@@ -1,8 +1,8 @@
 """Running the server: bind, load on the worker thread, serve with uvicorn, stop cleanly.
 
-:func:`serve` binds the address first (a taken port fails at once, and the line saying where
-the server listens is true), starts the :class:`~selfspec.app._serve.worker.Worker` (model
-load, decoder setup and warm-up, each said on stderr) and runs uvicorn until SIGTERM or
+:func:`bind` takes the address first (a taken port fails at once, and the line saying where
+the server listens is true); :func:`serve` starts the :class:`~selfspec.app._serve.worker.Worker`
+(model load, decoder setup and warm-up, each said on stderr) and runs uvicorn until SIGTERM or
 Ctrl-C. Then new requests get 503, queued ones are answered 503, the running decode finishes
 (or is cancelled at its next step after ``GRACE_S``), and the process exits with status 0.
 A second Ctrl-C stops at once.
@@ -28,14 +28,13 @@ GRACE_S = 30
 PREFIX = "specdec serve: "
 
 
-def serve(settings: Any, *, host: str, port: int, api_key: str | None, queue_size: int, limits: Limits,
+def serve(settings: Any, sock: socket.socket, *, api_key: str | None, queue_size: int, limits: Limits,
           defaults: Defaults, log: Callable[[str], None] | None = None) -> int:
-    """Serve ``settings``' model and plugin until stopped; the exit status (0, or 1 when the
-    model could not be loaded)."""
+    """Serve ``settings``' model and plugin on the listening ``sock`` (:func:`bind`) until
+    stopped; the exit status (0, or 1 when the model could not be loaded)."""
     import uvicorn
 
     say = log or (lambda line: print(PREFIX + line, file=sys.stderr, flush=True))
-    sock = bind(host, port)
     url = _url(sock)
     where = ("this machine only; --host 0.0.0.0 serves other machines" if _loopback(sock)
              else "reachable from other machines")
