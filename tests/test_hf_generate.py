@@ -130,3 +130,16 @@ def test_a_real_pipeline_on_the_default_model(monkeypatch):  # see a), through t
     ours = pipe(prompt, max_new_tokens=24, do_sample=False,
                 custom_generate=custom_generate("lookup", tokenizer=loaded.tokenizer))
     assert ours[0]["generated_text"] == plain[0]["generated_text"]
+
+
+def test_the_decoder_is_released_with_the_model():  # see e)
+    import gc
+    import weakref
+
+    model = tiny_model("llama")
+    model.generate(PROMPT, max_new_tokens=4, custom_generate=custom_generate("lookup"))
+    (decoder,) = model.__dict__["_selfspec_decoders"].values()
+    decoder_ref, model_ref = weakref.ref(decoder), weakref.ref(model)
+    del decoder, model
+    gc.collect()
+    assert model_ref() is None and decoder_ref() is None

@@ -628,3 +628,18 @@ def test_chain_verdict_is_the_longest_matching_prefix_plus_the_bonus():
     assert (v.accepted, v.bonus, v.accepted_nodes, v.forwards) == ((5, 6), 1, (0, 1), 0.5)
     all_in = chain_verdict(Draft.chain([5, 6, 1]), logits)
     assert (all_in.accepted, all_in.bonus) == ((5, 6, 1), 9)
+
+
+@pytest.mark.parametrize("plugin", ["vanilla", "lookup"])
+def test_a_stream_that_returns_true_ends_the_decode_after_that_block(model, plugin):
+    full = Decoder(model, plugin).generate(PROMPT, 30, eos_token_ids=())
+    blocks: list[list[int]] = []
+
+    def stream(ids: list[int]) -> bool:
+        blocks.append(ids)
+        return len(blocks) == 3
+
+    cut = Decoder(model, plugin).generate(PROMPT, 30, eos_token_ids=(), stream=stream)
+    assert len(blocks) == 3  # no block after the one that asked to stop
+    assert cut.output_ids == sum(blocks, []) == full.output_ids[: len(cut.output_ids)]
+    assert cut.stats.new_tokens == len(cut.output_ids) < 30 and cut.stats.steps == 3

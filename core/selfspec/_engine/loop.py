@@ -64,7 +64,8 @@ class Decoder:
     Returns:
         :meth:`generate` ``(prompt_ids [T] or [1, T], max_new_tokens, eos_token_ids=None,
         stream=None, sampling=None)`` returns a :class:`selfspec.Result`; ``stream`` receives
-        each step's committed ids. ``.plugin`` is the plugin instance, ``.runner`` the
+        each step's committed ids, and a ``stream`` that returns a true value ends the decode
+        after that block (the result holds what was committed). ``.plugin`` is the plugin instance, ``.runner`` the
         :class:`selfspec.Runner`, ``.auditor`` the last audited decode's auditor.
 
     Host enforces:
@@ -188,8 +189,8 @@ class Decoder:
             # 5. commit: host-side EOS and budget rules, then stream
             new = self._commit(state, verdict, draft)
             self._observe(observers, "committed", state, new)
-            if stream is not None and new:
-                stream(new)
+            if stream is not None and new and stream(new):
+                state.finished = True  # the caller asked to end here (a stop string, a cancel)
             # 6. update policy: thresholds, layer sets, statistics
             self._call("selfspec_update_policy", state=state, verdict=verdict)
             self._observe(observers, "updated", state)

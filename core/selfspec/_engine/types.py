@@ -383,4 +383,5 @@ class Result:
     near_ties: int = 0
 
 
-StreamCallback = Callable[[list[int]], None]
+#: Receives each step's committed ids; a true return value ends the decode after that block.
+StreamCallback = Callable[[list[int]], "bool | None"]

@@ -12,7 +12,7 @@ Bad input ends with a one-line message and a non-zero exit status, never a trace
 
 from __future__ import annotations
 
-from selfspec.app._cli import check, models, plugins, run  # noqa: F401  (each registers its command on the group)
+from selfspec.app._cli import check, models, plugins, run, serve  # noqa: F401  (each registers its command on the group)
 from selfspec.app._cli.group import cli
 from selfspec.app._cli.run import Streamer, summary_line
 from selfspec.app._cli.settings import (

@@ -28,7 +28,7 @@ DEFAULT_CHECK_PROMPTS: tuple[str, ...] = (
 )
 RUN_MAX_NEW_TOKENS = 128
 CHECK_MAX_NEW_TOKENS = 32
-BUILTIN_COMMANDS = ("run", "plugins", "check", "models", "bench", "sweep", "report")
+BUILTIN_COMMANDS = ("run", "plugins", "check", "models", "serve", "bench", "sweep", "report")
 
 
 class CliError(click.ClickException):

