@@ -185,6 +185,9 @@ class Stats:
     #: the runner's weight layout this decode ran with (``"packed"``, ``"model"``, ...: what
     #: ``"auto"`` resolved to on this device, dtype and CPU)
     weight_layout: str = ""
+    #: the model's placement when accelerate dispatched it (:attr:`selfspec.Runner.placement`:
+    #: layers per device, offloaded layers), else ``None``
+    placement: dict[str, Any] | None = None
 
     @property
     def tau(self) -> float:
@@ -215,6 +218,7 @@ class Stats:
             "phase_s": dict(self.phase_s),
             "accept_lengths": list(self.accept_lengths),
             "weight_layout": self.weight_layout,
+            **({"placement": self.placement} if self.placement is not None else {}),
         }
 
 

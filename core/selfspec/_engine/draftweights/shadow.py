@@ -24,6 +24,7 @@ from torch import nn
 
 from selfspec._engine.draftweights.layers import compress_linear, compressed_layer, layer_nbytes
 from selfspec._engine.draftweights.linears import CompressedLinear, bnb_module
+from selfspec._engine.runner.placement import is_offloaded, loaded, tensor_key
 
 #: Backends of the draft weights (``auto`` resolves to one of the others).
 BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "bf16", "bnb")
@@ -135,14 +136,7 @@ _HEADS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[nn.Module | None,
 def _weights_key(runner) -> tuple:
     ps = [p for layer in runner.layers for p in layer.parameters()]
     ps += list(runner.lm_head.parameters()) + list(runner.lm_head.buffers())
-    return tuple((_ptr(p), p._version, p.dtype, p.device) for p in ps)
-
-
-def _ptr(t: torch.Tensor) -> int:
-    try:
-        return t.data_ptr()
-    except RuntimeError:  # an opaque (oneDNN-packed) tensor has no storage: the object stands for it
-        return id(t)
+    return tuple(tensor_key(p) for p in ps)
 
 
 def _vocab_key(vocab: torch.Tensor | None) -> str:
@@ -209,13 +203,17 @@ def _build_layers(runner, kind: str) -> tuple[dict[int, nn.Module], int]:
     layers: dict[int, nn.Module] = {}
     with torch.inference_mode(False), torch.no_grad():
         for i, layer in enumerate(runner.layers):
-            layers[i] = compressed_layer(layer, kind)
+            # an offloaded layer: its weights read from the disk for this build only, the copy
+            # keeps what it needs in memory, so drafts never read the disk
+            offloaded = is_offloaded(layer)
+            with loaded(layer):
+                layers[i] = compressed_layer(layer, kind, own=offloaded)
     return layers, sum(layer_nbytes(m) for m in layers.values())
 
 
 def _build_head(runner, kind: str, vocab: torch.Tensor | None) -> tuple[nn.Module | None, int]:
     head = runner.lm_head
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad(), loaded(head):
         if kind == "none":
             if vocab is None:
                 return None, 0

@@ -8,6 +8,12 @@ a tree's ancestors, or one a plugin builds), read-only attention (``write=False`
 substitute layer modules or a model's compressed draft weights. A full forward equals the model's own forward (tested in float64);
 with ``weight_layout="transposed"`` or ``"packed"`` it runs faster on CPU and equals it up to rounding
 (see :mod:`.layout`).
+
+A model that accelerate dispatched over devices, CPU memory and disk (:mod:`.placement`) runs
+as placed: each layer's sub-modules are called through their own hooks (an offloaded layer's
+weights are loaded for its forward and dropped after), the block's activations move to each
+layer's execution device, its keys and values are cached there, and the logits come back on
+the runner's device (the embedding's).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from selfspec._engine.runner import masks
+from selfspec._engine.runner import masks, placement
 from selfspec._engine.runner.adapters import Adapter, adapter_for
 from selfspec._engine.runner.cache import KVCache
 from selfspec._engine.runner.layout import adopt_layout, check_layout, shared_layout_copies
@@ -49,7 +55,9 @@ class Runner:
     :mod:`.layout`). ``layers`` stays the model's own modules whatever the layout.
     ``adopt=True`` applies the layout to the model in place instead of to copies
     (:func:`.layout.adopt_layout`): one copy of each weight in memory, and the model's own
-    forward then runs the new layout too.
+    forward then runs the new layout too. On a model accelerate dispatched, the layout applies
+    to the resident layers and head only; offloaded ones run the ``"model"`` layout through
+    their hooks (:attr:`layer_layouts` says which; see :mod:`.layout`).
     """
 
     def __init__(self, model: nn.Module, adapter: Adapter | None = None, *, weight_layout: str = "auto",
@@ -66,6 +74,11 @@ class Runner:
         self._run_layers, self.adapter.lm_head = shared_layout_copies(  # the runner's own adapter
             model, list(self.layers), self.adapter.lm_head, "model" if adopt else self.weight_layout)
         self.n_layers = len(self.layers)
+        #: where each layer runs (its accelerate hook's execution device, else its weights')
+        self.layer_devices = [placement.execution_device(layer, self.device) for layer in self.layers]
+        #: the layout each layer runs: the runner's, or ``"model"`` for an offloaded layer
+        self.layer_layouts = ["model" if placement.is_offloaded(layer) else self.weight_layout
+                              for layer in self.layers]
         self.windows = self.adapter.windows
         self._rope_keys = self.adapter.rope_keys()
         emb = self.embedding
@@ -74,7 +87,27 @@ class Runner:
 
     @property
     def device(self) -> torch.device:
-        return self.embedding.weight.device
+        """Where token ids, the KV cache's positions and the logits live: the embedding's
+        execution device (its weights' device, or accelerate's for an offloaded embedding)."""
+        return placement.execution_device(self.embedding)
+
+    @property
+    def placement(self) -> dict | None:
+        """The model's placement when accelerate dispatched it (``{"devices": {device: layers},
+        "layers": "0-13 cpu, 14-27 disk", "other": {...}, "offloaded_layers": n, "layouts":
+        "0-13 packed, 14-27 model"}``), else ``None``. Plugins read it to refuse a placement
+        they cannot support, at setup."""
+        found = placement.describe(self.model)
+        if found is not None:
+            found["layouts"] = placement.runs(dict(enumerate(self.layer_layouts)))
+        return found
+
+    def loaded(self, module: nn.Module):
+        """A context manager: inside it, ``module``'s offloaded weights (if any) hold values,
+        read through the model's own accelerate hooks, one module at a time; after it they are
+        meta tensors again. For a plugin that reads weights at setup (an LM head's rows, a
+        norm) of a model that may be offloaded; any other module is yielded as it is."""
+        return placement.loaded(module)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -205,6 +238,9 @@ class Runner:
         captured: dict[int, torch.Tensor] = {}
         impl = self.adapter.attn_impl
         for i in range(a, b):
+            dev = self.layer_devices[i]
+            if h.device != dev:  # a dispatched model: the activations follow the layers
+                h = h.to(dev)
             if a == i and i in capture:
                 captured[i] = h[0]
             if substitutes and i in substitutes:
@@ -214,13 +250,13 @@ class Runner:
             else:
                 layer = self._run_layers[i]
             if i not in skip_attn:
-                key = self._rope_keys[i]
+                key = (self._rope_keys[i], h.device)
                 if key not in ropes:
-                    ropes[key] = self.adapter.rope(h, pos_ids, key)
-                w = self.windows[i]
+                    ropes[key] = _to(self.adapter.rope(h, pos_ids.to(h.device), key[0]), h.device)
+                w = (self.windows[i], h.device)
                 if w not in layer_masks:
-                    m = masks.build(prefix_pos, positions, block_mask, w)
-                    layer_masks[w] = masks.for_attention(m, impl, h.dtype)
+                    m = masks.build(prefix_pos, positions, block_mask, w[0])
+                    layer_masks[w] = _to(masks.for_attention(m, impl, h.dtype), h.device)
                 kv = cache.view(i, start, write)
                 h = self.adapter.attn_block(layer, h, ropes[key], layer_masks[w], kv)
             if i not in skip_mlp:
@@ -235,4 +271,15 @@ class Runner:
             else:
                 rows = h[0].index_select(0, logits)
             out.logits = self.head(rows) if weights is None else weights.head(self, rows)  # [n, V]
+            if out.logits.device != device:
+                out.logits = out.logits.to(device)
         return out
+
+
+def _to(x, device: torch.device):
+    """A tensor, a tuple of tensors or None, on ``device`` (nothing copied when already there)."""
+    if x is None:
+        return None
+    if isinstance(x, tuple):
+        return tuple(t.to(device) for t in x)
+    return x.to(device)
