@@ -25,6 +25,11 @@ generates, for that plugin:
   every prompt) and ``specdec check`` (every prompt) run a plugin, so state a plugin keeps
   across decodes is exercised. The Hypothesis property builds a fresh ``Decoder`` per example
   instead, so a failing example replays and shrinks on its own;
+* ``test_lossless_offloaded[arch]``: the same model split over CPU memory and disk by
+  accelerate (:func:`~selfspec.testing.split_device_map`: weights loaded from the disk by
+  accelerate's hooks on every forward), one :class:`~selfspec.Decoder` decoding
+  :data:`OFFLOAD_SEQUENCE` and one sampled decode, each checked by ``assert_lossless``
+  against ``generate`` on the same placement: a plugin works on a model bigger than memory;
 * ``test_lossless_coverage``: after every ``test_lossless`` of the class ran, fails when a
   required bucket (:data:`selfspec.testing._coverage.REQUIRED`, and
   :data:`~selfspec.testing._coverage.REQUIRED_PER_ARCH` of every architecture) was never hit,
@@ -51,6 +56,15 @@ SAMPLED_SEEDS: tuple[int, ...] = (11, 12)
 DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
     ((3, 4, 5) * 8, 24),
     ((3, 4, 5) * 8, 40),
+    ((1, 2) * 20, 24),
+    (tuple(range(7, 19)), 16),
+)
+
+
+#: ``(prompt, max_new_tokens)`` decoded in turn by one Decoder in ``test_lossless_offloaded``
+#: (a few fixed examples: every forward of an offloaded model reads the disk).
+OFFLOAD_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
+    ((3, 4, 5) * 8, 24),
     ((1, 2) * 20, 24),
     (tuple(range(7, 19)), 16),
 )
@@ -113,6 +127,9 @@ class PluginSuite:
     #: one sampled example per architecture). The trivial draw (1-token prompt, 1 new token) is
     #: never made.
     examples_per_arch: ClassVar[int | None] = None
+    #: Options of ``test_lossless_offloaded`` (default: the plugin's own defaults, so the host's
+    #: draft weights are built from the offloaded layers as a user's decode builds them).
+    offload_options: ClassVar[dict[str, Any]] = {}
     #: Run under this Hypothesis profile instead of the loaded one (the kit's mutation test).
     hypothesis_profile: ClassVar[str | None] = None
     #: False: stop at the first failing example and report it as drawn, without shrinking it.
@@ -181,7 +198,14 @@ class PluginSuite:
     def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
         from hypothesis import Phase, example, given, seed, settings
 
-        from selfspec.testing._scenarios import last_position, reach, sampled, sampled_filters, scenarios, several_eos
+        from selfspec.testing._scenarios import (
+            last_position,
+            reach,
+            sampled,
+            sampled_filters,
+            scenarios,
+            several_eos,
+        )
 
         cov = self.coverage()
         _, declared = self._manager()
@@ -236,6 +260,20 @@ class PluginSuite:
         for seed in SAMPLED_SEEDS:
             assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 24, sampling=Sampling(1.0, 0, 0.9, seed))
         assert decoder.plugin is plugin  # one instance throughout
+
+    def test_lossless_offloaded(self, suite_arch: str, offloaded_model_factory: Any) -> None:
+        from selfspec._engine.loop import Decoder
+        from selfspec._engine.sampling import Sampling
+        from selfspec.testing._lossless import assert_lossless
+
+        dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
+        model = offloaded_model_factory(suite_arch, **dtype, **self.model_overrides)
+        decoder = Decoder(model, self.plugin, {**self.offload_options, **self.fixed_options},
+                          plugin_object=self.plugin_object, audit=True)
+        assert decoder.runner.placement is not None and decoder.runner.placement["offloaded_layers"] > 0
+        for prompt, max_new_tokens in OFFLOAD_SEQUENCE:
+            assert_lossless(model, decoder, prompt, max_new_tokens)
+        assert_lossless(model, decoder, OFFLOAD_SEQUENCE[0][0], 16, sampling=Sampling(1.0, 0, 0.9, SAMPLED_SEEDS[0]))
 
     def test_lossless_coverage(self) -> None:
         cov = self.coverage()
