@@ -117,8 +117,12 @@ class Runner:
         """A cache for up to ``capacity`` positions (prompt + output + the largest draft block)."""
         return KVCache(self.n_layers, capacity, self.device)
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids ``[q]`` or ``[1, q]`` -> ``[1, q, H]``."""
+    def embed(self, ids: torch.Tensor, *, weights: DraftWeights | None = None) -> torch.Tensor:
+        """ids ``[q]`` or ``[1, q]`` -> ``[1, q, H]``. ``weights``: a draft pass's draft
+        weights, whose in-memory copy of an offloaded embedding then embeds (the model's own
+        embedding otherwise: the same values)."""
+        if weights is not None and weights.embedding is not None:
+            return weights.embedding(ids.reshape(1, -1).to(self.device))
         return self.adapter.embed(ids.reshape(1, -1))
 
     def head(self, hidden: torch.Tensor, *, lm_head: nn.Module | None = None) -> torch.Tensor:
@@ -212,7 +216,7 @@ class Runner:
         if hidden is None:
             if ids is None or a != 0:
                 raise ValueError("give ids (starting at layer 0) or hidden states at layer a")
-            h = self.embed(ids)  # h: [1, q, H]
+            h = self.embed(ids, weights=weights)  # h: [1, q, H]
         else:
             h = hidden
         q = h.shape[1]
