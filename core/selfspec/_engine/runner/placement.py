@@ -203,27 +203,38 @@ def describe(model: nn.Module) -> dict[str, Any] | None:
     """The placement of a dispatched model as a small JSON-ready dict, or ``None``.
 
     ``{"devices": {device: number of decoder layers}, "layers": "0-13 cpu, 14-27 disk",
-    "other": {"lm_head": "cpu", ...}, "offloaded_layers": n}``: the layers as runs of
-    consecutive indices per device, every other placed module by name.
+    "other": {"lm_head": "cpu", ...}, "offloaded_layers": n}``: each decoder layer's device
+    (the map's entry for it or for the module holding it), as runs of consecutive indices;
+    every map entry that is not a single layer, by name.
     """
     dm = device_map(model)
     if dm is None:
         return None
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    names = {id(m): name for name, m in model.named_modules()}
     layer_dev: dict[int, str] = {}
-    other: dict[str, str] = {}
-    for name, dev in dm.items():
-        m = _LAYER.match(name)
-        if m:
-            layer_dev[int(m.group(2))] = dev
-        else:
-            other[name or "(model)"] = dev
+    if layers is not None:
+        for i, layer in enumerate(layers):
+            dev = _entry_for(names.get(id(layer), ""), dm)
+            if dev is not None:
+                layer_dev[i] = dev
+    other = {name or "(model)": dev for name, dev in dm.items() if not _LAYER.match(name)}
     counts: dict[str, int] = {}
     for dev in layer_dev.values():
         counts[dev] = counts.get(dev, 0) + 1
-    base = getattr(model, "model", None)
-    layers = getattr(base, "layers", None)
     offloaded = sum(1 for layer in layers if is_offloaded(layer)) if layers is not None else 0
     return {"devices": counts, "layers": runs(layer_dev), "other": other, "offloaded_layers": offloaded}
+
+
+def _entry_for(name: str, dm: dict[str, str]) -> str | None:
+    """The device of module ``name``: the map's longest entry that is it or holds it."""
+    best: tuple[int, str] | None = None
+    for key, dev in dm.items():
+        if key == "" or key == name or name.startswith(key + "."):
+            if best is None or len(key) > best[0]:
+                best = (len(key), dev)
+    return best[1] if best else None
 
 
 def runs(layer_dev: dict[int, str]) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from selfspec._engine.runner.placement import model_device
 from selfspec.app._data import Sample, encode_sample
 from selfspec.app._models import Loaded, eos_token_ids
 
@@ -125,7 +126,7 @@ def _last_layer(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _sync(model: torch.nn.Module) -> None:
-    if next(model.parameters()).device.type == "cuda":
+    if model_device(model).type == "cuda":
         torch.cuda.synchronize()
 
 
@@ -165,7 +166,7 @@ def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> 
     """
     from transformers import GenerationConfig
 
-    device = next(model.parameters()).device
+    device = model_device(model)
     layer = _last_layer(model)
     extra = dict(method.extra)
     assistant = None
