@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from selfspec._engine.paths import cache_dir
+from selfspec._engine.runner.placement import loaded
 
 
 class ArtefactError(ValueError):
@@ -55,13 +56,14 @@ def model_identity(runner: Any) -> ModelIdentity:
     """
     cfg = runner.config
     h = hashlib.sha256()
-    tensors = [runner.embedding.weight, *runner.layers[-1].parameters()]
-    for t in tensors:
-        flat = t.detach().reshape(-1)
-        step = max(1, flat.numel() // 2048)
-        sample = flat[::step][:2048].to("cpu", torch.bfloat16).to(torch.float32)
-        h.update(str(tuple(t.shape)).encode())
-        h.update(sample.numpy().tobytes())
+    for module, recurse in ((runner.embedding, False), (runner.layers[-1], True)):
+        with loaded(module):  # an offloaded module's weights, read for this sample only
+            for t in module.parameters(recurse=recurse):
+                flat = t.detach().reshape(-1)
+                step = max(1, flat.numel() // 2048)
+                sample = flat[::step][:2048].to("cpu", torch.bfloat16).to(torch.float32)
+                h.update(str(tuple(t.shape)).encode())
+                h.update(sample.numpy().tobytes())
     return ModelIdentity(
         model_type=str(getattr(cfg, "model_type", type(runner.model).__name__)),
         n_layers=int(runner.n_layers),

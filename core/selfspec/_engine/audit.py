@@ -313,6 +313,11 @@ class WeightGuard:
     with a copy (``values=True``: after setup, after ``selfspec_start`` and at the end of the
     decode), which catches a write through ``.data``, the one path that bumps no version
     counter (the hook is then not known: any since the last comparison).
+
+    An *offloaded* parameter of a model accelerate dispatched (a meta tensor between forwards,
+    replaced by accelerate on every forward: :mod:`selfspec._engine.runner.placement`) must
+    stay a meta tensor (a plugin that puts values in its place is caught); its values are
+    the ones in the offload store, read through the module's hook for the comparison.
     """
 
     def __init__(self, model: torch.nn.Module, exact: bool | None = None) -> None:
@@ -322,23 +327,29 @@ class WeightGuard:
         if exact is None:
             exact = sum(p.numel() for *_, p in entries) <= EXACT_WEIGHTS
         self.exact = exact
-        self.entries = [(full, module, name, p, p.data_ptr(), p._version, p.detach().clone() if exact else None)
+        self.entries = [(full, module, name, p, *_identity(p), _value(module, name, p) if exact else None)
                         for full, module, name, p in entries]
 
     def changed(self, values: bool = True) -> tuple[str, bool] | None:
         """None while every parameter is as it was; else (what changed, in a few words; True
         when only the comparison of values saw it)."""
         for full, module, name, p, ptr, version, _ in self.entries:
-            if module._parameters.get(name) is not p:
+            now = module._parameters.get(name)
+            if ptr is None:  # offloaded: accelerate swaps the meta tensor at every forward
+                if now is None or now.device.type != "meta":
+                    return f"replaced the offloaded parameter {full}", False
+                continue
+            if now is not p:
                 return f"replaced the parameter {full}", False
             if p.data_ptr() != ptr:
                 return f"replaced the storage of {full}", False
-            if p._version != version:
+            if version is not None and p._version != version:
                 return f"wrote {full} in place", False
         if values and self.exact:
-            for full, _, _, p, _, _, copy in self.entries:
-                if not torch.equal(p.detach(), copy):
-                    rows = (p.detach() != copy).reshape(copy.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
+            for full, module, name, p, ptr, _, copy in self.entries:
+                now = _value(module, name, p if ptr is not None else module._parameters[name])
+                if not torch.equal(now, copy):
+                    rows = (now != copy).reshape(copy.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
                     more = f" and {len(rows) - 1} more" if len(rows) > 1 else ""
                     return f"wrote {full} (row {rows[0]}{more}) through .data", True
         return None
@@ -354,3 +365,21 @@ class WeightGuard:
         raise AuditError(plugin, f"{who} changed the model's weights: it {what}. The model is not the "
                          "plugin's to change (the reference is the untouched model); keep edited copies "
                          "in the plugin")
+
+
+def _identity(p: torch.Tensor) -> tuple[int | None, int | None]:
+    """``(storage pointer, version)`` of a parameter; ``(None, None)`` for an offloaded (meta)
+    one, version ``None`` for an inference tensor (it has no version counter)."""
+    if p.device.type == "meta":
+        return None, None
+    return p.data_ptr(), (None if p.is_inference() else p._version)
+
+
+def _value(module: torch.nn.Module, name: str, p: torch.Tensor) -> torch.Tensor:
+    """A copy of a parameter's values; an offloaded one's read from its offload store."""
+    if p.device.type != "meta":
+        return p.detach().clone()
+    from selfspec._engine.runner.placement import loaded
+
+    with torch.inference_mode(False), torch.no_grad(), loaded(module):
+        return module._parameters[name].detach().clone()

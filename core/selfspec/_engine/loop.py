@@ -102,6 +102,7 @@ class Decoder:
         self.plugin_name = plugin
         self.draft_slack = draft_slack
         self.runner = Runner(model, weight_layout=weight_layout, adopt=adopt_weights, exact=exact)
+        self._placement = self.runner.placement  # None unless accelerate dispatched the model
         self.pm, self.plugin = make_manager(plugin, plugin_object, trace=trace)
         self.declared = plugins.declared_options(self.pm)
         from selfspec._engine.options import resolve
@@ -156,7 +157,7 @@ class Decoder:
         state = DecodeState(
             runner=runner, cache=runner.new_cache(capacity), tokens=tokens, length=T,
             prompt_length=T, max_new_tokens=max_new_tokens, eos_token_ids=eos,
-            stats=Stats(weight_layout=self.runner.weight_layout), plugin_name=self.plugin_name, options=self.options,
+            stats=Stats(weight_layout=self.runner.weight_layout, placement=self._placement), plugin_name=self.plugin_name, options=self.options,
             sampler=sampler,
         )
         stats = state.stats

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from selfspec._engine.runner.placement import model_device
 from selfspec._engine.tiebound import tie_bound
 
 #: The fixed near-tie tolerances used before the bound became principled; superseded by
@@ -54,7 +55,7 @@ def reference_generate(
         pad_token_id=eos[0] if eos else 0,
         num_beams=1,
     )
-    device = next(model.parameters()).device
+    device = model_device(model)
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg)
     new = out[0, ids.shape[1] :].tolist()
@@ -83,7 +84,7 @@ class Comparison:
 @torch.inference_mode()
 def next_logits(model: torch.nn.Module, ids: Sequence[int]) -> torch.Tensor:
     """The model's next-token logits after ``ids``: ``[V]`` float32."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     return model(torch.tensor([list(ids)], device=device)).logits[0, -1].to(torch.float32)
 
 

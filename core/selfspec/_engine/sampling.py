@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec._engine.reference import greedy
+from selfspec._engine.runner.placement import model_device
 
 _MASK32 = 0xFFFFFFFF
 _PHILOX_M = (0xD2511F53, 0xCD9E8D57)
@@ -230,7 +231,7 @@ def reference_sample(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_
     if sampling.greedy:
         return reference_generate(model, prompt_ids, max_new_tokens, eos_token_ids)
     eos = set(eos_token_ids)
-    device = next(model.parameters()).device
+    device = model_device(model)
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
     out: list[int] = []
     past = None
@@ -252,7 +253,7 @@ def reference_sample(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_
 def perturbed_margin(model: torch.nn.Module, ids: Sequence[int], sampling: Sampling) -> float:
     """Top-1/top-2 margin of the perturbed logits (:func:`perturb`) of the token after ``ids``
     (at position ``len(ids)``): the near-tie measure of a sampling decode."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     logits = model(torch.tensor([list(ids)], device=device)).logits[0, -1:]
     top = torch.topk(perturb(logits, [len(ids)], sampling)[0], 2).values
     return float(top[0] - top[1])

@@ -208,6 +208,9 @@ class Stats:
     members: dict[str, dict[str, int]] = field(default_factory=dict)
     #: the plugin's own counters (numbers), see the class docstring
     extra: dict[str, float] = field(default_factory=dict)
+    #: the model's placement when accelerate dispatched it (:attr:`selfspec.Runner.placement`:
+    #: layers per device, offloaded layers), else ``None``
+    placement: dict[str, Any] | None = None
 
     @property
     def tau(self) -> float:
@@ -242,6 +245,7 @@ class Stats:
             "weight_bytes": self.weight_bytes,
             **({"members": {k: dict(v) for k, v in self.members.items()}} if self.members else {}),
             "extra": dict(self.extra),
+            **({"placement": self.placement} if self.placement is not None else {}),
         }
 
 

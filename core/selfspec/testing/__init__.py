@@ -27,6 +27,8 @@ __all__ = [
     "NearTieWarning",
     "PluginSuite",
     "assert_lossless",
+    "offloaded_tiny_model",
+    "split_device_map",
     "strategies",
     "tiny_config",
     "tiny_model",
@@ -35,6 +37,8 @@ __all__ = [
 _LAZY = {
     "tiny_model": "_models",
     "tiny_config": "_models",
+    "offloaded_tiny_model": "_models",
+    "split_device_map": "_models",
     "assert_lossless": "_lossless",
     "LosslessError": "_lossless",
     "NearTieWarning": "_lossless",

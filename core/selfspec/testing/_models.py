@@ -131,3 +131,34 @@ class _fork_rng:
 
     def __exit__(self, *exc: object) -> None:
         torch.random.set_rng_state(self.state)
+
+
+def split_device_map(model: Any) -> dict[str, str]:
+    """The kit's CPU/disk placement of a tiny model (an accelerate ``device_map``).
+
+    The embedding and the LM head on disk, the decoder layers alternately in memory and on
+    disk (layer 0 in memory), the rotary tables and the final norm in memory: every kind of
+    crossing a decode makes (resident to offloaded and back, offloaded input and output
+    projections) happens in every forward.
+    """
+    n = int(model.config.num_hidden_layers)
+    device_map = {"model.embed_tokens": "disk", "model.rotary_emb": "cpu"}
+    device_map.update({f"model.layers.{i}": "disk" if i % 2 else "cpu" for i in range(n)})
+    device_map.update({"model.norm": "cpu", "lm_head": "disk"})
+    return device_map
+
+
+def offloaded_tiny_model(arch: str, offload_dir: Any, *, device_map: dict[str, str] | None = None,
+                         **kwargs: Any) -> Any:
+    """:func:`tiny_model` dispatched by accelerate over CPU memory and disk.
+
+    ``device_map`` (default :func:`split_device_map`) names ``"cpu"`` or ``"disk"`` per module;
+    the disk modules' weights are written to ``offload_dir`` and loaded from it by
+    accelerate's hooks on every forward, as ``from_pretrained(device_map=...,
+    offload_folder=...)`` does for a model bigger than memory. ``kwargs`` go to
+    :func:`tiny_model` (dtype, seed, config overrides).
+    """
+    from accelerate import dispatch_model
+
+    model = tiny_model(arch, **kwargs)
+    return dispatch_model(model, device_map or split_device_map(model), offload_dir=str(offload_dir))

@@ -31,6 +31,11 @@ generates, for that plugin:
 * ``test_verify_any_draft[arch-device]``: for a plugin with its own ``selfspec_verify``,
   its verifier on kit-made chains and trees on a real decode
   (:mod:`selfspec.testing._anydraft`), each verdict compared with the host's verification;
+* ``test_lossless_offloaded[arch]``: the same model split over CPU memory and disk by
+  accelerate (:func:`~selfspec.testing.split_device_map`: weights loaded from the disk by
+  accelerate's hooks on every forward), one :class:`~selfspec.Decoder` decoding
+  :data:`OFFLOAD_SEQUENCE` and one sampled decode, each checked by ``assert_lossless``
+  against ``generate`` on the same placement: a plugin works on a model bigger than memory;
 * ``test_lossless_coverage``: after every ``test_lossless`` of the class passed, fails when a
   required bucket (:data:`selfspec.testing._coverage.REQUIRED`, and
   :data:`~selfspec.testing._coverage.REQUIRED_PER_ARCH` of every architecture) was never hit,
@@ -68,6 +73,13 @@ DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
 #: The prompt and budget of ``test_verify_any_draft``'s decodes (a repetitive prompt).
 ANY_DRAFT_PROMPT: tuple[int, ...] = (9, 4, 17, 4, 2) * 8
 ANY_DRAFT_NEW = 32
+#: ``(prompt, max_new_tokens)`` decoded in turn by one Decoder in ``test_lossless_offloaded``
+#: (a few fixed examples: every forward of an offloaded model reads the disk).
+OFFLOAD_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
+    ((3, 4, 5) * 8, 24),
+    ((1, 2) * 20, 24),
+    (tuple(range(7, 19)), 16),
+)
 
 
 class PluginSuite:
@@ -127,6 +139,9 @@ class PluginSuite:
     #: the 7 fixed examples of each architecture). The trivial draw (1-token prompt, 1 new token)
     #: is never made.
     examples_per_arch: ClassVar[int | None] = None
+    #: Options of ``test_lossless_offloaded`` (default: the plugin's own defaults, so the host's
+    #: draft weights are built from the offloaded layers as a user's decode builds them).
+    offload_options: ClassVar[dict[str, Any]] = {}
     #: Run under this Hypothesis profile instead of the loaded one (the kit's mutation test).
     hypothesis_profile: ClassVar[str | None] = None
     #: False: stop at the first failing example and report it as drawn, without shrinking it.
@@ -271,7 +286,8 @@ class PluginSuite:
         from hypothesis import Phase, example, given, seed, settings
         from hypothesis import strategies as st
 
-        from selfspec._engine.plugins import hook_names, make_manager
+        from selfspec._engine.manager import make_manager
+        from selfspec._engine.plugins import hook_names
         from selfspec._engine.sampling import Sampling
         from selfspec.testing._anydraft import EVERY_SHAPE, draft_shapes
 
@@ -311,6 +327,19 @@ class PluginSuite:
                                "max_new_tokens": ANY_DRAFT_NEW, "shapes": [repr(s) for s in shapes],
                                "sampling": repr(sampling), "options": options})
             raise
+    def test_lossless_offloaded(self, suite_arch: str, offloaded_model_factory: Any) -> None:
+        from selfspec._engine.loop import Decoder
+        from selfspec._engine.sampling import Sampling
+        from selfspec.testing._lossless import assert_lossless
+
+        dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
+        model = offloaded_model_factory(suite_arch, **dtype, **self.model_overrides)
+        decoder = Decoder(model, self.plugin, {**self.offload_options, **self.fixed_options},
+                          plugin_object=self.plugin_object, audit=True)
+        assert decoder.runner.placement is not None and decoder.runner.placement["offloaded_layers"] > 0
+        for prompt, max_new_tokens in OFFLOAD_SEQUENCE:
+            assert_lossless(model, decoder, prompt, max_new_tokens)
+        assert_lossless(model, decoder, OFFLOAD_SEQUENCE[0][0], 16, sampling=Sampling(1.0, 0, 0.9, SAMPLED_SEEDS[0]))
 
     def test_lossless_coverage(self) -> None:
         cov = self.coverage()

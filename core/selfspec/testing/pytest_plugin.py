@@ -6,6 +6,10 @@ Fixtures:
 
 * ``tiny_model_factory(arch, dtype=torch.float64, seed=0, **overrides)``: a tiny random model,
   built once per session and argument set (treat it as read-only; deep-copy to modify);
+* ``offloaded_model_factory(arch, dtype=torch.float64, seed=0, **overrides)``: the same tiny
+  model dispatched by accelerate over CPU memory and disk
+  (:func:`selfspec.testing.offloaded_tiny_model`, its offload folder in the session's temporary
+  directory), built once per session and argument set;
 * ``selfspec_arch``: parametrizes a test over every architecture in ``ARCHS``;
 * ``selfspec_device``: parametrizes a test over ``"cpu"`` and, when a GPU is present, ``"cuda"``.
 
@@ -38,7 +42,8 @@ DEV_PROFILE = "selfspec-dev"
 _PENDING_PROFILE = pytest.StashKey[str]()  # a profile name not registered at configure time
 _ACTIVE = pytest.StashKey[bool]()  # the kit's profiles are loaded in this session
 #: Text that marks a file as using the kit (checked before the file is imported).
-_MARKERS = (b"selfspec.testing", b"tiny_model_factory", b"selfspec_arch", b"selfspec_device")
+_MARKERS = (b"selfspec.testing", b"tiny_model_factory", b"offloaded_model_factory", b"selfspec_arch",
+            b"selfspec_device")
 
 
 def devices() -> list[str]:
@@ -183,6 +188,25 @@ def tiny_model_factory() -> Callable[..., Any]:
         model = tiny_model(arch, **kwargs)
         built[key] = (model, WeightGuard(model, exact=True))
         return model
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def offloaded_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Any]:
+    """``factory(arch, *, dtype=torch.float64, seed=0, **overrides)`` -> a tiny model split
+    over CPU memory and disk by accelerate (:func:`selfspec.testing.split_device_map`),
+    cached per argument set for the session; treat it as read-only."""
+    built: dict[Any, Any] = {}
+
+    def factory(arch: str, **kwargs: Any) -> Any:
+        from selfspec.testing._models import offloaded_tiny_model
+
+        key = (arch, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+        if key not in built:
+            folder = tmp_path_factory.mktemp(f"offload-{arch}")
+            built[key] = offloaded_tiny_model(arch, folder, **kwargs)
+        return built[key]
 
     return factory
 

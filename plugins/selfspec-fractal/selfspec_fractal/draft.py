@@ -98,10 +98,10 @@ def draft_pass(
         new = choose(rows, torch.arange(T, T + rows.shape[0], device=rows.device))  # new: [m+1]
         # re-embed and run the compressed lower layers L'_0..L'_{f-1}
         if kv == "shared":
-            x = runner.embed(new)  # [1, m+1, H] at positions s0+1..
+            x = runner.embed(new, weights=dw)  # [1, m+1, H] at positions s0+1..
             low = runner.forward(hidden=x, cache=cache, start=s0 + 1, layers=(0, f), logits=None, substitutes=subs).hidden
         else:
-            x = runner.embed(torch.cat([committed, new]))
+            x = runner.embed(torch.cat([committed, new]), weights=dw)
             low = runner.forward(hidden=x, layers=(0, f), logits=None, substitutes=subs).hidden[:, r:]
         merged = merge(h, low, r)  # [1, r+m+1, H]
         if on_merge is not None:

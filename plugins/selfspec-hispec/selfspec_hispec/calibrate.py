@@ -135,7 +135,8 @@ def _refine(runner: Any, x: torch.Tensor, t: torch.Tensor, vocab: torch.Tensor |
             progress: Callable[[Iterable[Any]], Iterable[Any]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Adam on the cross-entropy of the exit logits (over ``vocab``) against the greedy targets."""
     head = runner.lm_head
-    emb = head.weight.detach()
+    with runner.loaded(head):  # an LM head offloaded to disk: read once for the fit
+        emb = head.weight.detach()  # kept after the block: the loaded values stay valid
     if vocab is not None:
         pos = torch.full((emb.shape[0],), -1, dtype=torch.long)
         pos[vocab.cpu()] = torch.arange(vocab.numel())

@@ -43,9 +43,10 @@ class ExitHeads:
         if self.vocab is not None:
             self.vocab = self.vocab.to(dev, torch.long)
             head = runner.lm_head
-            self._sub = head.weight.detach().index_select(0, self.vocab).to(dt).contiguous()  # [K, H]
-            bias = getattr(head, "bias", None)
-            self._sub_bias = None if bias is None else bias.detach().index_select(0, self.vocab).to(dt)
+            with runner.loaded(head):  # an LM head offloaded to disk: read once, rows kept in memory
+                self._sub = head.weight.detach().index_select(0, self.vocab).to(dt).contiguous()  # [K, H]
+                bias = getattr(head, "bias", None)
+                self._sub_bias = None if bias is None else bias.detach().index_select(0, self.vocab).to(dt)
         return self
 
     @torch.inference_mode()

@@ -277,3 +277,15 @@ def test_the_defaults_draft_a_tree_through_the_int8_head():
     paper = HiSpec()
     Decoder(tiny_model("qwen2"), "hispec", {"tree": False}, plugin_object=paper)
     assert not paper.tree.enabled
+
+
+def test_a_vocabulary_profile_reads_an_offloaded_head_once(offloaded_model_factory):
+    # the kit's split model keeps its LM head on disk: binding heads over a vocabulary subset
+    # reads the head's rows once (through accelerate's hooks) and drafts from them in memory
+    model = offloaded_model_factory("llama")
+    opts = {"draft_layer": 1, "verify_layer": 2, "profile": _random_profile(model, 4, 16), "num_draft": 5}
+    plugin = HiSpec()
+    decoder = Decoder(model, "hispec", opts, plugin_object=plugin)
+    assert plugin.heads._sub is not None and plugin.heads._sub.device.type == "cpu"
+    result = assert_lossless(model, decoder, [5, 9, 17, 3, 5, 9], 20)
+    assert result.stats.drafted > 0

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from selfspec._engine.draftweights.linears import LINEARS, CompressedLinear
+from selfspec._engine.runner.placement import detach_hooks, own_tensors, share_hooks
 
 # Linears of one module that Hugging Face models call on the same input tensor, one after the
 # other: computed as one fused product (one activation quantization, one kernel call).
@@ -67,10 +68,16 @@ class FusedMember(nn.Module):
         return self.product.slice(self.k, x)
 
 
-def compressed_layer(layer: nn.Module, backend: str) -> nn.Module:
+def compressed_layer(layer: nn.Module, backend: str, *, own: bool = False) -> nn.Module:
     """A copy of ``layer`` sharing every parameter and buffer, its linears compressed (the
-    groups in :data:`FUSE_GROUPS` fused into one product each)."""
-    memo: dict[int, object] = {}
+    groups in :data:`FUSE_GROUPS` fused into one product each).
+
+    The copy carries no accelerate hook (a dispatched model's hooks stay on the model: the
+    copy's inputs are the runner's business). ``own=True``: the copy keeps its own copies of
+    the tensors it does not compress (norms, biases) instead of sharing them: for a layer
+    whose weights were loaded from the disk for the build
+    (:func:`selfspec._engine.runner.placement.loaded`)."""
+    memo: dict[int, object] = share_hooks(layer, {})
     for t in [*layer.parameters(), *layer.buffers()]:
         memo[id(t)] = t  # shared, not copied (the linears are replaced below)
     for sub in layer.modules():
@@ -89,6 +96,9 @@ def compressed_layer(layer: nn.Module, backend: str) -> nn.Module:
         for name, child in list(sub.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(sub, name, compress_linear(child, backend))
+    detach_hooks(twin)
+    if own:
+        own_tensors(twin, skip=(CompressedLinear,))
     return twin
 
 

@@ -10,11 +10,18 @@ still ``[..., V]`` with ``-inf`` outside the subset, so argmax, probabilities an
 exit work unchanged and a token outside it can never be drafted.
 
 The embedding is not copied: a forward reads only the rows of its ``q`` tokens, so a
-compressed table would cost memory and save nothing.
+compressed table would cost memory and save nothing. Except on a model accelerate dispatched
+with its embedding offloaded (on disk, :mod:`selfspec._engine.runner.placement`): there every
+forward would load the whole table, so the draft weights keep one copy of it in memory
+(``embedding``, in the model's dtype, counted in ``nbytes``) and a draft pass embeds through
+it. Offloaded layers and head are read one module at a time through accelerate's hooks to
+build their compressed copies, which then live in memory: a draft pass with compressed
+weights never reads the disk.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import weakref
 from dataclasses import dataclass, field
@@ -24,6 +31,14 @@ from torch import nn
 
 from selfspec._engine.draftweights.layers import compress_linear, compressed_layer, layer_nbytes
 from selfspec._engine.draftweights.linears import CompressedLinear, bnb_module
+from selfspec._engine.runner.placement import (
+    detach_hooks,
+    is_offloaded,
+    loaded,
+    own_tensors,
+    share_hooks,
+    tensor_key,
+)
 
 #: Backends of the draft weights (``auto`` resolves to one of the others).
 BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "bf16", "bnb")
@@ -97,7 +112,9 @@ class DraftWeights:
     runner (empty for ``none``: the model's own layers run). ``head_module``: ``[..., H]`` ->
     ``[..., V']`` (``None``: the model's own head, over the whole vocabulary). ``vocab``:
     ``[V']`` int64 token ids the head projects onto, or ``None`` for all ``vocab_size``.
-    ``nbytes``: the memory these copies add to the model's (``layer_bytes`` + ``head_bytes``).
+    ``embedding``: an in-memory copy of an offloaded embedding (else ``None``: the model's
+    own). ``nbytes``: the memory these copies add to the model's (``layer_bytes`` +
+    ``head_bytes`` + ``embedding_bytes``).
     """
 
     backend: str
@@ -107,10 +124,12 @@ class DraftWeights:
     vocab: torch.Tensor | None = None
     layer_bytes: int = 0
     head_bytes: int = 0
+    embedding: nn.Module | None = None
+    embedding_bytes: int = 0
 
     @property
     def nbytes(self) -> int:
-        return self.layer_bytes + self.head_bytes
+        return self.layer_bytes + self.head_bytes + self.embedding_bytes
 
     def head(self, runner, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm (the model's) + the draft head (+ soft-capping): ``[..., H]`` -> ``[..., V]``;
@@ -130,19 +149,13 @@ _LAYERS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[dict[int, nn.Mod
     weakref.WeakKeyDictionary())
 _HEADS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[nn.Module | None, int]]] = (
     weakref.WeakKeyDictionary())
+_EMBEDDINGS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[nn.Module, int]]] = weakref.WeakKeyDictionary()
 
 
 def _weights_key(runner) -> tuple:
     ps = [p for layer in runner.layers for p in layer.parameters()]
-    ps += list(runner.lm_head.parameters()) + list(runner.lm_head.buffers())
-    return tuple((_ptr(p), p._version, p.dtype, p.device) for p in ps)
-
-
-def _ptr(t: torch.Tensor) -> int:
-    try:
-        return t.data_ptr()
-    except RuntimeError:  # an opaque (oneDNN-packed) tensor has no storage: the object stands for it
-        return id(t)
+    ps += list(runner.lm_head.parameters()) + list(runner.lm_head.buffers()) + list(runner.embedding.parameters())
+    return tuple(tensor_key(p) for p in ps)
 
 
 def _vocab_key(vocab: torch.Tensor | None) -> str:
@@ -196,7 +209,14 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
     else:
         built = per_model[(kind, wkey)]
     subs, layer_bytes = built
-    return DraftWeights(kind, V, subs, head_module, vocab, layer_bytes, head_bytes)
+    embedding, embedding_bytes = None, 0
+    if kind != "none" and is_offloaded(runner.embedding):  # drafts must not read the table from disk
+        embeds = _EMBEDDINGS.setdefault(model, {})
+        if wkey not in embeds:
+            embeds.clear()
+            embeds[wkey] = _build_embedding(runner)
+        embedding, embedding_bytes = embeds[wkey]
+    return DraftWeights(kind, V, subs, head_module, vocab, layer_bytes, head_bytes, embedding, embedding_bytes)
 
 
 def measured_backend(runner) -> str:
@@ -207,8 +227,14 @@ def measured_backend(runner) -> str:
     choice is recorded in ``runner.choices["draft_weights"]``."""
     if "draft_weights" in getattr(runner, "choices", {}):
         return runner.choices["draft_weights"].chosen
-    from selfspec._engine.calibration import choose_draft_weights
+    from selfspec._engine.calibration import Choice, choose_draft_weights
     from selfspec._engine.machine import cpu_capability
+    from selfspec._engine.runner.placement import is_dispatched
+
+    if is_dispatched(runner.model):  # offloaded layers are not in memory to time
+        choice = Choice("draft_weights", "int8", "static: a model accelerate dispatched")
+        runner.choices["draft_weights"] = choice
+        return choice.chosen
 
     candidates = ["int8", "int8wo", "none"] + (["bf16"] if cpu_capability().onednn_bf16 else [])
     if runner.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -222,7 +248,17 @@ def measured_backend(runner) -> str:
 def built_nbytes(model: nn.Module) -> int:
     """Bytes of every draft weight built so far for ``model`` (the bench's memory figure)."""
     total = sum(b for _, b in _LAYERS.get(model, {}).values())
+    total += sum(b for _, b in _EMBEDDINGS.get(model, {}).values())
     return total + sum(b for _, b in _HEADS.get(model, {}).values())
+
+
+def _build_embedding(runner) -> tuple[nn.Module, int]:
+    """An in-memory copy of an offloaded embedding module (its own forward: any scale kept)."""
+    emb = runner.embedding
+    with torch.inference_mode(False), torch.no_grad(), loaded(emb):
+        twin = copy.deepcopy(emb, share_hooks(emb, {}))
+    own_tensors(detach_hooks(twin))
+    return twin, sum(t.numel() * t.element_size() for t in [*twin.parameters(), *twin.buffers()])
 
 
 def _build_layers(runner, kind: str) -> tuple[dict[int, nn.Module], int]:
@@ -231,13 +267,17 @@ def _build_layers(runner, kind: str) -> tuple[dict[int, nn.Module], int]:
     layers: dict[int, nn.Module] = {}
     with torch.inference_mode(False), torch.no_grad():
         for i, layer in enumerate(runner.layers):
-            layers[i] = compressed_layer(layer, kind)
+            # an offloaded layer: its weights read from the disk for this build only, the copy
+            # keeps what it needs in memory, so drafts never read the disk
+            offloaded = is_offloaded(layer)
+            with loaded(layer):
+                layers[i] = compressed_layer(layer, kind, own=offloaded)
     return layers, sum(layer_nbytes(m) for m in layers.values())
 
 
 def _build_head(runner, kind: str, vocab: torch.Tensor | None) -> tuple[nn.Module | None, int]:
     head = runner.lm_head
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad(), loaded(head):
         if kind == "none":
             if vocab is None:
                 return None, 0

@@ -30,6 +30,14 @@ weights by the transposed ones), the original weights are released, and the mode
 copy of each weight. The model's own ``forward`` (and ``generate``) still works, through the
 new layout, so it equals the original up to the same rounding. ``specdec`` (the CLI) adopts;
 the library and ``specdec bench``/``check`` keep the copies (``Decoder(adopt_weights=...)``).
+
+A model that accelerate dispatched (:mod:`.placement`) keeps some modules' weights on disk, as
+meta tensors loaded by a hook for each forward. Every layout applies to the *resident* modules
+only (decoder layers and LM head whose weights all hold values): an offloaded module runs in
+the ``"model"`` layout through its own hooks, whatever was asked, since a copy laid out once
+would have to be made again from the disk on every forward (or kept in memory, which is what
+offloading avoids). ``"auto"`` is resolved as for any model and then applies that way; the
+runner reports which layers run which layout (:attr:`selfspec.Runner.layer_layouts`).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import torch
 from torch import nn
 
 from selfspec._engine.machine import CpuCapability, cpu_capability
+from selfspec._engine.runner.placement import is_offloaded, share_hooks, tensor_key
 
 LAYOUTS: tuple[str, ...] = ("auto", "model", "transposed", "packed")
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -103,12 +112,15 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
     demand, so code that reads a weight once keeps working). ``"transposed"``: each such
     weight is replaced by its ``[in, out]``-contiguous version. ``"model"``: nothing. Returns
     the LM head module now in the model. Idempotent. Tied weights (an LM head that is the
-    embedding matrix) are not released: the embedding still holds them.
+    embedding matrix) are not released: the embedding still holds them. Offloaded modules
+    (weights on the meta device, see the module doc) are left as they are.
     """
     if layout == "model":
         return lm_head
+    layers = [layer for layer in layers if not is_offloaded(layer)]
+    layout_head = not is_offloaded(lm_head)
     if layout == "transposed":
-        for module in [*layers, lm_head]:
+        for module in [*layers, *([lm_head] if layout_head else [])]:
             for sub in module.modules():
                 if isinstance(sub, nn.Linear) and not isinstance(sub, PackedLinear) and not is_transposed(sub.weight):
                     sub.weight = nn.Parameter(sub.weight.detach().t().contiguous().t(), requires_grad=False)
@@ -120,7 +132,7 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
                 if isinstance(child, nn.Linear) and not isinstance(child, PackedLinear):
                     setattr(sub, name, PackedLinear(child))
                     _release_file_pages(child.weight, mapped)
-    if isinstance(lm_head, PackedLinear):
+    if isinstance(lm_head, PackedLinear) or not layout_head:
         return lm_head
     packed_head = PackedLinear(lm_head)
     for parent in model.modules():
@@ -174,8 +186,9 @@ def _release_file_pages(weight: torch.Tensor, mapped: list[tuple[int, int]]) -> 
 
 
 def layout_copy(module: nn.Module, layout: str) -> nn.Module:
-    """``module`` itself for ``"model"``, else a copy with the layout (see the module doc)."""
-    if layout == "model":
+    """``module`` itself for ``"model"`` or an offloaded module, else a copy with the layout
+    (see the module doc)."""
+    if layout == "model" or is_offloaded(module):
         return module
     if layout == "transposed":
         return transposed_copy(module)
@@ -200,7 +213,7 @@ def shared_layout_copies(model: nn.Module, layers: list[nn.Module], lm_head: nn.
     if layout == "model":
         return list(layers), lm_head
     weights = [p for m in [*layers, lm_head] for p in m.parameters()]
-    key = (layout, len(layers), tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in weights))
+    key = (layout, len(layers), tuple(tensor_key(p) for p in weights))
     per_model = _COPIES.setdefault(model, {})
     if key not in per_model:
         per_model.clear()  # older copies of this model's weights are stale
@@ -209,8 +222,9 @@ def shared_layout_copies(model: nn.Module, layers: list[nn.Module], lm_head: nn.
 
 
 def _shared_memo(module: nn.Module) -> dict[int, object]:
-    """A ``deepcopy`` memo that makes a copy share the parameters, buffers and configs."""
-    memo: dict[int, object] = {}
+    """A ``deepcopy`` memo that makes a copy share the parameters, buffers, configs and
+    accelerate hooks."""
+    memo: dict[int, object] = share_hooks(module, {})
     for t in [*module.parameters(), *module.buffers()]:
         memo[id(t)] = t  # shared, not copied
     for sub in module.modules():

@@ -8,6 +8,12 @@ a tree's ancestors, or one a plugin builds), read-only attention (``write=False`
 substitute layer modules or a model's compressed draft weights. A full forward equals the model's own forward (tested in float64);
 with ``weight_layout="transposed"`` or ``"packed"`` it runs faster on CPU and equals it up to rounding
 (see :mod:`.layout`).
+
+A model that accelerate dispatched over devices, CPU memory and disk (:mod:`.placement`) runs
+as placed: each layer's sub-modules are called through their own hooks (an offloaded layer's
+weights are loaded for its forward and dropped after), the block's activations move to each
+layer's execution device, its keys and values are cached there, and the logits come back on
+the runner's device (the embedding's).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from selfspec._engine.runner import masks
+from selfspec._engine.runner import masks, placement
 from selfspec._engine.runner.adapters import Adapter, adapter_for
 from selfspec._engine.runner.cache import KVCache
 from selfspec._engine.runner.exact import position_mask
@@ -51,7 +57,9 @@ class Runner:
     :mod:`.layout`). ``layers`` stays the model's own modules whatever the layout.
     ``adopt=True`` applies the layout to the model in place instead of to copies
     (:func:`.layout.adopt_layout`): one copy of each weight in memory, and the model's own
-    forward then runs the new layout too.
+    forward then runs the new layout too. On a model accelerate dispatched, the layout applies
+    to the resident layers and head only; offloaded ones run the ``"model"`` layout through
+    their hooks (:attr:`layer_layouts` says which; see :mod:`.layout`).
     """
 
     def __init__(self, model: nn.Module, adapter: Adapter | None = None, *, weight_layout: str = "auto",
@@ -83,6 +91,11 @@ class Runner:
         #: bytes of product weights read by every forward so far (:mod:`.traffic`)
         self.weight_bytes = 0
         self._head_cache: dict[int, tuple[nn.Module, int]] = {}
+        #: where each layer runs (its accelerate hook's execution device, else its weights')
+        self.layer_devices = [placement.execution_device(layer, self.device) for layer in self.layers]
+        #: the layout each layer runs: the runner's, or ``"model"`` for an offloaded layer
+        self.layer_layouts = ["model" if placement.is_offloaded(layer) else self.weight_layout
+                              for layer in self.layers]
         self.windows = self.adapter.windows
         self._rope_keys = self.adapter.rope_keys()
         emb = self.embedding
@@ -97,9 +110,12 @@ class Runner:
         """``auto``: the fastest layout measured here among those that can run (the model's own,
         and the transposed and packed copies where oneDNN can pack this dtype), the static
         rule's choice when the measurement cannot tell them apart."""
-        from selfspec._engine.calibration import choose_weight_layout
+        from selfspec._engine.calibration import Choice, choose_weight_layout
 
         static = self.weight_layout
+        if placement.is_dispatched(model):  # offloaded weights are not in memory to time
+            self.choices["weight_layout"] = Choice("weight_layout", static, "static: a model accelerate dispatched")
+            return static
         candidates = ["model", "transposed", "packed"] if static == "packed" else [static]
         choice = choose_weight_layout(model, list(self.layers), self.adapter.lm_head, static=static,
                                       candidates=candidates)
@@ -114,7 +130,27 @@ class Runner:
 
     @property
     def device(self) -> torch.device:
-        return self.embedding.weight.device
+        """Where token ids, the KV cache's positions and the logits live: the embedding's
+        execution device (its weights' device, or accelerate's for an offloaded embedding)."""
+        return placement.execution_device(self.embedding)
+
+    @property
+    def placement(self) -> dict | None:
+        """The model's placement when accelerate dispatched it (``{"devices": {device: layers},
+        "layers": "0-13 cpu, 14-27 disk", "other": {...}, "offloaded_layers": n, "layouts":
+        "0-13 packed, 14-27 model"}``), else ``None``. Plugins read it to refuse a placement
+        they cannot support, at setup."""
+        found = placement.describe(self.model)
+        if found is not None:
+            found["layouts"] = placement.runs(dict(enumerate(self.layer_layouts)))
+        return found
+
+    def loaded(self, module: nn.Module):
+        """A context manager: inside it, ``module``'s offloaded weights (if any) hold values,
+        read through the model's own accelerate hooks, one module at a time; after it they are
+        meta tensors again. For a plugin that reads weights at setup (an LM head's rows, a
+        norm) of a model that may be offloaded; any other module is yielded as it is."""
+        return placement.loaded(module)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -124,8 +160,12 @@ class Runner:
         """A cache for up to ``capacity`` positions (prompt + output + the largest draft block)."""
         return KVCache(self.n_layers, capacity, self.device)
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids ``[q]`` or ``[1, q]`` -> ``[1, q, H]``."""
+    def embed(self, ids: torch.Tensor, *, weights: DraftWeights | None = None) -> torch.Tensor:
+        """ids ``[q]`` or ``[1, q]`` -> ``[1, q, H]``. ``weights``: a draft pass's draft
+        weights, whose in-memory copy of an offloaded embedding then embeds (the model's own
+        embedding otherwise: the same values)."""
+        if weights is not None and weights.embedding is not None:
+            return weights.embedding(ids.reshape(1, -1).to(self.device))
         return self.adapter.embed(ids.reshape(1, -1))
 
     def head(self, hidden: torch.Tensor, *, lm_head: nn.Module | None = None) -> torch.Tensor:
@@ -222,7 +262,7 @@ class Runner:
         if hidden is None:
             if ids is None or a != 0:
                 raise ValueError("give ids (starting at layer 0) or hidden states at layer a")
-            h = self.embed(ids)  # h: [1, q, H]
+            h = self.embed(ids, weights=weights)  # h: [1, q, H]
         else:
             h = hidden
         q = h.shape[1]
@@ -255,6 +295,9 @@ class Runner:
         captured: dict[int, torch.Tensor] = {}
         impl = self.adapter.attn_impl
         for i in range(a, b):
+            dev = self.layer_devices[i]
+            if h.device != dev:  # a dispatched model: the activations follow the layers
+                h = h.to(dev)
             if a == i and i in capture:
                 captured[i] = h[0]
             if substitutes and i in substitutes:
@@ -266,15 +309,15 @@ class Runner:
             attn_bytes, mlp_bytes = block_bytes(layer)
             if i not in skip_attn:
                 self.weight_bytes += attn_bytes
-                key = self._rope_keys[i]
+                key = (self._rope_keys[i], h.device)
                 if key not in ropes:
-                    ropes[key] = self.adapter.rope(h, pos_ids, key)
+                    ropes[key] = _to(self.adapter.rope(h, pos_ids.to(h.device), key[0]), h.device)
                 # exact mode's own layers take a position mask; draft substitutes the usual one
-                mk = (self.windows[i], self.exact and layer is self._run_layers[i])
+                mk = (self.windows[i], h.device, self.exact and layer is self._run_layers[i])
                 if mk not in layer_masks:
                     m = masks.build(prefix_pos, positions, block_mask, mk[0])
-                    layer_masks[mk] = (position_mask(m, torch.cat([prefix_pos, positions]), q) if mk[1]
-                                       else masks.for_attention(m, impl, h.dtype))
+                    layer_masks[mk] = _to(position_mask(m, torch.cat([prefix_pos, positions]), q) if mk[2]
+                                          else masks.for_attention(m, impl, h.dtype), h.device)
                 kv = cache.view(i, start, write)
                 h = self.adapter.attn_block(layer, h, ropes[key], layer_masks[mk], kv)
             if i not in skip_mlp:
@@ -290,4 +333,15 @@ class Runner:
             else:
                 rows = h[0].index_select(0, logits)
             out.logits = self.head(rows) if weights is None else weights.head(self, rows)  # [n, V]
+            if out.logits.device != device:
+                out.logits = out.logits.to(device)
         return out
+
+
+def _to(x, device: torch.device):
+    """A tensor, a tuple of tensors or None, on ``device`` (nothing copied when already there)."""
+    if x is None:
+        return None
+    if isinstance(x, tuple):
+        return tuple(t.to(device) for t in x)
+    return x.to(device)

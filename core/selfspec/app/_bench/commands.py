@@ -25,6 +25,13 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--model", "-m", default=None, help="Model path or name (default: the embedded default model)."),
         click.option("--device", default="cpu", show_default=True, help="torch device."),
         click.option("--dtype", default="float32", show_default=True, help="float32, bfloat16, float16 or float64."),
+        click.option("--device-map", metavar="MAP", default=None,
+                     help="Place the model with accelerate (auto, balanced, sequential or a JSON object); "
+                          "every method runs on that placement. See docs/cli.md."),
+        click.option("--max-memory", metavar="DEV=SIZE,...", default=None,
+                     help="What each device may hold, e.g. cpu=3GiB (the rest goes to disk); implies --device-map auto."),
+        click.option("--offload-folder", metavar="DIR", default=None,
+                     help="Where weights offloaded to disk are written; implies --device-map auto."),
         click.option("--threads", type=click.IntRange(1), default=None,
                      help="torch.set_num_threads for the run [default: the physical cores; on a busy "
                           "machine see specdec's busy-machine rule, docs/cli.md]."),
@@ -78,16 +85,36 @@ def _threads(threads: int | None) -> Any:
     return choice
 
 
-def _setup(threads: int, model: str | None, device: str, dtype: str) -> Any:
+def _placement(device_map: str | None, max_memory: str | None, offload_folder: str | None) -> dict[str, Any]:
+    """The checked placement options as ``load()`` keyword arguments (``{}`` when none)."""
+    from selfspec.app._models import ModelLoadError
+    from selfspec.app._models.placement import placement_request
+
+    try:
+        request = placement_request(device_map, max_memory, offload_folder)
+    except ModelLoadError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if not request.asked:
+        return {}
+    return {"device_map": request.device_map, "max_memory": request.max_memory or None,
+            "offload_folder": request.offload_folder}
+
+
+def _setup(threads: int, model: str | None, device: str, dtype: str, placement: dict[str, Any] | None = None) -> Any:
     import torch
 
     from selfspec.app._models import ModelLoadError, load
 
     torch.set_num_threads(threads)
     try:
-        return load(model, device=device, dtype=dtype)
+        loaded = load(model, device=device, dtype=dtype, **(placement or {}))
     except (ModelLoadError, OSError, ValueError) as exc:
         raise click.ClickException(f"cannot load the model: {exc}") from exc
+    if placement:
+        from selfspec.app._models.placement import placement_line
+
+        click.echo(f"selfspec: {placement_line(loaded)}", err=True)
+    return loaded
 
 
 def _config(loaded: Any, model: str | None, **kw: Any) -> dict[str, Any]:
@@ -140,7 +167,8 @@ def _model_facts(model: Any) -> dict[str, Any]:
 
 
 def _measure_memory(specs: Sequence[tuple[str, dict[str, Any] | None]], model: str | None, dtype: str,
-                    device: str, threads: int, prompt_ids: list[int], quiet: bool) -> dict[str, Any]:
+                    device: str, threads: int, prompt_ids: list[int], quiet: bool,
+                    placement: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per method, peak RSS and load time in a fresh process (:mod:`.memory`)."""
     from tqdm.auto import tqdm
 
@@ -149,7 +177,7 @@ def _measure_memory(specs: Sequence[tuple[str, dict[str, Any] | None]], model: s
     out: dict[str, Any] = {}
     for name, spec in tqdm(specs, desc="memory (one process per method)", unit="method", disable=quiet):
         out[name] = measure(spec, model=model, dtype=dtype, device=device, threads=threads,
-                            prompt_ids=prompt_ids) if spec else {"error": "a plugin object: not measured"}
+                            prompt_ids=prompt_ids, placement=placement) if spec else {"error": "a plugin object: not measured"}
     return out
 
 
@@ -205,7 +233,8 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
                    "and Spec-Bench answer files in OUT/model_answer/.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
 @click.pass_context
-def bench(ctx: click.Context, model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int,
+def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device_map: str | None,
+          max_memory: str | None, offload_folder: str | None, threads: int, tasks: str, samples: int,
           max_new_tokens: int, seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool,
           plugins: tuple[str, ...], options: tuple[str, ...], no_peers: bool, peer_spec: str | None,
           early_exit_layer: int | None, assistant_model: str | None, memory: bool, temperature: float, top_k: int,
@@ -239,9 +268,10 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, thread
     routed = _plugin_options(names, options)
     _check_inline(variants)
     _peers(peer_spec, no_peers, 1, assistant_given=assistant_model is not None)  # before the (slow) load
+    placement = _placement(device_map, max_memory, offload_folder)
     choice = _threads(threads)
     threads = choice.threads
-    loaded = _setup(threads, model, device, dtype)
+    loaded = _setup(threads, model, device, dtype, placement)
     assistant = None
     if assistant_model is not None and not no_peers:
         from selfspec.app._bench.harness import check_assistant
@@ -265,7 +295,7 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, thread
                      suite=suite, questions=len(prompts),
                      methods=[_method_config(m) for m in methods], argv=list(sys.argv),
                      assistant_model=assistant.name if assistant else None, sampling=sampling.as_dict(),
-                     **_model_facts(loaded.model))
+                     placement=_placement_record(loaded), **_model_facts(loaded.model))
     machine = res.machine_info()  # before the run: the load average says how busy the machine was
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
                f"max {max_new_tokens} new tokens, {plural(threads, 'thread')}"
@@ -300,7 +330,7 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, thread
         import gc
 
         gc.collect()
-        summary["memory"] = _measure_memory(specs, model, dtype, device, threads, prompt_ids, quiet)
+        summary["memory"] = _measure_memory(specs, model, dtype, device, threads, prompt_ids, quiet, placement)
     res.render(outdir, summary, plot=not no_plot)
     click.echo(res.markdown(summary))
     click.echo(f"wrote {outdir}/{{{res.RECORDS},{res.SUMMARY},{res.TABLE}" + ("" if no_plot else f",{res.PLOT}") + "}",
@@ -335,7 +365,8 @@ def _spec_bench_samples(families: str | None, n: int, seed: int) -> tuple[list[s
               help="Prompts come from the dev split: tuning never sees the test prompts.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Output directory [default: sweep-<plugin>].")
-def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, samples: int, max_new_tokens: int,
+def sweep(model: str | None, device: str, dtype: str, device_map: str | None, max_memory: str | None,
+          offload_folder: str | None, threads: int, tasks: str, samples: int, max_new_tokens: int,
           seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool, plugin: str,
           options: tuple[str, ...], split: str, out: str | None) -> None:
     """Grid over one or two plugin options against vanilla; heatmap PNG and table.
@@ -360,8 +391,9 @@ def sweep(model: str | None, device: str, dtype: str, threads: int, tasks: str, 
         raise click.ClickException(str(exc)) from exc
     task_list = _tasks(tasks)
     prompts = _samples(task_list, split, samples, seed)
+    placement = _placement(device_map, max_memory, offload_folder)
     choice = _threads(threads)
-    loaded = _setup(choice.threads, model, device, dtype)
+    loaded = _setup(choice.threads, model, device, dtype, placement)
     points = sw.grid_methods(plugin, fixed_t, axes_t)
     methods = [Method.of_plugin(BUILTIN_METHOD), *(m for _, m in points)]
     outdir = Path(out or f"sweep-{plugin}")
@@ -392,3 +424,9 @@ def _group_plugin() -> str | None:
 
 
 COMMANDS = (bench, sweep, report)
+
+
+def _placement_record(loaded: Any) -> Any:
+    from selfspec.app._models.placement import placement_record  # torch: imported on use only
+
+    return placement_record(loaded)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from selfspec._engine.runner.placement import model_device
 from selfspec.app._bench.turns import (
     Run,
     answer_text,
@@ -119,7 +120,7 @@ def _last_layer(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _sync(model: torch.nn.Module) -> None:
-    if next(model.parameters()).device.type == "cuda":
+    if model_device(model).type == "cuda":
         torch.cuda.synchronize()
 
 
@@ -161,7 +162,7 @@ def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> 
     """
     from transformers import GenerationConfig
 
-    device = next(model.parameters()).device
+    device = model_device(model)
     layer = _last_layer(model)
     extra = dict(method.extra)
     assistant = None

@@ -42,11 +42,15 @@ def method_spec(method: Any) -> dict[str, Any] | None:
 
 
 def measure(spec: dict[str, Any], *, model: str | None, dtype: str, device: str, threads: int,
-            prompt_ids: list[int], tokens: int = MEASURE_TOKENS, timeout: float = 1800) -> dict[str, Any]:
-    """Run the child for one method; its JSON record, or ``{"error": ...}``."""
+            prompt_ids: list[int], tokens: int = MEASURE_TOKENS, timeout: float = 1800,
+            placement: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the child for one method; its JSON record, or ``{"error": ...}``. ``placement``:
+    ``load()``'s device_map/max_memory/offload_folder, so the child places the model the same."""
     cmd = [sys.executable, "-m", "selfspec.app._bench.memory", json.dumps({
         "spec": spec, "model": model, "dtype": dtype, "device": device, "threads": threads,
-        "prompt_ids": prompt_ids, "tokens": tokens})]
+        "prompt_ids": prompt_ids, "tokens": tokens,
+        "placement": {k: ({str(d): n for d, n in v.items()} if k == "max_memory" and v else v)
+                      for k, v in (placement or {}).items()}})]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -82,7 +86,7 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(int(args["threads"]))
     spec = args["spec"]
     t0 = time.perf_counter()
-    loaded = load(args["model"], device=args["device"], dtype=args["dtype"])
+    loaded = load(args["model"], device=args["device"], dtype=args["dtype"], **args.get("placement", {}))
     load_s = time.perf_counter() - t0
     weights = sum(t.numel() * t.element_size() for t in [*loaded.model.parameters(), *loaded.model.buffers()])
     rss_loaded = _peak_rss()

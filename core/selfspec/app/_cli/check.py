@@ -14,6 +14,7 @@ from selfspec.app._cli.settings import (
     DEFAULT_CHECK_PROMPTS,
     BadInput,
     Settings,
+    placement_record,
     user_errors,
 )
 
@@ -96,6 +97,7 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
         click.echo(json.dumps({"plugin": decoder.plugin_name, "model": loaded.name, "exact": bool(settings.exact),
                                "dtype": str(loaded.dtype).removeprefix("torch."),
                                "tolerance": tolerance, "sampling": sampling.as_dict(),
+                               "placement": placement_record(loaded),
                                **settings.thread_choice.as_dict(), "results": rows}, indent=2))
     else:
         how = "" if sampling.greedy else (f", T={sampling.temperature:g} top-k={sampling.top_k} "

@@ -27,7 +27,15 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--dtype", metavar="T", default=None,
                      help="float32 (default), bf16/bfloat16, fp16/float16, float64."),
         click.option("--device-map", metavar="MAP", default=None,
-                     help="Passed to from_pretrained, e.g. 'auto' to spread a model over GPUs."),
+                     help="Place a model bigger than memory with accelerate: auto, balanced, balanced_low_0, "
+                          "sequential, or a JSON object {\"module\": \"cpu\"|\"disk\"|\"cuda:N\"}. "
+                          "See docs/cli.md, 'Models bigger than memory'."),
+        click.option("--max-memory", metavar="DEV=SIZE,...", default=None,
+                     help="What each device may hold, e.g. cpu=6GiB,disk=40GiB (the rest spills to the "
+                          "next device, then to disk); implies --device-map auto."),
+        click.option("--offload-folder", metavar="DIR", default=None,
+                     help="Where weights offloaded to disk are written (a checkpoint that is not safetensors "
+                          "needs one); implies --device-map auto."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="Torch CPU threads (default: physical cores)."),
         click.option("--weight-layout", type=click.Choice(["auto", "model", "transposed", "packed"]), default=None,

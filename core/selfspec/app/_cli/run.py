@@ -11,7 +11,13 @@ from typing import Any
 import click
 
 from selfspec.app._cli.group import _generation_options, _model_options, _sampling_options, cli
-from selfspec.app._cli.settings import RUN_MAX_NEW_TOKENS, BadInput, Settings, user_errors
+from selfspec.app._cli.settings import (
+    RUN_MAX_NEW_TOKENS,
+    BadInput,
+    Settings,
+    placement_record,
+    user_errors,
+)
 
 
 @cli.command("run")
@@ -53,6 +59,7 @@ def run_command(ctx: click.Context, prompt: tuple[str, ...], **params: Any) -> N
             "sampling": decoder.sampling.as_dict(),
             "device": str(loaded.device),
             "dtype": str(loaded.dtype).removeprefix("torch."),
+            "placement": placement_record(loaded),
             "prompt_ids": result.prompt_ids,
             "output_ids": result.output_ids,
             "text": result.text,

@@ -52,6 +52,8 @@ class Settings:
     device: str | None = None
     dtype: str | None = None
     device_map: str | None = None
+    max_memory: str | None = None
+    offload_folder: str | None = None
     threads: int | None = None
     weight_layout: str | None = None
     exact: bool | None = None
@@ -131,7 +133,8 @@ class Settings:
         from selfspec.app import _models as models
 
         dtype = models.parse_dtype(self.dtype or "float32")
-        if self.device_map is None:
+        self.placement_request()
+        if self.device_map is None and self.max_memory is None and self.offload_folder is None:
             device = models.parse_device(self.device or "cpu")
             check_layout(self.weight_layout or "auto", device, dtype)
 
@@ -146,9 +149,27 @@ class Settings:
         torch.set_num_threads(self.thread_choice.threads)
         if self.thread_choice.reason == "busy" and not self.json:
             click.echo(self.thread_choice.note(), err=True)
-        device_map: Any = self.device_map
-        return models.load(self.model, device=self.device or "cpu", dtype=self.dtype or "float32",
-                           device_map=device_map, chat=self.chat)
+        request = self.placement_request()
+        loaded = models.load(self.model, device=self.device or "cpu", dtype=self.dtype or "float32",
+                             device_map=request.device_map, max_memory=request.max_memory or None,
+                             offload_folder=request.offload_folder, chat=self.chat)
+        if request.asked and not self.json:  # said once; --json records it in the object instead
+            from selfspec.app._models.placement import placement_line
+
+            click.echo(f"selfspec: {placement_line(loaded)}", err=True)
+        return loaded
+
+    def placement_request(self) -> Any:
+        """The checked ``--device-map/--max-memory/--offload-folder``
+        (:class:`selfspec.app._models.placement.PlacementRequest`); :class:`BadInput` for a
+        malformed value."""
+        from selfspec.app._models import ModelLoadError
+        from selfspec.app._models.placement import placement_request
+
+        try:
+            return placement_request(self.device_map, self.max_memory, self.offload_folder)
+        except ModelLoadError as exc:
+            raise BadInput(str(exc)) from None
 
     def sampling(self) -> Any:
         """The :class:`selfspec.Sampling` of ``--temperature/--top-k/--top-p/--seed`` (greedy
@@ -171,6 +192,13 @@ class Settings:
         return Decoder(loaded.model, name, self.parsed_options(), tokenizer=loaded.tokenizer, plugin_object=obj,
                        weight_layout=self.weight_layout or "auto", adopt_weights=adopt_weights,
                        sampling=self.sampling(), exact=bool(self.exact))
+
+
+def placement_record(loaded: Loaded) -> dict[str, Any] | None:
+    """The placement as ``--json`` records it (:func:`selfspec.app._models.placement.placement_record`)."""
+    from selfspec.app._models.placement import placement_record as record  # torch: on use only
+
+    return record(loaded)
 
 
 @contextlib.contextmanager

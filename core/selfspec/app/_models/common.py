@@ -47,14 +47,27 @@ class Loaded:
     source: str
     chat: bool
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    #: the placement asked for (:class:`selfspec.app._models.placement.PlacementRequest`), or None
+    request: Any = None
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where the inputs go: the model's device, or accelerate's main device."""
+        from selfspec._engine.runner.placement import model_device
+
+        return model_device(self.model)
 
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
+
+    @property
+    def placement(self) -> dict[str, Any] | None:
+        """Where accelerate put the layers (``{"devices": ..., "layers": "0-13 cpu, 14-27
+        disk", "other": ..., "offloaded_layers": n}``), or ``None`` for a model on one device."""
+        from selfspec._engine.runner.placement import describe
+
+        return describe(self.model)
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -21,6 +21,7 @@ from selfspec.app._models.common import (
 )
 from selfspec.app._models.convert import _converted
 from selfspec.app._models.embedded import ALIASES, EMBEDDED, _embedded_gguf
+from selfspec.app._models.placement import placement_request
 
 
 def load(
@@ -30,19 +31,30 @@ def load(
     dtype: str | torch.dtype = "float32",
     device_map: str | dict[str, Any] | None = None,
     chat: bool | None = None,
+    max_memory: str | dict[Any, Any] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
 ) -> Loaded:
     """Load a causal LM and its tokenizer.
 
     ``model``: None (the embedded default), an embedded alias (``smollm2-135m-instruct``,
     ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``; see ``specdec models``), a Hugging Face model directory, a ``.gguf`` file, or a hub id already in
-    the local hub cache. ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (ignored when
-    ``device_map`` is given, e.g. ``"auto"`` to spread a large model over GPUs with
-    accelerate). ``dtype``: ``float32``, ``bf16``/``bfloat16``, ``fp16``/``float16`` or
-    ``float64``. ``chat``: apply the chat template to prompts (default: for instruct models
-    that have one). Raises :class:`ModelLoadError` with a message saying what to do.
+    the local hub cache. ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (ignored when a
+    placement is asked for). ``dtype``: ``float32``, ``bf16``/``bfloat16``, ``fp16``/``float16``
+    or ``float64``. ``chat``: apply the chat template to prompts (default: for instruct models
+    that have one).
+
+    A model bigger than memory (accelerate places it, :mod:`.placement`): ``device_map``
+    (``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``, a ``{module: device}``
+    dict or its JSON text; devices ``cpu``, ``disk``, ``cuda:N``), ``max_memory``
+    (``"cpu=6GiB,disk=40GiB"`` or ``{"cpu": "6GiB"}``: what each device may hold; the rest
+    goes to the next device, then to disk) and ``offload_folder`` (where weights offloaded to
+    disk are written when the checkpoint is not safetensors). Either of the last two alone
+    means ``device_map="auto"``. The result's ``placement`` says where the layers went.
+    Raises :class:`ModelLoadError` with a message saying what to do.
     """
     torch_dtype = parse_dtype(dtype)
-    dev = parse_device(device) if device_map is None else None
+    request = placement_request(device_map, max_memory, offload_folder)
+    dev = parse_device(device) if not request.asked else None
     spec = str(model) if model is not None else DEFAULT_MODEL
     spec = ALIASES.get(spec, spec)
 
@@ -69,7 +81,14 @@ def load(
             )
 
     _check_architecture(directory, spec)
-    model_obj, tokenizer = _from_pretrained(directory, spec, torch_dtype, device_map)
+    model_obj, tokenizer = _from_pretrained(directory, spec, torch_dtype, request.kwargs())
+    if isinstance(request.device_map, dict):  # a name matching no module is a typo, never ignored
+        names = {name for name, _ in model_obj.named_modules()}
+        unknown = [k for k in request.device_map if k and k not in names]
+        if unknown:
+            top = [name for name in names if name.count(".") <= 1 and name] + ["model.layers.N"]
+            raise ModelLoadError(f"--device-map names modules model {spec!r} does not have: {', '.join(unknown)} "
+                                 f"(its modules include {', '.join(sorted(set(top)))})")
     if dev is not None:
         model_obj.to(dev)
     model_obj.eval()
@@ -82,6 +101,7 @@ def load(
     name = spec if spec in EMBEDDED else str(model)
     loaded = Loaded(model_obj, tokenizer, name, source, bool(use_chat))
     loaded.eos_token_ids = eos_token_ids(model_obj, tokenizer)
+    loaded.request = request
     return loaded
 
 
@@ -172,13 +192,12 @@ def _check_architecture(directory: Path | str, spec: str) -> None:
         )
 
 
-def _from_pretrained(directory: Path | str, spec: str, dtype: torch.dtype, device_map: Any) -> tuple[Any, Any]:
+def _from_pretrained(directory: Path | str, spec: str, dtype: torch.dtype,
+                     placement: dict[str, Any]) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if device_map is not None:
-        kwargs["device_map"] = device_map
+    kwargs: dict[str, Any] = {"dtype": dtype, **placement}
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a one-second load needs no progress bar
     try:
