@@ -100,3 +100,63 @@ def test_check_exact_compares_with_vanilla_exact(tmp_path):
     assert out.exit_code == 0, out.output
     blob = json.loads(out.output[out.output.index("{"):])
     assert blob["exact"] is True and [r["status"] for r in blob["results"]] == ["OK"]
+
+
+class _NearTieVerifier:
+    """A verifier that accepts a draft token within a few bf16 ulps of the top-1 (a lossy rule
+    the default mode's near-tie bound cannot tell from rounding), drafting the model's
+    runner-up wherever the top two are that close."""
+
+    ULPS = 4
+
+    def __init__(self) -> None:
+        self.flips = 0
+
+    from selfspec import hookimpl
+
+    @hookimpl
+    def selfspec_propose(self, state):
+        from selfspec import Draft
+
+        base = state.length - 1
+        out = state.runner.forward(state.tokens[base : base + 1], cache=state.cache, start=base, write=False)
+        top2 = torch.topk(out.logits[-1].float(), 2)
+        tol = self.ULPS * torch.finfo(torch.bfloat16).eps * float(top2.values[0].abs())
+        if float(top2.values[0] - top2.values[1]) <= tol:
+            return Draft.chain([int(top2.indices[1])], device=state.runner.device)
+        return Draft.empty(state.runner.device)
+
+    @hookimpl
+    def selfspec_verify(self, state, draft):
+        from selfspec import Verdict, verify_greedy
+
+        v = verify_greedy(state, draft)
+        if len(draft) and not v.accepted:
+            base = state.length - 1
+            out = state.runner.forward(state.tokens[base : base + 1], cache=state.cache, start=base)
+            logits = out.logits[-1].float()
+            top = float(logits.max())
+            t = int(draft.tokens[0])
+            if float(logits[t]) >= top - self.ULPS * torch.finfo(torch.bfloat16).eps * abs(top):  # wrong
+                self.flips += 1
+                nxt = state.runner.forward(draft.tokens[:1], cache=state.cache, start=base + 1).logits[-1]
+                return Verdict((t,), int(nxt.argmax()), (0,))
+        return v
+
+
+def test_a_verifier_accepting_near_ties_is_caught_in_bf16_only_in_exact_mode():
+    from selfspec.testing import LosslessError, assert_lossless
+
+    model = tiny_model("llama").to(torch.bfloat16)
+    prompts = [list(range(3 + i, 40 + i, 3)) for i in range(6)]
+    caught = 0
+    for prompt in prompts:
+        plugin = _NearTieVerifier()
+        try:
+            assert_lossless(model, "neartie", prompt, 32, plugin_object=plugin, exact=True)
+        except LosslessError as exc:
+            assert "exact mode" in str(exc)
+            caught += 1
+        else:
+            assert plugin.flips == 0  # a decode it passed never took a near-tie
+    assert caught > 0, "the near-tie verifier never took a near-tie: the example shows nothing"

@@ -35,6 +35,7 @@ def assert_lossless(
     tolerance: float | None = None,
     record: Callable[[Result, Auditor], None] | None = None,
     sampling: Sampling | None = None,
+    exact: bool | None = None,
 ) -> Result:
     """Decode ``prompt_ids`` with ``plugin`` and check it equals ``model.generate(do_sample=False)``.
 
@@ -64,6 +65,11 @@ def assert_lossless(
     and compare with plain sampling under the same seed (:func:`selfspec._engine.sampling.reference_sample`,
     the model's own forward one token at a time); the near-tie margin is then that of the
     perturbed logits, against the tolerance divided by the temperature.
+
+    ``exact`` (default: the ready decoder's mode, else ``False``): exact mode
+    (``Decoder(exact=True)``, docs/losslessness.md). The reference is then ``vanilla`` in exact
+    mode with the same weight layout and sampling, the tolerance is 0 in every dtype (no
+    near-tie rule, in the audit's step checks too): any difference raises.
     """
     if isinstance(plugin, Decoder):
         if plugin.model is not model:
@@ -73,12 +79,18 @@ def assert_lossless(
     prompt = [int(t) for t in prompt_ids]
     dtype = next(model.parameters()).dtype
     example = f"prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, {dtype}"
+    if isinstance(plugin, Decoder) and exact is not None and exact != plugin.runner.exact:
+        raise ValueError(f"exact={exact} for a Decoder built with exact={plugin.runner.exact}")
     if not isinstance(plugin, Decoder):
         try:  # in audit mode: the weights are fingerprinted before selfspec_setup
-            decoder = Decoder(model, plugin, options, plugin_object=plugin_object, audit=True)
+            decoder = Decoder(model, plugin, options, plugin_object=plugin_object, audit=True, exact=bool(exact))
         except AuditError as exc:
             exc.args = (f"{exc}\n  ({example}, options {dict(options or {})})",)
             raise
+    exact = decoder.runner.exact
+    if exact:
+        tolerance = 0.0  # bit for bit against vanilla in exact mode: no near-tie rule
+        example += ", exact mode"
     audit, decoder.audit, decoder.audit_tolerance = decoder.audit, True, tolerance
     try:
         result = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos, sampling=sampling)
@@ -92,20 +104,24 @@ def assert_lossless(
     if record is not None:
         record(result, auditor)
     sampling = decoder.sampling if sampling is None else sampling
-    if sampling.greedy:
+    if exact:
+        reference = Decoder(model, "vanilla", weight_layout=decoder.runner.weight_layout, exact=True).generate(
+            prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos, sampling=sampling).output_ids
+    elif sampling.greedy:
         reference = greedy_reference(model, prompt, max_new_tokens, eos)
     else:
         reference = reference_sample(model, prompt, max_new_tokens, eos, sampling)
-    if dtype == torch.float64:
-        tolerance = 0.0  # exact in float64, whatever was asked
+    if dtype == torch.float64 or exact:
+        tolerance = 0.0  # exact in float64 (and in exact mode), whatever was asked
     cmp = compare(model, prompt, result.output_ids, reference, tolerance=tolerance, sampling=sampling)
     if cmp.equal:
         return result
     name = decoder.plugin_name
     i = cmp.index
     assert i is not None and cmp.margin is not None and cmp.bound is not None
+    what = "vanilla in exact mode" if exact else "greedy decoding" if sampling.greedy else str(sampling)
     where = (
-        f"plugin {name!r} diverges from {'greedy decoding' if sampling.greedy else sampling} at new token {i} "
+        f"plugin {name!r} diverges from {what} at new token {i} "
         f"(prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, {dtype}):\n"
         f"  plugin:    {around(result.output_ids, i)}\n"
         f"  reference: {around(reference, i)}\n"

@@ -133,6 +133,10 @@ class PluginSuite:
     #: ``torch.float32`` run the same property under the near-tie bound
     #: (:func:`selfspec._engine.tiebound.tie_bound`), each difference within it reported.
     model_dtype: ClassVar[Any] = None
+    #: Exact mode (docs/losslessness.md): None (default) runs it whenever ``model_dtype`` is not
+    #: float64, so a float32/bf16 suite compares bit for bit with ``vanilla`` in exact mode and
+    #: has no near-tie rule; False keeps the near-tie rule against ``generate``.
+    exact: ClassVar[bool | None] = None
     #: Drawn examples per architecture and device, besides the reach and sampled examples; None:
     #: the profile's ``max_examples`` left after the reach set, spread over the architectures, at
     #: least 2 (2 each under ``selfspec-ci``: 54 examples in all with the 9 of the reach set and
@@ -269,7 +273,7 @@ class PluginSuite:
         dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
         model = tiny_model_factory(suite_arch, device=selfspec_device, **dtype, **self.model_overrides)
         decoder = Decoder(model, self.plugin, {**self.reach_options, **self.fixed_options},
-                          plugin_object=self.plugin_object)
+                          plugin_object=self.plugin_object, exact=self.exact_mode())
         plugin = decoder.plugin
         assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 16)  # the warm-up
         for prompt, max_new_tokens in DECODE_SEQUENCE:
@@ -281,6 +285,14 @@ class PluginSuite:
         for seed in SAMPLED_SEEDS:
             assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 24, sampling=Sampling(1.0, 0, 0.9, seed))
         assert decoder.plugin is plugin  # one instance throughout
+
+    def exact_mode(self) -> bool:
+        """Whether this suite's examples run in exact mode (see :attr:`exact`)."""
+        import torch
+
+        if self.exact is not None:
+            return self.exact
+        return self.model_dtype is not None and self.model_dtype != torch.float64
 
     def test_verify_any_draft(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
         from hypothesis import Phase, example, given, seed, settings
@@ -383,7 +395,7 @@ class PluginSuite:
         try:
             assert_lossless(model, self.plugin, prompt, scenario.max_new_tokens, options,
                             plugin_object=self.plugin_object, eos_token_ids=eos, record=record,
-                            sampling=scenario.sampling)
+                            sampling=scenario.sampling, exact=self.exact_mode())
         except (LosslessError, PluginError) as exc:  # the whole example to a file the message names
             with_example(exc, {"plugin": self.plugin, "suite": self.suite_name(), "scenario": scenario.as_json(),
                                "options": options, "eos_token_ids": list(eos),
