@@ -226,8 +226,11 @@ def test_plugins_text_and_json(tmp_path):
     r = invoke("plugins")
     assert r.stdout.splitlines()[0].startswith("vanilla ")
     assert "hooks:" in r.stdout
-    # the last line: the CPU, and the layout `--weight-layout auto` runs per dtype here
-    host = r.stdout.splitlines()[-1]
+    # the host lines: the CPU and the layout `--weight-layout auto` runs per dtype before it
+    # measures, then what it measured on this machine
+    lines = r.stdout.splitlines()
+    host = next(line for line in lines if line.startswith("host: "))
+    assert lines[lines.index(host) + 1].startswith("measured here")
     assert host.startswith("host: ") and "float32: packed" in host and "float64: model" in host
     entries = json.loads(invoke("plugins", "--json").stdout)
     vanilla = next(e for e in entries if e["name"] == "vanilla")

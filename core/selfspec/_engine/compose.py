@@ -35,7 +35,7 @@ from typing import Any
 import pluggy
 import torch
 
-from selfspec._engine import hookspecs
+from selfspec._engine import hookspecs, plugins
 from selfspec._engine.composetree import MemberStats, Trie, cut, node_values, worth_calling
 from selfspec._engine.draftcheck import (
     check_draft,  # the host's own draft checks, blamed on the member
@@ -44,7 +44,6 @@ from selfspec._engine.markers import PROJECT, hookimpl
 from selfspec._engine.options import Option
 from selfspec._engine.plugins import (
     PluginError,
-    _load_object,
     _Manager,
     blocked,
     declared_options,
@@ -114,7 +113,7 @@ def load_member(name: str, index: int, obj: Any = None) -> Member:
         raise PluginError(name, f"a composed plugin name has an empty member (use NAME{SEPARATOR}NAME)")
     if name in blocked():
         raise PluginError(name, "is blocked by SELFSPEC_BLOCK_PLUGINS")
-    obj = obj if obj is not None else _load_object(name)
+    obj = obj if obj is not None else plugins._load_object(name)  # looked up at call time (tests replace it)
     if obj is None:
         raise PluginError(name, "proposes nothing (the built-in vanilla): it cannot be a member of a composition")
     pm = _Manager(PROJECT)

@@ -13,13 +13,12 @@ from typing import Any
 
 import pluggy
 
-from selfspec._engine import compose, hookspecs
+from selfspec._engine import compose, hookspecs, plugins
 from selfspec._engine.markers import PROJECT
 from selfspec._engine.plugins import (
     BUILTIN_METHOD,
     PluginError,
     _all_impls,
-    _load_object,
     _Manager,
     available,
     blocked,
@@ -47,7 +46,7 @@ def make_manager(name: str = BUILTIN_METHOD, plugin_object: Any = None, *, trace
     if members is not None:  # "a+b": the host's composer, holding each member's own manager
         obj = compose.Composer.build(name, members, plugin_object)
     else:
-        obj = plugin_object if plugin_object is not None else _load_object(name)
+        obj = plugin_object if plugin_object is not None else plugins._load_object(name)  # looked up at call time (tests replace it)
     instance = None
     if obj is not None:
         if name in blocked():
