@@ -111,3 +111,20 @@ def write_tiny_gguf(path: Path, *, layers: int = 2, hidden: int = 16, inter: int
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def chat_word_tokenizer(words):
+    """A whitespace word-level fast tokenizer over ``words`` with ``<unk>``, ``<eos>`` and
+    ``<|user|>``/``<|assistant|>`` turns and a minimal chat template (the bench tests' models)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<unk>", "<eos>", "<|user|>", "<|assistant|>"]
+    vocab = {t: i for i, t in enumerate(special + sorted(set(words)))}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>",
+                                  additional_special_tokens=["<|user|>", "<|assistant|>"])
+    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    return tok

@@ -32,18 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # --------------------------------------------------------------------------- fixtures
 def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from _tiny_models import chat_word_tokenizer
 
-    special = ["<unk>", "<eos>", "<|user|>", "<|assistant|>"]
-    vocab = {t: i for i, t in enumerate(special + sorted(set(WORDS)))}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>",
-                                  additional_special_tokens=["<|user|>", "<|assistant|>"])
-    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    return tok
+    return chat_word_tokenizer(WORDS)
 
 
 @pytest.fixture(scope="module")

@@ -98,12 +98,7 @@ class Member:
     counters: dict[str, int] = field(default_factory=dict)
 
     def call(self, hook: str, **kwargs: Any) -> Any:
-        try:
-            return getattr(self.pm.hook, hook)(**kwargs)
-        except PluginError:
-            raise
-        except Exception as exc:
-            raise PluginError(self.name, f"{hook} raised {type(exc).__name__}: {exc}") from exc
+        return plugins.call_hook(self.pm, self.name, hook, **kwargs)
 
 
 def load_member(name: str, index: int, obj: Any = None) -> Member:

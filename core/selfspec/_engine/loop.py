@@ -253,12 +253,7 @@ class Decoder:
         return new
 
     def _call(self, hook: str, **kwargs: Any) -> Any:
-        try:
-            return getattr(self.pm.hook, hook)(**kwargs)
-        except PluginError:
-            raise
-        except Exception as exc:
-            raise PluginError(self.plugin_name, f"{hook} raised {type(exc).__name__}: {exc}") from exc
+        return plugins.call_hook(self.pm, self.plugin_name, hook, **kwargs)
 
     def _check_draft(self, draft: Any, state: DecodeState) -> Draft:
         return check_draft(draft, state, self.plugin_name)

@@ -182,3 +182,12 @@ def declared_options(pm: pluggy.PluginManager) -> dict[str, Option]:
     return options
 
 
+def call_hook(pm: pluggy.PluginManager, plugin: str, hook: str, **kwargs: Any) -> Any:
+    """Call ``hook`` on ``pm``; any exception but a ``PluginError`` becomes one naming
+    ``plugin`` and the hook (the loop's and the composer's one rule for a hook that raises)."""
+    try:
+        return getattr(pm.hook, hook)(**kwargs)
+    except PluginError:
+        raise
+    except Exception as exc:
+        raise PluginError(plugin, f"{hook} raised {type(exc).__name__}: {exc}") from exc
