@@ -320,3 +320,36 @@ def test_unknown_families_are_refused(model_dir, tmp_path):
     res = CliRunner().invoke(bench, ["--model", model_dir, "--suite", "spec-bench", "--tasks", "chat",
                                      "--out", str(tmp_path)])
     assert res.exit_code == 2 and "unknown Spec-Bench family" in res.output
+
+
+def test_resume_keeps_finished_samples_runs_the_rest_and_refuses_another_command(model_dir, tmp_path):
+    out = tmp_path / "sb"
+    args = ["--model", model_dir, "--dtype", "float64", "--threads", "1", "--suite", "spec-bench", "--samples", "1",
+            "--max-new-tokens", "5", "--warmup", "0", "--plugin", "lookup", "--no-peers", "--no-plot", "-q",
+            "--out", str(out)]
+    res = CliRunner().invoke(bench, ["--resume", *args])
+    assert res.exit_code == 2 and "no bench run to resume" in res.output
+    res = CliRunner().invoke(bench, args)
+    assert res.exit_code == 0, res.output + str(res.exception)
+    full = results.read_jsonl(out / results.RECORDS)
+    # an interruption during the last family: its records are partial, the answer files truncated
+    last = full[-1]["task"]
+    cut = [r for r in full if r["task"] != last] + [r for r in full if r["task"] == last][:1]
+    (out / results.RECORDS).write_text("".join(json.dumps(r) + "\n" for r in cut))
+    for p in (out / answers.MODEL_ANSWERS).iterdir():
+        p.write_text("")
+    res = CliRunner().invoke(bench, ["--resume", *args])
+    assert res.exit_code == 0, res.output + str(res.exception)
+    assert "resuming: 5 sample(s) kept" in res.output
+    again = results.read_jsonl(out / results.RECORDS)
+    assert len(again) == len(full)
+    kept = [r for r in full if r["task"] != last]
+    assert again[: len(kept)] == kept  # finished samples are kept as measured, not rerun
+    assert sorted(r["method"] for r in again if r["task"] == last) == ["hf", "lookup", "vanilla"]
+    assert all(r["lossless"] for r in again)
+    for p in (out / answers.MODEL_ANSWERS).iterdir():  # answer files hold every question again
+        assert [sb.family_of(x["category"]) for x in results.read_jsonl(p)] == list(sb.FAMILIES)
+    summary = json.loads((out / results.SUMMARY).read_text())
+    assert [p["samples_kept"] for p in summary["machine"]["parts"]] == [0, 5]
+    res = CliRunner().invoke(bench, ["--resume", *args[:-1], str(out), "--max-new-tokens", "7"])
+    assert res.exit_code == 2 and "max_new_tokens: 5 then, 7 now" in res.output

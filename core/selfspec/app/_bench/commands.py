@@ -84,13 +84,16 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
                    "families (--samples per family, 80 for all; --tasks picks families), both MT-bench turns, "
                    "and Spec-Bench answer files in OUT/model_answer/.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default="bench-results", show_default=True)
+@click.option("--resume", is_flag=True,
+              help="Go on with an interrupted run in --out (the same command): samples every method has a record "
+                   "of are kept, the rest run; the tables cover both.")
 @click.pass_context
 def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device_map: str | None,
           max_memory: str | None, offload_folder: str | None, threads: int, tasks: str, samples: int,
           max_new_tokens: int, seed: int, warmup: int, allow_divergence: bool, no_plot: bool, quiet: bool,
           plugins: tuple[str, ...], options: tuple[str, ...], no_peers: bool, peer_spec: str | None,
           early_exit_layer: int | None, assistant_model: str | None, memory: bool, temperature: float, top_k: int,
-          top_p: float, sample_seed: int, split: str, suite: str, out: str) -> None:
+          top_p: float, sample_seed: int, split: str, suite: str, out: str, resume: bool) -> None:
     """Measure HF greedy, vanilla, the HF peers and plugins side by side on real prompts.
 
     Every method runs on the same prompts in one process, interleaved prompt by prompt, and
@@ -141,7 +144,6 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     jsonl = outdir / res.RECORDS
-    jsonl.write_text("", encoding="utf-8")
     config = _config(loaded, model, device=device, dtype=dtype, **choice.as_dict(), tasks=task_list, samples=samples,
                      max_new_tokens=max_new_tokens, seed=seed, split=split if suite == "tasks" else None, warmup=warmup,
                      suite=suite, questions=len(prompts),
@@ -149,6 +151,20 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
                      assistant_model=assistant.name if assistant else None, sampling=sampling.as_dict(),
                      placement=_placement_record(loaded), **_model_facts(loaded.model))
     machine = res.machine_info()  # before the run: the load average says how busy the machine was
+    from selfspec.app._bench import resume as rs
+
+    kept: list[dict[str, Any]] = []
+    first_prompt = prompts[0]
+    if resume:
+        try:
+            kept, prompts = rs.resume(outdir, config, machine, prompts, [m.name for m in methods])
+        except rs.ResumeError as exc:
+            raise click.BadParameter(str(exc), param_hint="--resume") from None
+        click.echo(f"resuming: {len({(r['task'], r['question_id']) for r in kept})} sample(s) kept from {jsonl}",
+                   err=True)
+    else:
+        jsonl.write_text("", encoding="utf-8")
+        rs.start(outdir, config, machine)
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
                f"max {max_new_tokens} new tokens, {plural(threads, 'thread')}"
                + ("" if sampling.greedy else f", sampling {sampling.as_dict()}"), err=True)
@@ -157,10 +173,13 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
         from selfspec.app._bench.answers import AnswerWriter
 
         answers = AnswerWriter(outdir, config["model"], [m.name for m in methods])
+        for key in dict.fromkeys((r["task"], r["question_id"]) for r in kept):
+            answers(None, [r for r in kept if (r["task"], r["question_id"]) == key])
     try:
         records = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, baseline="hf", warmup=warmup,
                             progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r), sampling=sampling,
                             reference="hf" if sampling.greedy else BUILTIN_METHOD, on_sample=answers)
+        records = kept + records
     except Exception as exc:
         from selfspec._engine.plugins import PluginError
 
@@ -168,6 +187,8 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
             raise click.ClickException(str(exc)) from exc
         raise
     machine["load_avg_end"] = res.load_avg()
+    if resume:
+        machine["parts"] = rs.parts(outdir)
     summary = res.build_summary(records, baseline="hf", config=config, machine=machine)
     from selfspec.app._bench.roofline import add_limits
 
@@ -176,7 +197,7 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
         from selfspec.app._bench.memory import method_spec
         from selfspec.app._data import encode_sample
 
-        prompt_ids = encode_sample(loaded, prompts[0])
+        prompt_ids = encode_sample(loaded, first_prompt)
         specs = [(m.name, method_spec(m)) for m in methods]
         del loaded, assistant, methods
         import gc
