@@ -267,6 +267,23 @@ def test_model_identity_is_stable_across_dtypes_and_tells_checkpoints_apart():
     assert ident.key == f"llama-{ident.n_layers}x{ident.hidden_size}-{ident.fingerprint}"
 
 
+@pytest.mark.parametrize("layout", ["packed", "transposed"])
+def test_model_identity_does_not_depend_on_a_layout_the_model_adopted(layout):
+    # specdec adopts the layout in place (one copy of the weights): a tuned profile found
+    # through the identity must be found all the same
+    from selfspec._engine.machine import cpu_capability
+    from selfspec._engine.runner.layout import packing_unsupported
+
+    why = packing_unsupported("cpu", torch.float32, cpu_capability()) if layout == "packed" else None
+    if why:
+        pytest.skip(f"packed does not run here: {why}")
+    ident = model_identity(Runner(tiny_model("qwen2", dtype=torch.float32)))
+    adopted = tiny_model("qwen2", dtype=torch.float32)
+    runner = Runner(adopted, weight_layout=layout, adopt=True)
+    assert runner.weight_layout == layout
+    assert model_identity(runner) == ident
+
+
 def test_store_resolver_and_atomic_save(tmp_path, monkeypatch):
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
     store = ArtefactStore("demo")

@@ -58,7 +58,7 @@ def model_identity(runner: Any) -> ModelIdentity:
     h = hashlib.sha256()
     for module, recurse in ((runner.embedding, False), (runner.layers[-1], True)):
         with loaded(module):  # an offloaded module's weights, read for this sample only
-            for t in module.parameters(recurse=recurse):
+            for t in _weights(module, recurse):
                 flat = t.detach().reshape(-1)
                 step = max(1, flat.numel() // 2048)
                 sample = flat[::step][:2048].to("cpu", torch.bfloat16).to(torch.float32)
@@ -71,6 +71,23 @@ def model_identity(runner: Any) -> ModelIdentity:
         vocab_size=int(runner.vocab_size),
         fingerprint=h.hexdigest()[:16],
     )
+
+
+def _weights(module: torch.nn.Module, recurse: bool) -> list[torch.Tensor]:
+    """``module``'s parameters in registration order, a product module's weight read through
+    its ``.weight`` where a layout holds it in another form (a model that adopted packed
+    weights keeps only their packed buffer), so the identity does not depend on the layout."""
+    if not recurse:
+        return list(module.parameters(recurse=False))
+    out: list[torch.Tensor] = []
+    for sub in module.modules():
+        own = dict(sub.named_parameters(recurse=False))
+        if isinstance(sub, torch.nn.Linear) and "weight" not in own:
+            out.append(sub.weight)
+            out.extend(t for t in (getattr(sub, "bias", None),) if t is not None)
+        else:
+            out.extend(own.values())
+    return out
 
 
 class ArtefactStore:
