@@ -502,3 +502,16 @@ def test_resolved_options_are_the_given_values_and_todays_defaults():
     assert {"max_ngram", "min_ngram", "adaptive"} <= set(got)  # today's defaults for the rest
     with pytest.raises(OptionError):
         harness.resolved_options("lookup", {"no_such_option": "1"})
+
+
+def test_bench_runs_every_plugin_in_the_weight_layout_given_on_specdec(cli, model_dir, tiny_task, tmp_path):
+    from selfspec.app._cli.group import cli as specdec
+
+    out = tmp_path / "run"
+    args = [a if a != "float64" else "float32" for a in _bench_args(model_dir, out, "--no-peers", "--plugin", "none",
+                                                                   "--no-plot", "--samples", "1")]
+    res = cli.invoke(specdec, ["--weight-layout", "transposed", "bench", *args])
+    assert res.exit_code == 0, res.output + str(res.exception)
+    recs = results.read_jsonl(out / results.RECORDS)
+    assert {r["weight_layout"] for r in recs if r["method"] == "vanilla"} == {"transposed"}
+    assert json.loads((out / results.SUMMARY).read_text())["config"]["weight_layout"] == "transposed"

@@ -136,6 +136,7 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
             check_assistant(loaded.model, assistant.model, (loaded.name, assistant.name))
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--assistant-model") from None
+    weight_layout = _group_param("weight_layout") or "auto"
     layer = early_exit_layer or max(1, n_layers(loaded.model) // 4)
     methods = [Method("hf", "hf"), Method.of_plugin(BUILTIN_METHOD), *_peers(peer_spec, no_peers, layer, assistant)]
     methods += [Method.of_plugin(name, {**routed[name], **inline}, name=spec if inline else None)
@@ -149,7 +150,7 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
                      suite=suite, questions=len(prompts),
                      methods=[_method_config(m) for m in methods], argv=list(sys.argv),
                      assistant_model=assistant.name if assistant else None, sampling=sampling.as_dict(),
-                     placement=_placement_record(loaded), **_model_facts(loaded.model))
+                     placement=_placement_record(loaded), weight_layout=weight_layout, **_model_facts(loaded.model))
     machine = res.machine_info()  # before the run: the load average says how busy the machine was
     from selfspec.app._bench import resume as rs
 
@@ -178,7 +179,8 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
     try:
         records = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, baseline="hf", warmup=warmup,
                             progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r), sampling=sampling,
-                            reference="hf" if sampling.greedy else BUILTIN_METHOD, on_sample=answers)
+                            reference="hf" if sampling.greedy else BUILTIN_METHOD, on_sample=answers,
+                            weight_layout=weight_layout)
         records = kept + records
     except Exception as exc:
         from selfspec._engine.plugins import PluginError
@@ -198,7 +200,7 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
         from selfspec.app._data import encode_sample
 
         prompt_ids = encode_sample(loaded, first_prompt)
-        specs = [(m.name, method_spec(m)) for m in methods]
+        specs = [(m.name, method_spec(m, weight_layout)) for m in methods]
         del loaded, assistant, methods
         import gc
 
@@ -277,7 +279,8 @@ def sweep(model: str | None, device: str, dtype: str, device_map: str | None, ma
                err=True)
     try:
         records = run_bench(loaded, prompts, methods, max_new_tokens=max_new_tokens, baseline=BUILTIN_METHOD,
-                            warmup=warmup, progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r))
+                            warmup=warmup, progress=not quiet, on_record=lambda r: res.append_jsonl(jsonl, r),
+                            weight_layout=_group_param("weight_layout") or "auto")
     except PluginError as exc:
         raise click.ClickException(str(exc)) from exc
     result = sw.summarize_sweep(records, plugin, fixed_t, axes_t, points, BUILTIN_METHOD)
@@ -291,9 +294,14 @@ def sweep(model: str | None, device: str, dtype: str, device_map: str | None, ma
 
 def _group_plugin() -> str | None:
     """The plugin named on the ``specdec`` group (``specdec --plugin NAME sweep``), if any."""
+    return _group_param("plugin")
+
+
+def _group_param(name: str) -> Any:
+    """An option given on the ``specdec`` group (``specdec --weight-layout model bench``), if any."""
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root() if ctx is not None else None
-    return root.params.get("plugin") if root is not None and root is not ctx else None
+    return root.params.get(name) if root is not None and root is not ctx else None
 
 
 COMMANDS = (bench, sweep, report)

@@ -124,9 +124,11 @@ def _sync(model: torch.nn.Module) -> None:
         torch.cuda.synchronize()
 
 
-def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, sampling: Any = None) -> RunFn:
+def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, sampling: Any = None,
+                weight_layout: str = "auto") -> RunFn:
     """A callable ``(prompt_ids, max_new_tokens, eos) -> Run`` for ``method``; ``sampling``: a
-    :class:`selfspec.Sampling` (default greedy)."""
+    :class:`selfspec.Sampling` (default greedy); ``weight_layout``: the runner's layout for a
+    plugin (the HF methods run the model as it is)."""
     if method.kind in HF_KINDS:
         return _hf_runner(method, model, sampling)
     if method.kind != "plugin":
@@ -134,7 +136,7 @@ def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, s
     from selfspec._engine.loop import Decoder
 
     dec = Decoder(model, method.plugin or "vanilla", method.options, tokenizer=tokenizer, plugin_object=method.plugin_object,
-                  sampling=sampling)
+                  sampling=sampling, weight_layout=weight_layout)
 
     def run(prompt_ids: list[int], max_new_tokens: int, eos: set[int]) -> Run:
         _sync(model)
@@ -240,6 +242,7 @@ def run_bench(
     sampling: Any = None,
     reference: str | None = None,
     on_sample: Callable[[Sample, list[dict[str, Any]]], None] | None = None,
+    weight_layout: str = "auto",
 ) -> list[dict[str, Any]]:
     """Run every method on every sample, interleaved; one record (a dict) per (sample, method).
 
@@ -254,7 +257,7 @@ def run_bench(
     A sample of several turns (``meta["conversation"]``) gives one record per turn and method
     (``turn`` 1, 2, ...), run and checked as :mod:`.turns` describes; a run that raises gives a
     record with ``error`` set, never an exception. ``on_sample(sample, records)`` is called
-    after every sample with its records.
+    after every sample with its records. ``weight_layout``: every plugin's runner layout.
     """
     from selfspec._engine.reference import compare
 
@@ -268,7 +271,7 @@ def run_bench(
     runners = dict(runners or {})
     for m in methods:
         if m.name not in runners:
-            runners[m.name] = make_runner(m, model, loaded.tokenizer, sampling)
+            runners[m.name] = make_runner(m, model, loaded.tokenizer, sampling, weight_layout)
     reference = reference or baseline
     if reference not in names:
         raise ValueError(f"the reference {reference!r} is not among the methods {names}")

@@ -29,13 +29,14 @@ from typing import Any
 MEASURE_TOKENS = 16
 
 
-def method_spec(method: Any) -> dict[str, Any] | None:
-    """What the child needs to rebuild ``method`` (a :class:`.harness.Method`), or ``None``
-    for a method it cannot rebuild (a plugin object given in memory)."""
+def method_spec(method: Any, weight_layout: str = "auto") -> dict[str, Any] | None:
+    """What the child needs to rebuild ``method`` (a :class:`.harness.Method`) in the runner
+    layout ``weight_layout``, or ``None`` for a method it cannot rebuild (a plugin object given
+    in memory)."""
     if method.plugin_object is not None:
         return None
     spec = {"name": method.name, "kind": method.kind, "plugin": method.plugin, "options": method.options,
-            "extra": method.extra}
+            "extra": method.extra, "weight_layout": weight_layout}
     if method.assistant is not None:
         spec["assistant"] = method.assistant.name
     return spec
@@ -93,7 +94,8 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
     eos = set(loaded.eos_token_ids)
     t0 = time.perf_counter()
     if spec["kind"] == "plugin":
-        dec = Decoder(loaded.model, spec["plugin"], spec["options"], tokenizer=loaded.tokenizer, adopt_weights=True)
+        dec = Decoder(loaded.model, spec["plugin"], spec["options"], tokenizer=loaded.tokenizer, adopt_weights=True,
+                      weight_layout=spec.get("weight_layout", "auto"))
 
         def run(ids: list[int], n: int, eos: set[int]) -> Run:
             res = dec.generate(ids, max_new_tokens=n, eos_token_ids=eos)
