@@ -293,6 +293,9 @@ def test_bench_command_writes_jsonl_summary_table_plot(cli, model_dir, tiny_task
             "date"} <= set(machine)
     assert machine["cpu_capability"] == machine["cpu_features"]["label"]
     assert f"[{machine['cpu_capability']}" in (out / results.TABLE).read_text()
+    # the limit's bandwidth: measured before and after the run, the higher one taken
+    runs = machine["read_bandwidth_runs_gbs"]
+    assert len(runs) == 2 and machine["read_bandwidth_gbs"] == max(runs)
     assert summary["baseline"] == "hf" and summary["config"]["max_new_tokens"] == 8
     # every option value a plugin ran with, so a README table can refuse a row at old defaults
     entries = {m["name"]: m for m in summary["config"]["methods"]}

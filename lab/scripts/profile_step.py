@@ -2,12 +2,13 @@
 """Profile one decoding step of the host beside HF's, on the same kernels (docs/performance.md).
 
     python lab/scripts/profile_step.py [--model M] [--threads 2] [--steps 16] [--width 1]
-        [--layout model] [--top 15] [--json FILE]
+        [--layout model] [--exact] [--top 15] [--json FILE]
 
 Both decode the same prompt for ``--steps`` steps after a warm-up: HF's own forward with its
 ``DynamicCache`` (what ``generate`` runs per step), and ``vanilla``'s runner forward with the
 host's KV cache, in the weight layout ``--layout`` (``model``: the same products as HF's).
-``--width k`` profiles a verification forward of ``k`` tokens instead of one-token steps.
+``--width k`` profiles a verification forward of ``k`` tokens instead of one-token steps;
+``--exact`` profiles the host's runner in exact mode (docs/losslessness.md) beside the default one.
 Prints, for each, the wall time per step and the ``torch.profiler`` operators with the most
 self CPU time; ``--json`` keeps both tables.
 """
@@ -67,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--width", type=int, default=1)
     ap.add_argument("--layout", default="model")
+    ap.add_argument("--exact", action="store_true")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -75,16 +77,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = loaded.model
     ids = torch.tensor([format_prompt(loaded, "Write a Python function that checks whether a number is prime.")])
     runner = Runner(model, weight_layout=args.layout)
+    exact = Runner(model, weight_layout=args.layout, exact=True) if args.exact else None
     result = {"model": args.model or "default", "steps": args.steps, "width": args.width, "layout": runner.weight_layout,
               "machine": {**machine_info(), "threads": args.threads}, "command": " ".join(
                   ["python lab/scripts/profile_step.py", *(argv if argv is not None else sys.argv[1:])])}
     with torch.inference_mode():
-        for name, fn in (("hf", lambda: _hf_steps(model, ids, args.steps, args.width)),
-                         ("host", lambda: _host_steps(runner, ids, args.steps, args.width))):
+        runs = [("hf", lambda: _hf_steps(model, ids, args.steps, args.width)),
+                ("host", lambda: _host_steps(runner, ids, args.steps, args.width))]
+        if exact is not None:
+            runs.append(("host-exact", lambda: _host_steps(exact, ids, args.steps, args.width)))
+        for name, fn in runs:
             wall, rows = _profile(fn, args.top)
             result[name] = {"ms_per_step": 1e3 * wall / args.steps, "top": rows}
             print(f"\n{name}: {1e3 * wall / args.steps:.2f} ms per step (prefill included once), "
-                  f"width {args.width}, layout {runner.weight_layout if name == 'host' else 'model (HF)'}")
+                  f"width {args.width}, layout {'model (HF)' if name == 'hf' else runner.weight_layout}")
             print(f"{'op':<48} {'self ms':>9} {'calls':>6}")
             for r in rows:
                 print(f"{r['op'][:48]:<48} {r['self_cpu_ms']:9.2f} {r['calls']:6d}")

@@ -169,6 +169,9 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
                f"max {max_new_tokens} new tokens, {plural(threads, 'thread')}"
                + ("" if sampling.greedy else f", sampling {sampling.as_dict()}"), err=True)
+    from selfspec.app._bench.roofline import add_limits, read_bandwidth
+
+    bandwidth = read_bandwidth()  # again after the run: the higher one is the limit
     answers = None
     if suite == SPEC_BENCH:
         from selfspec.app._bench.answers import AnswerWriter
@@ -192,9 +195,7 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
     if resume:
         machine["parts"] = rs.parts(outdir)
     summary = res.build_summary(records, baseline="hf", config=config, machine=machine)
-    from selfspec.app._bench.roofline import add_limits
-
-    add_limits(summary, records, loaded.model)
+    add_limits(summary, records, loaded.model, [bandwidth])
     if memory:  # in fresh processes, after this one let go of its models
         from selfspec.app._bench.memory import method_spec
         from selfspec.app._data import encode_sample
