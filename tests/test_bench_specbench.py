@@ -353,3 +353,18 @@ def test_resume_keeps_finished_samples_runs_the_rest_and_refuses_another_command
     assert [p["samples_kept"] for p in summary["machine"]["parts"]] == [0, 5]
     res = CliRunner().invoke(bench, ["--resume", *args[:-1], str(out), "--max-new-tokens", "7"])
     assert res.exit_code == 2 and "max_new_tokens: 5 then, 7 now" in res.output
+
+
+def test_resume_reads_a_run_recorded_before_a_key_existed_as_that_key_s_default(tmp_path):
+    from selfspec.app._bench import resume as rs
+
+    config = {"model": "m", "methods": [{"name": "hf"}], "weight_layout": "auto"}
+    rs.start(tmp_path, config, {"date": "then"})
+    run = json.loads((tmp_path / rs.RUN).read_text())
+    del run["config"]["weight_layout"]  # a run.json from before the key was recorded
+    (tmp_path / rs.RUN).write_text(json.dumps(run))
+    (tmp_path / results.RECORDS).write_text("")
+    kept, left = rs.resume(tmp_path, config, {"date": "now"}, [], ["hf"])
+    assert kept == [] and left == []
+    with pytest.raises(rs.ResumeError, match="weight_layout: 'auto' then, 'model' now"):
+        rs.resume(tmp_path, {**config, "weight_layout": "model"}, {}, [], ["hf"])

@@ -18,7 +18,9 @@ from typing import Any
 
 #: What must be equal between the interrupted run and its resumption.
 SAME = ("model", "dtype", "device", "suite", "tasks", "samples", "max_new_tokens", "seed", "split", "sampling",
-        "method_names", "threads", "placement")
+        "method_names", "threads", "placement", "weight_layout")
+#: The value of a key a ``run.json`` written without it stands for.
+DEFAULTS = {"weight_layout": "auto"}
 RUN = "run.json"
 
 
@@ -44,9 +46,10 @@ def resume(outdir: Path, config: dict[str, Any], machine: dict[str, Any], sample
                           "starts); run without --resume")
     run = json.loads(path.read_text(encoding="utf-8"))
     now = _key(config)
-    differ = [k for k in SAME if run["config"].get(k) != now.get(k)]
+    then = {**DEFAULTS, **run["config"]}
+    differ = [k for k in SAME if then.get(k) != now.get(k)]
     if differ:
-        was = ", ".join(f"{k}: {run['config'].get(k)!r} then, {now.get(k)!r} now" for k in differ)
+        was = ", ".join(f"{k}: {then.get(k)!r} then, {now.get(k)!r} now" for k in differ)
         raise ResumeError(f"--resume needs the interrupted run's command; these differ: {was}")
     records = read_jsonl(outdir / RECORDS)
     done = complete_samples(records, methods)
