@@ -39,6 +39,12 @@ def gbps(fn: Callable[[], object], nbytes: int, repeats: int = 7) -> float:
     return nbytes / best / 1e9
 
 
+def _sum_bandwidths(times: int) -> list[float]:
+    """GB/s of ``times`` sums over a 1 GiB float32 buffer (what ``bench`` measures)."""
+    buf = torch.ones(1 << 28)
+    return [gbps(buf.sum, buf.numel() * 4) for _ in range(times)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lab/scripts/kernel_bandwidth.py", description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -48,9 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     out: dict[str, object] = {"machine": {**machine_info(), "threads": args.threads}, "layers": args.layers}
-    buf = torch.ones(1 << 28)  # 1 GiB
-    sums = [gbps(lambda: buf.sum(), buf.numel() * 4) for _ in range(3)]
-    del buf
+    sums = _sum_bandwidths(3)
     weights = [torch.randn(o, i) for _ in range(args.layers) for (o, i) in SHAPES]
     nbytes = sum(w.numel() * 4 for w in weights)
     x = {n: torch.randn(1, n) for n in (1536, 8960)}
