@@ -123,6 +123,13 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
     routed = _plugin_options(names, options)
     _check_inline(variants)
     _peers(peer_spec, no_peers, 1, assistant_given=assistant_model is not None)  # before the (slow) load
+    if resume:  # before the (slow) load
+        from selfspec.app._bench.resume import ResumeError, check_folder
+
+        try:
+            check_folder(Path(out))
+        except ResumeError as exc:
+            raise click.BadParameter(str(exc), param_hint="--resume") from None
     placement = _placement(device_map, max_memory, offload_folder)
     choice = _threads(threads)
     threads = choice.threads

@@ -40,10 +40,8 @@ def resume(outdir: Path, config: dict[str, Any], machine: dict[str, Any], sample
     ``results.jsonl`` to the kept records and adds this part to ``run.json``."""
     from selfspec.app._bench.results import RECORDS, read_jsonl
 
+    check_folder(outdir)
     path = outdir / RUN
-    if not path.exists() or not (outdir / RECORDS).exists():
-        raise ResumeError(f"{outdir} holds no bench run to resume ({RUN} and {RECORDS} are written when a run "
-                          "starts); run without --resume")
     run = json.loads(path.read_text(encoding="utf-8"))
     now = _key(config)
     then = {**DEFAULTS, **run["config"]}
@@ -60,6 +58,15 @@ def resume(outdir: Path, config: dict[str, Any], machine: dict[str, Any], sample
     run["parts"].append(_part(machine, len(done)))
     path.write_text(json.dumps(run, indent=1) + "\n", encoding="utf-8")
     return kept, left
+
+
+def check_folder(outdir: Path) -> None:
+    """:class:`ResumeError` unless ``outdir`` holds a run that started (cheap: before a model loads)."""
+    from selfspec.app._bench.results import RECORDS
+
+    if not (outdir / RUN).exists() or not (outdir / RECORDS).exists():
+        raise ResumeError(f"{outdir} holds no bench run to resume ({RUN} and {RECORDS} are written when a run "
+                          "starts); run without --resume")
 
 
 def complete_samples(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> set[tuple[str, str]]:
