@@ -66,8 +66,24 @@ def test_plugin_records_without_byte_counts_are_left_out():
     assert roof["rows"] == []
 
 
-def test_the_bandwidth_is_a_positive_rate():
-    assert read_bandwidth(nbytes=1 << 22, repeats=2) > 0
+def test_the_bandwidth_is_a_positive_rate(selfspec_device):
+    assert read_bandwidth(nbytes=1 << 22, repeats=2, device=selfspec_device) > 0
+
+
+def test_the_limit_reads_the_bandwidth_of_the_memory_the_model_lives_on(monkeypatch):
+    """The limit's bandwidth is measured on the model's device (a GPU's memory for a CUDA
+    model, never the host's), recorded in the roofline and named in its table."""
+    from selfspec.app._bench import roofline as rl
+
+    asked: list[torch.device] = []
+    monkeypatch.setattr(rl, "read_bandwidth", lambda device="cpu", **_: asked.append(torch.device(device)) or 1e9)
+    model = _model().to("meta")
+    model.lm_head.to_empty(device="cpu")  # the first weight off the meta device decides
+    assert rl.model_device(model) == torch.device("cpu")
+    summary = {"machine": {}}
+    rl.add_limits(summary, [_rec("vanilla", 4, 1.0, 400, "vanilla")], _model())
+    assert asked == [torch.device("cpu")] and summary["roofline"]["device"] == "cpu"
+    assert "of the cpu's memory" in "\n".join(markdown(summary))
 
 
 def test_hf_stopping_at_its_own_eos_is_not_a_divergence():

@@ -176,9 +176,9 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
     click.echo(f"{len(prompts)} prompts × {len(methods)} methods ({', '.join(m.name for m in methods)}), "
                f"max {max_new_tokens} new tokens, {plural(threads, 'thread')}"
                + ("" if sampling.greedy else f", sampling {sampling.as_dict()}"), err=True)
-    from selfspec.app._bench.roofline import add_limits, read_bandwidth
+    from selfspec.app._bench.roofline import add_limits, model_device, read_bandwidth
 
-    bandwidth = read_bandwidth()  # again after the run: the higher one is the limit
+    bandwidth = read_bandwidth(device=model_device(loaded.model))  # again after the run: the higher one is the limit
     answers = None
     if suite == SPEC_BENCH:
         from selfspec.app._bench.answers import AnswerWriter

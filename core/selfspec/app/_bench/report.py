@@ -78,6 +78,8 @@ def _carry(old: dict[str, Any], summary: dict[str, Any], records: list[dict[str,
     if roof:
         summary["roofline"] = roofline(records, bandwidth=roof["bandwidth_bytes_per_s"],
                                        full_forward_bytes=roof["model_bytes"])
+        if "device" in roof:
+            summary["roofline"]["device"] = roof["device"]
 
 
 def _report_scaling(directories: Sequence[str], out: str, plot: bool) -> None:

@@ -23,16 +23,22 @@ import torch
 BUFFER_BYTES = 1 << 30
 
 
-def read_bandwidth(nbytes: int = BUFFER_BYTES, repeats: int = 5) -> float:
-    """The machine's streaming read bandwidth in bytes/s: the fastest of ``repeats`` sums over
-    a float32 buffer of ``nbytes`` with the process's torch threads (a sum does one addition
-    per 4 bytes read: bound by memory, not arithmetic)."""
-    buf = torch.ones(nbytes // 4, dtype=torch.float32)
-    buf.sum()  # warm-up: pages touched, threads started
+def read_bandwidth(nbytes: int = BUFFER_BYTES, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """The streaming read bandwidth of ``device``'s memory in bytes/s: the fastest of ``repeats``
+    sums over a float32 buffer of ``nbytes`` on that device (a sum does one addition per 4
+    bytes read: bound by memory, not arithmetic). On the CPU the sum runs with the process's
+    torch threads; on an accelerator the device is synchronised around each timed sum, so the
+    figure is the model's own memory (a GPU's, not the host's)."""
+    device = torch.device(device)
+    sync = _synchronize(device)
+    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    buf.sum()  # warm-up: pages touched, threads or kernels started
+    sync()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         buf.sum()
+        sync()
         best = min(best, time.perf_counter() - t0)
     del buf
     return nbytes / best
@@ -84,7 +90,7 @@ def markdown(summary: dict[str, Any]) -> list[str]:
     if not roof:
         return []
     bw = roof["bandwidth_bytes_per_s"] / 1e9
-    lines = ["", f"**Against the machine's limit** (streaming read {bw:.1f} GB/s with the run's threads, the higher of "
+    lines = ["", f"**Against the machine's limit** (streaming read {bw:.1f} GB/s of the {roof.get('device', 'cpu')}'s memory, the higher of "
              "the measurements before and after the run; "
              f"one full forward reads {roof['model_bytes'] / 1e9:.2f} GB of weights; limit = bandwidth / bytes "
              "of weights read per committed token)", "",
@@ -98,6 +104,19 @@ def markdown(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device the model's weights live on (its first parameter's; the CPU for a model with
+    none): the memory whose bandwidth bounds its decode."""
+    return next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+
+
+def _synchronize(device: torch.device):
+    """A callable that waits for ``device``'s queued work (a no-op on the CPU)."""
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    wait = getattr(backend, "synchronize", None)
+    return (lambda: wait(device)) if wait is not None else (lambda: None)
+
+
 def add_limits(summary: dict[str, Any], records: Sequence[dict[str, Any]], model: torch.nn.Module,
                earlier: Sequence[float] = ()) -> None:
     """Into a bench ``summary``: the roofline (:func:`roofline`) and how every ``auto`` of the
@@ -105,11 +124,12 @@ def add_limits(summary: dict[str, Any], records: Sequence[dict[str, Any]], model
     highest of that and the ``earlier`` measurements of the run (bytes/s): on a shared machine
     other processes' memory traffic lowers any one measurement, and the limit is the most the
     machine gave; every measurement is kept (``machine.read_bandwidth_runs_gbs``)."""
-    runs = [*earlier, read_bandwidth()]
+    runs = [*earlier, read_bandwidth(device=model_device(model))]
     bandwidth = max(runs)
     summary["machine"]["read_bandwidth_gbs"] = round(bandwidth / 1e9, 2)
     summary["machine"]["read_bandwidth_runs_gbs"] = [round(b / 1e9, 2) for b in runs]
     summary["roofline"] = roofline(records, bandwidth=bandwidth, full_forward_bytes=model_bytes(model))
+    summary["roofline"]["device"] = model_device(model).type
     choices: dict[str, Any] = {}
     for r in records:
         for what, c in (r.get("choices") or {}).items():
