@@ -11,6 +11,14 @@ A table lives between two markers; everything between them is this script's outp
     ...
     <!-- /bench-compare -->
 
+    <!-- spec-bench-table: lab/results/qwen2.5-coder-1.5b/spec-bench-zen4-avx512-2026-11-25/summary.json -->
+    ...
+    <!-- /spec-bench-table -->
+
+``spec-bench-table``: a ``bench --suite spec-bench`` run as Spec-Bench's leaderboard shows it: a
+row per method, speedup over HF greedy per family (Spec-Bench's computation, the summary's
+``spec_bench``), overall, the same against ``vanilla``, #Mean Accepted Tokens, and how many
+outputs equalled HF greedy's (``rows=`` as below).
 ``bench-table``: one run, a row per method: speedup over HF greedy per task, over all samples,
 the geometric mean over the geo-mean tasks, the same against ``vanilla``, τ, acceptance, and
 how many outputs equalled HF greedy's. ``bench-compare``: several runs of the same methods
@@ -47,7 +55,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 GEO_TASKS = ("humaneval", "gsm8k", "mtbench", "sharegpt")
-BLOCK = re.compile(r"(<!-- (bench-table|bench-compare): ([^>]*?) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+BLOCK = re.compile(r"(<!-- (bench-table|bench-compare|spec-bench-table): ([^>]*?) -->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
 class StaleRow(ValueError):
@@ -145,6 +153,35 @@ def bench_table(run: Run) -> str:
     return "\n".join(lines) + "\n"
 
 
+def spec_bench_table(run: Run) -> str:
+    report = run.summary.get("spec_bench")
+    if not report:
+        raise ValueError(f"{run.path}: not a Spec-Bench run (no spec_bench report in the summary)")
+    from selfspec.app._specbench import FAMILIES, LABELS  # the leaderboard's columns, in its order
+
+    by = report["methods"]
+    head = ["method", *(LABELS[f] for f in FAMILIES), "Overall", "vs vanilla (overall)",
+            "#Mean Accepted Tokens", "lossless"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
+    base = (by.get("vanilla") or {}).get("overall", {}).get("speedup")
+    for m in run.methods:
+        if stale := run.stale(m):
+            raise StaleRow(f"{run.path}: `{m}` was measured with other option values than today's: "
+                           f"{', '.join(stale)}; re-run the bench or leave the row out (rows=)")
+        fam = by.get(m, {})
+        overall = fam.get("overall", {})
+        a = run.all_row(m)
+        ok = "–" if a["lossless"] is None else (
+            f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else ""))
+        mat = overall.get("mean_accepted")
+        cells = [_label(m), *(_x(fam.get(f, {}).get("speedup")) for f in FAMILIES),
+                 _x(overall.get("speedup")),
+                 _x(overall["speedup"] / base if base and overall.get("speedup") else None),
+                 "–" if mat is None else f"{mat:.2f}", ok]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def bench_compare(runs: list[tuple[str, Run]], common: bool = False) -> str:
     head = ["method"]
     for label, run in runs:
@@ -192,6 +229,10 @@ def render_block(kind: str, spec: str) -> str:
         if len(sources) != 1:
             raise ValueError(f"bench-table takes one summary.json, not {spec!r}")
         return bench_table(Run(sources[0][1], geo, keep))
+    if kind == "spec-bench-table":
+        if len(sources) != 1:
+            raise ValueError(f"spec-bench-table takes one summary.json, not {spec!r}")
+        return spec_bench_table(Run(sources[0][1], geo, keep))
     return bench_compare([(label or path.parent.name, Run(path, geo, keep)) for label, path in sources], common)
 
 

@@ -89,3 +89,28 @@ def test_a_row_measured_at_other_defaults_is_refused(tmp_path, monkeypatch):
     assert "`x`" not in readme_tables.render(doc.replace("summary.json", "summary.json rows=hf,vanilla"))
     monkeypatch.setattr(harness, "resolved_options", lambda plugin, options: {"k": 10})
     assert "| `x` |" in readme_tables.render(doc)  # see a): the values agree again
+
+
+def test_a_spec_bench_table_shows_the_families_overall_and_mean_accepted_tokens(tmp_path, monkeypatch):
+    """``spec-bench-table`` renders the summary's Spec-Bench report: one column per family in the
+    leaderboard's order and words, overall, overall against vanilla's, #Mean Accepted Tokens, and
+    the lossless count of the method's records; a run without the report is refused."""
+    path = _summary(tmp_path, {"hf": {"writing": 1.0}, "vanilla": {"writing": 2.0}, "x": {"writing": 6.0}})
+    summary = json.loads(path.read_text())
+    families = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "overall")
+    report = {m: {f: {"speedup": x * (i + 1) if f != "overall" else x, "mean_accepted": 1.0 + x / 4}
+                  for i, f in enumerate(families)} for m, x in (("hf", 1.0), ("vanilla", 2.0), ("x", 6.0))}
+    path.write_text(json.dumps({**summary, "spec_bench": {"baseline": "hf", "methods": report}}))
+    monkeypatch.setattr(readme_tables, "ROOT", tmp_path)
+    new = readme_tables.render("<!-- spec-bench-table: summary.json rows=hf,x -->\n<!-- /spec-bench-table -->")
+    head = next(line for line in new.splitlines() if line.startswith("| method"))
+    assert head.split(" | ")[1:8] == ["Multi-turn Conversation", "Translation", "Summarization",
+                                      "Question Answering", "Mathematical Reasoning", "Retrieval-aug. Generation",
+                                      "Overall"]
+    x = next(line for line in new.splitlines() if line.startswith("| `x`"))
+    # families 6x..36x, overall 6x, against vanilla's overall 2x: 3x; MAT 1 + 6/4
+    assert x == "| `x` | 6.00× | 12.00× | 18.00× | 24.00× | 30.00× | 36.00× | 6.00× | 3.00× | 2.50 | 4/4 (+1 near-tie) |"
+    assert "| `vanilla`" not in new and readme_tables.render(new) == new
+    path.write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="not a Spec-Bench run"):
+        readme_tables.render("<!-- spec-bench-table: summary.json -->\n<!-- /spec-bench-table -->")
