@@ -248,7 +248,7 @@ def documents() -> list[Path]:
     for path in sorted(ROOT.rglob("*.md")):
         if skip & set(path.relative_to(ROOT).parts) or any(p.startswith(".venv") for p in path.parts):
             continue
-        if "<!-- bench-" in path.read_text(encoding="utf-8"):
+        if BLOCK.search(path.read_text(encoding="utf-8")):
             found.append(path)
     return found
 
