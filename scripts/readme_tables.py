@@ -135,22 +135,35 @@ class Run:
         return self.by[("all", method)]
 
 
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
+    return "\n".join([*lines, *("| " + " | ".join(cells) + " |" for cells in rows)]) + "\n"
+
+
+def _checked_all_row(run: Run, method: str) -> dict[str, Any]:
+    """``method``'s row over all samples, refusing a row measured at other option values than today's."""
+    if stale := run.stale(method):
+        raise StaleRow(f"{run.path}: `{method}` was measured with other option values than today's: "
+                       f"{', '.join(stale)}; re-run the bench or leave the row out (rows=)")
+    return run.all_row(method)
+
+
+def _lossless(a: dict[str, Any]) -> str:
+    if a["lossless"] is None:
+        return "–"
+    return f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else "")
+
+
 def bench_table(run: Run) -> str:
     geo_head = f"geo-mean ({', '.join(run.geo_tasks)})"
     head = ["method", *run.tasks, "all", geo_head, "vs vanilla (geo-mean)", "τ", "acceptance", "lossless"]
-    lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
+    rows = []
     for m in run.methods:
-        if stale := run.stale(m):
-            raise StaleRow(f"{run.path}: `{m}` was measured with other option values than today's: "
-                           f"{', '.join(stale)}; re-run the bench or leave the row out (rows=)")
-        a = run.all_row(m)
-        ok = "–" if a["lossless"] is None else (
-            f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else ""))
+        a = _checked_all_row(run, m)
         acc = "–" if a.get("acceptance") is None else f"{a['acceptance']:.2f}"
-        cells = [_label(m, run.sampled), *(_x(run.speedup(t, m)) for t in run.tasks), _x(a.get("speedup")),
-                 _x(run.geo(m)), _x(run.vs_vanilla(m)), f"{a['tau']:.2f}", acc, ok]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([_label(m, run.sampled), *(_x(run.speedup(t, m)) for t in run.tasks), _x(a.get("speedup")),
+                     _x(run.geo(m)), _x(run.vs_vanilla(m)), f"{a['tau']:.2f}", acc, _lossless(a)])
+    return _table(head, rows)
 
 
 def spec_bench_table(run: Run) -> str:
@@ -162,24 +175,17 @@ def spec_bench_table(run: Run) -> str:
     by = report["methods"]
     head = ["method", *(LABELS[f] for f in FAMILIES), "Overall", "vs vanilla (overall)",
             "#Mean Accepted Tokens", "lossless"]
-    lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
     base = (by.get("vanilla") or {}).get("overall", {}).get("speedup")
+    rows = []
     for m in run.methods:
-        if stale := run.stale(m):
-            raise StaleRow(f"{run.path}: `{m}` was measured with other option values than today's: "
-                           f"{', '.join(stale)}; re-run the bench or leave the row out (rows=)")
+        a = _checked_all_row(run, m)
         fam = by.get(m, {})
-        overall = fam.get("overall", {})
-        a = run.all_row(m)
-        ok = "–" if a["lossless"] is None else (
-            f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else ""))
-        mat = overall.get("mean_accepted")
-        cells = [_label(m), *(_x(fam.get(f, {}).get("speedup")) for f in FAMILIES),
-                 _x(overall.get("speedup")),
-                 _x(overall["speedup"] / base if base and overall.get("speedup") else None),
-                 "–" if mat is None else f"{mat:.2f}", ok]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        overall = fam.get("overall", {}).get("speedup")
+        mat = fam.get("overall", {}).get("mean_accepted")
+        rows.append([_label(m), *(_x(fam.get(f, {}).get("speedup")) for f in FAMILIES), _x(overall),
+                     _x(overall / base if base and overall else None), "–" if mat is None else f"{mat:.2f}",
+                     _lossless(a)])
+    return _table(head, rows)
 
 
 def bench_compare(runs: list[tuple[str, Run]], common: bool = False) -> str:

@@ -77,9 +77,7 @@ def _carry(old: dict[str, Any], summary: dict[str, Any], records: list[dict[str,
     roof = old.get("roofline")
     if roof:
         summary["roofline"] = roofline(records, bandwidth=roof["bandwidth_bytes_per_s"],
-                                       full_forward_bytes=roof["model_bytes"])
-        if "device" in roof:
-            summary["roofline"]["device"] = roof["device"]
+                                       full_forward_bytes=roof["model_bytes"], device=roof.get("device", "cpu"))
 
 
 def _report_scaling(directories: Sequence[str], out: str, plot: bool) -> None:

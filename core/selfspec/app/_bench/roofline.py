@@ -55,7 +55,7 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 
 def roofline(records: Sequence[dict[str, Any]], *, bandwidth: float, full_forward_bytes: int,
-             baseline: str = "vanilla") -> dict[str, Any]:
+             baseline: str = "vanilla", device: str = "cpu") -> dict[str, Any]:
     """``{"bandwidth_bytes_per_s", "model_bytes", "rows": [...]}``, a row per method over every
     record: ``bytes_per_token`` (records' ``weight_bytes``; HF's methods read the whole model
     once per forward), ``limit_tokens_per_s``, ``tokens_per_s``, ``of_limit`` and
@@ -81,7 +81,7 @@ def roofline(records: Sequence[dict[str, Any]], *, bandwidth: float, full_forwar
     base = next((r for r in rows if r["method"] == baseline), None)
     for r in rows:
         r["limit_vs_vanilla"] = base["bytes_per_token"] / r["bytes_per_token"] if base else None
-    return {"bandwidth_bytes_per_s": bandwidth, "model_bytes": full_forward_bytes, "rows": rows}
+    return {"bandwidth_bytes_per_s": bandwidth, "model_bytes": full_forward_bytes, "device": device, "rows": rows}
 
 
 def markdown(summary: dict[str, Any]) -> list[str]:
@@ -124,12 +124,13 @@ def add_limits(summary: dict[str, Any], records: Sequence[dict[str, Any]], model
     highest of that and the ``earlier`` measurements of the run (bytes/s): on a shared machine
     other processes' memory traffic lowers any one measurement, and the limit is the most the
     machine gave; every measurement is kept (``machine.read_bandwidth_runs_gbs``)."""
-    runs = [*earlier, read_bandwidth(device=model_device(model))]
+    device = model_device(model)
+    runs = [*earlier, read_bandwidth(device=device)]
     bandwidth = max(runs)
     summary["machine"]["read_bandwidth_gbs"] = round(bandwidth / 1e9, 2)
     summary["machine"]["read_bandwidth_runs_gbs"] = [round(b / 1e9, 2) for b in runs]
-    summary["roofline"] = roofline(records, bandwidth=bandwidth, full_forward_bytes=model_bytes(model))
-    summary["roofline"]["device"] = model_device(model).type
+    summary["roofline"] = roofline(records, bandwidth=bandwidth, full_forward_bytes=model_bytes(model),
+                                   device=device.type)
     choices: dict[str, Any] = {}
     for r in records:
         for what, c in (r.get("choices") or {}).items():
