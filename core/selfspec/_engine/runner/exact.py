@@ -8,9 +8,14 @@ mode makes a row's result independent of how many rows are computed with it, wit
 operations only:
 
 * **Products** (every linear of the layers and the LM head, in the runner's weight layout)
-  run on blocks of exactly :data:`ROWS` rows: a block is padded with zero rows to a multiple
-  of :data:`ROWS` and each group of :data:`ROWS` rows is its own product, so a row meets the
-  same kernel, blocking and summation order alone as inside any block.
+  compute each row as a product of exactly :data:`ROWS` rows computes it: a block is padded
+  with zero rows to a multiple of :data:`ROWS`, so a row meets the same kernel, blocking and
+  summation order alone as inside any block. A padded block of ``w`` rows (up to
+  :data:`FUSED_ROWS`) runs as one product, reading the weights once, only where that
+  product's rows were found bitwise equal to :data:`ROWS`-row products of the same rows on
+  this module's shape, dtype, device and thread count (:func:`fused_width_ok`: checked once
+  per width on random rows; a kernel's summation order follows from its shapes, not the
+  values). Elsewhere each group of :data:`ROWS` rows is its own product.
 * **Attention** (:func:`exact_attention`, registered with transformers' attention interface
   as :data:`IMPL`) scores queries in groups of :data:`ROWS` against keys in blocks of
   :data:`KEY_BLOCK` slots aligned at slot 0, so every block product has one shape; masked and
@@ -20,8 +25,9 @@ operations only:
 * **Norms, rotary embeddings, activations, residuals** work row by row and are already
   invariant (tested).
 
-It costs some speed (a one-token step computes :data:`ROWS` rows of every product; attention
-loops over key blocks in Python) and is its own reference: ``vanilla`` in exact mode, not HF
+It costs some speed (a one-token step computes :data:`ROWS` rows of every product, a block
+whose fused product is not row-invariant reads the weights once per group; attention loops
+over key blocks in Python) and is its own reference: ``vanilla`` in exact mode, not HF
 ``generate`` (whose one-row products round differently; docs/losslessness.md).
 """
 
@@ -33,14 +39,19 @@ from typing import Any
 import torch
 from torch import nn
 
-#: Rows of every product and query group in exact mode.
-ROWS = 16
+#: Rows of the product that defines every row's result, and of every query group, in exact mode.
+ROWS = 8
+#: The widest block of rows run as one product (a multiple of :data:`ROWS`); wider blocks run
+#: in chunks of it, so at most ``FUSED_ROWS // ROWS`` widths are ever checked per shape.
+FUSED_ROWS = 64
 #: Key slots per attention block (blocks aligned at slot 0).
 KEY_BLOCK = 64
 #: The attention implementation name exact layer copies run under.
 IMPL = "selfspec_exact"
 
 _registered = False
+#: fused_width_ok's verdicts: (product type, in, out, bias, dtype, device, threads, width) -> ok
+_fused: dict[tuple, bool] = {}
 
 
 class RowInvariantLinear(nn.Module):
@@ -67,9 +78,37 @@ class RowInvariantLinear(nn.Module):
         n = rows.shape[0]
         padded = -(-n // ROWS) * ROWS
         if padded != n:
-            rows = torch.cat([rows, rows.new_zeros(padded - n, rows.shape[1])])
-        out = torch.cat([self.inner(rows[i : i + ROWS]) for i in range(0, padded, ROWS)])  # [padded, out]
+            rows = torch.nn.functional.pad(rows, (0, 0, 0, padded - n))
+        chunks = [self._product(rows[i : i + FUSED_ROWS]) for i in range(0, padded, FUSED_ROWS)]
+        out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)  # [padded, out]
         return out[:n].reshape(*lead, out.shape[-1])
+
+    def _product(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` ``[w, in]`` (``w`` a multiple of :data:`ROWS`, at most :data:`FUSED_ROWS`)
+        through the product, each row as a :data:`ROWS`-row product gives it."""
+        w = rows.shape[0]
+        if w == ROWS or fused_width_ok(self.inner, w, rows):
+            return self.inner(rows)
+        return torch.cat([self.inner(rows[i : i + ROWS]) for i in range(0, w, ROWS)])
+
+
+def fused_width_ok(product: nn.Module, width: int, like: torch.Tensor) -> bool:
+    """Whether ``product`` over ``width`` rows (a multiple of :data:`ROWS`) gives every row
+    bitwise as the :data:`ROWS`-row products of the same rows do, on inputs of ``like``'s dtype
+    and device at the current thread count. Decided once per product type, shape, bias,
+    dtype, device, thread count and width, on random rows (any rounding difference in the
+    summation order shows in some of them) and remembered for the process."""
+    key = (type(product).__qualname__, product.in_features, product.out_features,
+           getattr(product, "bias", None) is not None, like.dtype, like.device, torch.get_num_threads(), width)
+    ok = _fused.get(key)
+    if ok is None:
+        g = torch.Generator(device="cpu").manual_seed(width)
+        probe = torch.randn(width, product.in_features, generator=g).to(like.dtype).to(like.device)
+        with torch.no_grad():
+            whole = product(probe)
+            groups = torch.cat([product(probe[i : i + ROWS]) for i in range(0, width, ROWS)])
+        ok = _fused[key] = bool(torch.equal(whole, groups))
+    return ok
 
 
 def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
