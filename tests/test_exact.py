@@ -65,6 +65,65 @@ def test_every_tree_node_equals_the_one_token_forwards_along_its_path(arch, dtyp
         assert torch.equal(out[i + 1], _steps(r, ids, start, path)[-1]), f"node {i}"
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_exact_forwards_compute_the_same_logits_as_the_default_mode_up_to_rounding(arch):
+    # bitwise agreement between exact forwards says nothing of their values: this does
+    from selfspec._engine.runner import masks
+
+    torch.manual_seed(0)
+    model = tiny_model(arch).to(torch.float64)
+    exact, plain = Runner(model, weight_layout="model", exact=True), Runner(model, weight_layout="model")
+    g = torch.Generator().manual_seed(3)
+    start, parents = 70, torch.tensor([-1, -1, 0, 0, 1, 2, 2, 4, 5, 8, -1, 3])
+    ids = torch.randint(0, exact.vocab_size, (start + 1 + len(parents),), generator=g)
+    for chain in (True, False):  # keys in slot order, and a tree's nodes gathered in position order
+        kw = {} if chain else {"block_mask": masks.tree(parents), "positions": masks.tree_positions(parents, start)}
+        outs = []
+        for r in (exact, plain):
+            cache = r.new_cache(len(ids))
+            r.forward(ids[:start], cache=cache, start=0, logits=None)
+            outs.append(r.forward(ids[start:], cache=cache, start=start, **kw).logits)
+        torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-9)
+
+
+class _Rounding(torch.nn.Module):
+    """A product whose rows are independent but whose rounding may depend on how many rows it
+    computes at once (above ``widest``), or on a row's place among them (``by_place``), as a
+    kernel switching its blocking with the width would."""
+
+    in_features, out_features = 6, 5
+
+    def __init__(self, widest: int = 10**6, by_place: bool = False) -> None:
+        super().__init__()
+        self.widest, self.by_place, self.widths = widest, by_place, []
+
+    def forward(self, x):
+        self.widths.append(x.shape[0])
+        y = x[:, :5] * 3.0
+        if self.by_place:
+            y = torch.cat([y[:1], y[1:] * (1 + 2**-20)])
+        return y * (1 + 2**-20) if x.shape[0] > self.widest else y
+
+
+@pytest.mark.parametrize("kind", ["invariant", "rounds-by-width", "rounds-by-place"])
+def test_a_product_runs_as_wide_as_was_checked_row_invariant_and_equals_one_token_forwards(kind):
+    from selfspec._engine.runner import exact
+
+    exact._checked.clear()
+    inner = _Rounding(widest=16) if kind == "rounds-by-width" else _Rounding(by_place=kind == "rounds-by-place")
+    rows = exact.RowInvariantLinear(inner)
+    x = torch.randn(30, 6)
+    with torch.no_grad():
+        alone = torch.cat([rows(x[i : i + 1]) for i in range(30)])  # one-token forwards
+        inner.widths.clear()
+        block = rows(x)
+    exact._checked.clear()
+    assert torch.equal(block, alone)
+    width, R = -(-30 // exact.ROWS) * exact.ROWS, exact.ROWS
+    used = {"invariant": [width], "rounds-by-width": [R] * (width // R), "rounds-by-place": [R] * width}[kind]
+    assert inner.widths[-len(used):] == used
+
+
 def test_the_model_layout_is_row_invariant_too():
     r = _runner("llama", torch.float32, layout="model")
     ids = torch.randint(0, r.vocab_size, (40,), generator=torch.Generator().manual_seed(0))

@@ -13,9 +13,11 @@ operations only:
   summation order alone as inside any block. A padded block of ``w`` rows (up to
   :data:`FUSED_ROWS`) runs as one product, reading the weights once, only where that
   product's rows were found bitwise equal to :data:`ROWS`-row products of the same rows on
-  this module's shape, dtype, device and thread count (:func:`fused_width_ok`: checked once
+  this module's shape, dtype, device and thread count (:func:`row_invariant`: checked once
   per width on random rows; a kernel's summation order follows from its shapes, not the
-  values). Elsewhere each group of :data:`ROWS` rows is its own product.
+  values). Elsewhere each group of :data:`ROWS` rows is its own product. That a row's result
+  does not depend on its place among the :data:`ROWS` rows is checked the same way; where it
+  does, every row is computed alone, first in its own :data:`ROWS`-row product (slow, exact).
 * **Attention** (:func:`exact_attention`, registered with transformers' attention interface
   as :data:`IMPL`) scores queries in groups of :data:`ROWS` against keys in blocks of
   :data:`KEY_BLOCK` slots aligned at slot 0, so every block product has one shape; masked and
@@ -50,8 +52,8 @@ KEY_BLOCK = 64
 IMPL = "selfspec_exact"
 
 _registered = False
-#: fused_width_ok's verdicts: (product type, in, out, bias, dtype, device, threads, width) -> ok
-_fused: dict[tuple, bool] = {}
+#: row_invariant's verdicts: (product type, in, out, bias, dtype, device, threads, width) -> ok
+_checked: dict[tuple, bool] = {}
 
 
 class RowInvariantLinear(nn.Module):
@@ -78,36 +80,43 @@ class RowInvariantLinear(nn.Module):
         n = rows.shape[0]
         padded = -(-n // ROWS) * ROWS
         if padded != n:
-            rows = torch.nn.functional.pad(rows, (0, 0, 0, padded - n))
+            rows = _pad(rows, 0, padded)
         chunks = [self._product(rows[i : i + FUSED_ROWS]) for i in range(0, padded, FUSED_ROWS)]
         out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)  # [padded, out]
         return out[:n].reshape(*lead, out.shape[-1])
 
     def _product(self, rows: torch.Tensor) -> torch.Tensor:
         """``rows`` ``[w, in]`` (``w`` a multiple of :data:`ROWS`, at most :data:`FUSED_ROWS`)
-        through the product, each row as a :data:`ROWS`-row product gives it."""
+        through the product, each row as a one-token forward computes it: alone in the first
+        row of a :data:`ROWS`-row product."""
         w = rows.shape[0]
-        if w == ROWS or fused_width_ok(self.inner, w, rows):
+        if not row_invariant(self.inner, ROWS, rows):  # a row's place in the product matters
+            return torch.cat([self.inner(_pad(rows[i : i + 1], 0, ROWS))[:1] for i in range(w)])
+        if w == ROWS or row_invariant(self.inner, w, rows):
             return self.inner(rows)
         return torch.cat([self.inner(rows[i : i + ROWS]) for i in range(0, w, ROWS)])
 
 
-def fused_width_ok(product: nn.Module, width: int, like: torch.Tensor) -> bool:
-    """Whether ``product`` over ``width`` rows (a multiple of :data:`ROWS`) gives every row
-    bitwise as the :data:`ROWS`-row products of the same rows do, on inputs of ``like``'s dtype
-    and device at the current thread count. Decided once per product type, shape, bias,
-    dtype, device, thread count and width, on random rows (any rounding difference in the
-    summation order shows in some of them) and remembered for the process."""
+def row_invariant(product: nn.Module, width: int, like: torch.Tensor) -> bool:
+    """Whether ``product`` over ``width`` rows (a multiple of :data:`ROWS`) gives each row
+    bitwise as the one-token forward does: for ``width == ROWS``, as that row alone in the
+    first row of a :data:`ROWS`-row product; wider, as the :data:`ROWS`-row products of the
+    same rows. Decided once per product type, shape, bias, dtype, device, thread count and
+    width, on random rows (a summation order follows from the shapes, not the values, and any
+    difference in it shows as rounding in some of them), and remembered for the process."""
     key = (type(product).__qualname__, product.in_features, product.out_features,
            getattr(product, "bias", None) is not None, like.dtype, like.device, torch.get_num_threads(), width)
-    ok = _fused.get(key)
+    ok = _checked.get(key)
     if ok is None:
         g = torch.Generator(device="cpu").manual_seed(width)
         probe = torch.randn(width, product.in_features, generator=g).to(like.dtype).to(like.device)
         with torch.no_grad():
             whole = product(probe)
-            groups = torch.cat([product(probe[i : i + ROWS]) for i in range(0, width, ROWS)])
-        ok = _fused[key] = bool(torch.equal(whole, groups))
+            if width == ROWS:
+                parts = [product(_pad(probe[i : i + 1], 0, ROWS))[:1] for i in range(ROWS)]
+            else:
+                parts = [product(probe[i : i + ROWS]) for i in range(0, width, ROWS)]
+        ok = _checked[key] = bool(torch.equal(whole, torch.cat(parts)))
     return ok
 
 
@@ -143,26 +152,37 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     softcap = kwargs.get("softcap")
     if softcap:
         s = torch.tanh(s / softcap) * softcap
-    # 2. the same scores in position order: the prefix's slots are its positions, a block key
-    #    goes to its position's column for the queries that see it
-    width = -(-n // KEY_BLOCK) * KEY_BLOCK
-    cols = torch.where(pos >= 0, pos, width).clamp_(max=width)  # [q, n]; unseen -> a dropped column
-    sp = s.new_full((h, q, width + 1), float("-inf"))
-    sp.scatter_(2, cols[None].expand(h, q, n), s.masked_fill((pos < 0)[None], float("-inf")))
-    sp = sp[:, :, :width]  # [h, q, W]
+    # 2. the same scores in position order. Where every visible key sits at the slot of its
+    #    position (the cache holds the committed prefix, the block is a chain), slot order is
+    #    position order; else a block key goes to its position's column for the queries that
+    #    see it.
+    width = blocks * KEY_BLOCK
+    slot = torch.arange(n, device=dev)
+    in_order = bool(((pos == slot) | (pos < 0)).all())
+    unseen = (pos < 0)[None]
+    if in_order:
+        sp = _pad(s.masked_fill(unseen, float("-inf")), 2, width, float("-inf"))  # [h, q, W]
+    else:
+        cols = torch.where(pos >= 0, pos, width).clamp_(max=width)  # [q, n]; unseen -> a dropped column
+        sp = s.new_full((h, q, width + 1), float("-inf"))
+        sp.scatter_(2, cols[None].expand(h, q, n), s.masked_fill(unseen, float("-inf")))
+        sp = sp[:, :, :width]  # [h, q, W]
     top = sp.amax(-1, keepdim=True).clamp_min(torch.finfo(acc).min)  # order-free; finite
     p = torch.exp(sp - top)  # unseen: exactly 0
     pb = p.reshape(h, q, blocks, KEY_BLOCK)
-    # 3. values in position order: blocks before the block holding `start` read the shared
-    #    prefix (when its slots are its positions); later ones gather each query's own keys
-    first = start // KEY_BLOCK
+    # 3. values in position order: blocks whose slots are their positions for every query (all
+    #    of them, in order) read the values as the cache holds them, each query group in one
+    #    [ROWS, KEY_BLOCK] x [KEY_BLOCK, d] product per block; from the first block holding a
+    #    draft's node on, each query gathers its own keys and is alone in its product's rows
+    #    (the same product shape, so the same rounding for that row either way)
+    first = blocks if in_order else start // KEY_BLOCK
     prefix = pos[:, :start]
-    if first and not bool(((prefix == torch.arange(start, device=dev)) | (prefix < 0)).all()):
+    if not in_order and first and not bool(((prefix == slot[:start]) | (prefix < 0)).all()):
         first = 0  # the cache's prefix is not in position order (a draft's nodes): gather it all
     parts = []
     if first:
         pg = _pad(pb[:, :, :first], 1, groups * ROWS).reshape(h, groups, ROWS, first, KEY_BLOCK)
-        vb = v[:, : first * KEY_BLOCK].reshape(h, 1, first, KEY_BLOCK, d)
+        vb = _pad(v[:, : first * KEY_BLOCK], 1, first * KEY_BLOCK).reshape(h, 1, first, KEY_BLOCK, d)
         shared = torch.matmul(pg.permute(0, 1, 3, 2, 4), vb)  # [h, G, first, R, d]
         parts.append(shared.permute(0, 1, 3, 2, 4).reshape(h, groups * ROWS, first, d)[:, :q])
     tail = blocks - first
@@ -177,7 +197,7 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         pt = torch.cat([pt, pt.new_zeros(h, q, tail, ROWS - 1, KEY_BLOCK)], 3)  # each alone in ROWS rows
         own = torch.matmul(pt, vt.reshape(h, q, tail, KEY_BLOCK, d))[:, :, :, 0]  # [h, q, tail, d]
         parts.append(own)
-    part = torch.cat(parts, 2)  # [h, q, B, d]
+    part = parts[0] if len(parts) == 1 else torch.cat(parts, 2)  # [h, q, B, d]
     sums = pb.sum(-1)  # [h, q, B]
     num, den = part[:, :, 0], sums[:, :, 0]
     for b in range(1, blocks):  # in position order: a shorter forward's missing blocks add +0.0
@@ -197,14 +217,14 @@ def position_mask(allowed: torch.Tensor | None, kv_pos: torch.Tensor, q: int) ->
     return grid.reshape(1, 1, q, n).to(torch.long)
 
 
-def _pad(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
-    """``x`` with zeros appended along ``dim`` up to ``size``."""
+def _pad(x: torch.Tensor, dim: int, size: int, value: float = 0.0) -> torch.Tensor:
+    """``x`` with ``value`` appended along ``dim`` up to ``size``."""
     extra = size - x.shape[dim]
     if extra <= 0:
         return x
     shape = list(x.shape)
     shape[dim] = extra
-    return torch.cat([x, x.new_zeros(shape)], dim)
+    return torch.cat([x, x.new_full(shape, value)], dim)
 
 
 def register() -> None:
