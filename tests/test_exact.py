@@ -14,6 +14,18 @@ from selfspec.testing._models import tiny_model
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+@pytest.fixture(params=["rows-shared", "each-row-alone"])
+def placement(request, monkeypatch):
+    """Products as the checks found them here (rows sharing products), or as on a machine whose
+    kernels round a row by its place among the rows (every row alone, first in its product)."""
+    from selfspec._engine.runner import exact
+
+    if request.param == "each-row-alone":
+        monkeypatch.setattr(exact, "attention_rows_invariant", lambda *a: False)
+        monkeypatch.setattr(exact, "row_invariant", lambda *a: False)
+    return request.param
+
+
 def _runner(arch: str, dtype: torch.dtype, layout: str = "auto") -> Runner:
     torch.manual_seed(0)
     return Runner(tiny_model(arch).to(dtype), weight_layout=layout, exact=True)
@@ -30,7 +42,7 @@ def _steps(r: Runner, ids: torch.Tensor, start: int, path: list[int]) -> torch.T
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize(("start", "k"), [(7, 20), (60, 8), (128, 3)], ids=["short", "across-a-key-block", "long"])
-def test_a_block_equals_its_one_token_forwards_bitwise(arch, dtype, start, k):
+def test_a_block_equals_its_one_token_forwards_bitwise(arch, dtype, start, k, placement):
     r = _runner(arch, DTYPES[dtype])
     ids = torch.randint(0, r.vocab_size, (start + k,), generator=torch.Generator().manual_seed(start))
     one = _steps(r, ids, start, ids[start:].tolist())
@@ -42,7 +54,7 @@ def test_a_block_equals_its_one_token_forwards_bitwise(arch, dtype, start, k):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
-def test_every_tree_node_equals_the_one_token_forwards_along_its_path(arch, dtype):
+def test_every_tree_node_equals_the_one_token_forwards_along_its_path(arch, dtype, placement):
     from selfspec._engine.runner import masks
 
     r = _runner(arch, DTYPES[dtype])
@@ -66,7 +78,7 @@ def test_every_tree_node_equals_the_one_token_forwards_along_its_path(arch, dtyp
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_exact_forwards_compute_the_same_logits_as_the_default_mode_up_to_rounding(arch):
+def test_exact_forwards_compute_the_same_logits_as_the_default_mode_up_to_rounding(arch, placement):
     # bitwise agreement between exact forwards says nothing of their values: this does
     from selfspec._engine.runner import masks
 
@@ -84,6 +96,22 @@ def test_exact_forwards_compute_the_same_logits_as_the_default_mode_up_to_roundi
             r.forward(ids[:start], cache=cache, start=0, logits=None)
             outs.append(r.forward(ids[start:], cache=cache, start=start, **kw).logits)
         torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-9)
+
+
+def test_rows_with_equal_keys_share_products_in_order_and_alone_rows_are_first_in_their_own():
+    from selfspec._engine.runner.exact import ROWS, _place
+
+    keys = torch.tensor([5, 2, 5, 5, 2] + [7] * (ROWS + 1))
+    group, row, owner = _place(keys, alone=False)
+    places = list(zip(group.tolist(), row.tolist()))
+    assert len(set(places)) == len(keys)  # no two rows in one place
+    for g in set(group.tolist()):
+        assert {int(k) for k in keys[group == g]} == {int(owner[g])}  # a product holds one key's rows
+        assert sorted(row[group == g].tolist()) == list(range(int((group == g).sum())))  # from row 0 on
+    assert owner.tolist() == [2, 5, 7, 7]  # the 9 rows of key 7 take two products
+    group, row, owner = _place(keys, alone=True)
+    assert group.tolist() == list(range(len(keys))) and row.tolist() == [0] * len(keys)
+    assert owner.tolist() == keys.tolist()
 
 
 class _Rounding(torch.nn.Module):

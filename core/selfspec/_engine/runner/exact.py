@@ -65,6 +65,7 @@ class RowInvariantLinear(nn.Module):
         self.inner = inner
         self.in_features = inner.in_features
         self.out_features = inner.out_features
+        self._verdicts: dict[tuple, bool] = {}
 
     @property
     def weight(self) -> torch.Tensor:
@@ -80,9 +81,11 @@ class RowInvariantLinear(nn.Module):
         n = rows.shape[0]
         padded = -(-n // ROWS) * ROWS
         if padded != n:
-            rows = _pad(rows, 0, padded)
-        chunks = [self._product(rows[i : i + FUSED_ROWS]) for i in range(0, padded, FUSED_ROWS)]
-        out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)  # [padded, out]
+            rows = nn.functional.pad(rows, (0, 0, 0, padded - n))
+        if padded <= FUSED_ROWS:
+            out = self._product(rows)  # [padded, out]
+        else:
+            out = torch.cat([self._product(rows[i : i + FUSED_ROWS]) for i in range(0, padded, FUSED_ROWS)])
         return out[:n].reshape(*lead, out.shape[-1])
 
     def _product(self, rows: torch.Tensor) -> torch.Tensor:
@@ -90,11 +93,21 @@ class RowInvariantLinear(nn.Module):
         through the product, each row as a one-token forward computes it: alone in the first
         row of a :data:`ROWS`-row product."""
         w = rows.shape[0]
-        if not row_invariant(self.inner, ROWS, rows):  # a row's place in the product matters
-            return torch.cat([self.inner(_pad(rows[i : i + 1], 0, ROWS))[:1] for i in range(w)])
-        if w == ROWS or row_invariant(self.inner, w, rows):
+        if not self._invariant(ROWS, rows):  # a row's place in the product matters
+            return torch.cat([self.inner(nn.functional.pad(rows[i : i + 1], (0, 0, 0, ROWS - 1)))[:1]
+                              for i in range(w)])
+        if w == ROWS or self._invariant(w, rows):
             return self.inner(rows)
         return torch.cat([self.inner(rows[i : i + ROWS]) for i in range(0, w, ROWS)])
+
+    def _invariant(self, width: int, rows: torch.Tensor) -> bool:
+        """:func:`row_invariant` for this product, remembered on the module too (a step asks
+        for every product)."""
+        key = (width, rows.dtype, rows.device, torch.get_num_threads())
+        ok = self._verdicts.get(key)
+        if ok is None:
+            ok = self._verdicts[key] = row_invariant(self.inner, width, rows)
+        return ok
 
 
 def row_invariant(product: nn.Module, width: int, like: torch.Tensor) -> bool:
@@ -129,26 +142,31 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     own ``q`` keys last); attention_mask ``[1, 1, q, n]`` int64 from :func:`position_mask`:
     the *position* of each key a query sees, ``-1`` where it sees none. Keys are reduced in
     position order, so a tree node's ancestors count in the order a chain of one-token steps
-    would have them. Returns ``([1, q, h, d], None)`` in the query's dtype; scores, softmax and
+    would have them. The queries of the heads sharing a key/value head are the rows of the
+    same products. Returns ``([1, q, h, d], None)`` in the query's dtype; scores, softmax and
     the weighted sum run in float32 (float64 for float64 models).
     """
     if attention_mask is None or attention_mask.dtype != torch.long:
         raise ValueError("exact attention needs the runner's position mask (Runner(exact=True))")
     _, h, q, d = query.shape
-    n = key.shape[2]
-    start = n - q
+    hk, n = key.shape[1], key.shape[2]
+    rep, start = h // hk, n - q
     acc = torch.float64 if query.dtype == torch.float64 else torch.float32
     dev = query.device
-    rep = h // key.shape[1]
-    k = (key[0].repeat_interleave(rep, 0) if rep > 1 else key[0]).to(acc)  # [h, n, d]
-    v = (value[0].repeat_interleave(rep, 0) if rep > 1 else value[0]).to(acc)
+    # rows: the rep * q queries of each key/value head, head by head (row r * q + i)
+    qv = query[0].reshape(hk, rep * q, d).to(acc)  # [hk, Q, d]
+    k, v = key[0].to(acc), value[0].to(acc)  # [hk, n, d]
     pos = attention_mask.reshape(q, n)  # [q, n]: key position, -1 = not seen
-    groups, blocks = -(-q // ROWS), -(-n // KEY_BLOCK)
+    rows = rep * q
+    blocks = -(-n // KEY_BLOCK)
+    width = blocks * KEY_BLOCK
+    # a row's place among the ROWS rows of a product: in order, ROWS rows a product, or each
+    # alone in the first row where its place in these products would change its rounding
+    alone = not attention_rows_invariant(acc, dev, d)
     # 1. scores in slot order, every (query, key) pair in a [ROWS, d] x [d, KEY_BLOCK] product
-    qs = _pad(query[0].to(acc), 1, groups * ROWS).reshape(h, groups, 1, ROWS, d)
-    kb = _pad(k, 1, blocks * KEY_BLOCK).reshape(h, 1, blocks, KEY_BLOCK, d)
-    s = torch.matmul(qs, kb.transpose(-1, -2)) * scaling  # [h, G, B, R, K]
-    s = s.permute(0, 1, 3, 2, 4).reshape(h, groups * ROWS, blocks * KEY_BLOCK)[:, :q, :n]  # [h, q, n]
+    kb = _pad(k, 1, width).reshape(hk, 1, blocks, KEY_BLOCK, d).transpose(-1, -2)
+    s = _from_rows(torch.matmul(_to_rows(qv, alone)[:, :, None], kb).transpose(2, 3), rows, alone)  # [hk, Q, B, K]
+    s = s.reshape(hk, rows, width)[:, :, :n] * scaling
     softcap = kwargs.get("softcap")
     if softcap:
         s = torch.tanh(s / softcap) * softcap
@@ -156,55 +174,121 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     #    position (the cache holds the committed prefix, the block is a chain), slot order is
     #    position order; else a block key goes to its position's column for the queries that
     #    see it.
-    width = blocks * KEY_BLOCK
     slot = torch.arange(n, device=dev)
     in_order = bool(((pos == slot) | (pos < 0)).all())
-    unseen = (pos < 0)[None]
+    unseen = (pos < 0).repeat(rep, 1)[None]  # [1, Q, n]
     if in_order:
-        sp = _pad(s.masked_fill(unseen, float("-inf")), 2, width, float("-inf"))  # [h, q, W]
+        sp = _pad(s.masked_fill(unseen, float("-inf")), 2, width, float("-inf"))  # [hk, Q, W]
     else:
-        cols = torch.where(pos >= 0, pos, width).clamp_(max=width)  # [q, n]; unseen -> a dropped column
-        sp = s.new_full((h, q, width + 1), float("-inf"))
-        sp.scatter_(2, cols[None].expand(h, q, n), s.masked_fill(unseen, float("-inf")))
-        sp = sp[:, :, :width]  # [h, q, W]
+        cols = torch.where(pos >= 0, pos, width).clamp_(max=width).repeat(rep, 1)  # unseen -> dropped
+        sp = s.new_full((hk, rows, width + 1), float("-inf"))
+        sp.scatter_(2, cols[None].expand(hk, rows, n), s.masked_fill(unseen, float("-inf")))
+        sp = sp[:, :, :width]
     top = sp.amax(-1, keepdim=True).clamp_min(torch.finfo(acc).min)  # order-free; finite
-    p = torch.exp(sp - top)  # unseen: exactly 0
-    pb = p.reshape(h, q, blocks, KEY_BLOCK)
-    # 3. values in position order: blocks whose slots are their positions for every query (all
-    #    of them, in order) read the values as the cache holds them, each query group in one
-    #    [ROWS, KEY_BLOCK] x [KEY_BLOCK, d] product per block; from the first block holding a
-    #    draft's node on, each query gathers its own keys and is alone in its product's rows
-    #    (the same product shape, so the same rounding for that row either way)
+    pb = torch.exp(sp - top).reshape(hk, rows, blocks, KEY_BLOCK)  # unseen: exactly 0
+    # 3. values in position order, each (row group, key block) in one [ROWS, KEY_BLOCK] x
+    #    [KEY_BLOCK, d] product. Blocks whose slots are their positions for every query (all
+    #    of them, in order) read the values as the cache holds them; from the first block
+    #    holding a draft's node on, values are gathered in position order
     first = blocks if in_order else start // KEY_BLOCK
     prefix = pos[:, :start]
     if not in_order and first and not bool(((prefix == slot[:start]) | (prefix < 0)).all()):
         first = 0  # the cache's prefix is not in position order (a draft's nodes): gather it all
     parts = []
     if first:
-        pg = _pad(pb[:, :, :first], 1, groups * ROWS).reshape(h, groups, ROWS, first, KEY_BLOCK)
-        vb = _pad(v[:, : first * KEY_BLOCK], 1, first * KEY_BLOCK).reshape(h, 1, first, KEY_BLOCK, d)
-        shared = torch.matmul(pg.permute(0, 1, 3, 2, 4), vb)  # [h, G, first, R, d]
-        parts.append(shared.permute(0, 1, 3, 2, 4).reshape(h, groups * ROWS, first, d)[:, :q])
-    tail = blocks - first
-    if tail:
-        lo = first * KEY_BLOCK
-        slot_of = torch.full((q, width - lo), n, dtype=torch.long, device=dev)  # position -> slot
-        seen = pos >= lo
-        rows, slots = seen.nonzero(as_tuple=True)
-        slot_of[rows, pos[rows, slots] - lo] = slots
-        vt = torch.cat([v, v.new_zeros(h, 1, d)], 1)[:, slot_of]  # [h, q, tail*K, d]
-        pt = pb[:, :, first:].reshape(h, q, tail, 1, KEY_BLOCK)
-        pt = torch.cat([pt, pt.new_zeros(h, q, tail, ROWS - 1, KEY_BLOCK)], 3)  # each alone in ROWS rows
-        own = torch.matmul(pt, vt.reshape(h, q, tail, KEY_BLOCK, d))[:, :, :, 0]  # [h, q, tail, d]
-        parts.append(own)
-    part = parts[0] if len(parts) == 1 else torch.cat(parts, 2)  # [h, q, B, d]
-    sums = pb.sum(-1)  # [h, q, B]
+        vb = _pad(v[:, : first * KEY_BLOCK], 1, first * KEY_BLOCK).reshape(hk, 1, first, KEY_BLOCK, d)
+        pg = _to_rows(pb[:, :, :first].transpose(1, 2), alone, dim=2)  # [hk, first, G, R, K]
+        parts.append(_from_rows(torch.matmul(pg, vb.transpose(1, 2)), rows, alone, dim=2).transpose(1, 2))
+    if blocks > first:
+        parts.append(_gathered_values(pb[:, :, first:], v, pos, rep, first * KEY_BLOCK, width, alone))
+    part = parts[0] if len(parts) == 1 else torch.cat(parts, 2)  # [hk, Q, B, d]
+    sums = pb.sum(-1)  # [hk, Q, B]
     num, den = part[:, :, 0], sums[:, :, 0]
     for b in range(1, blocks):  # in position order: a shorter forward's missing blocks add +0.0
         num = num + part[:, :, b]
         den = den + sums[:, :, b]
-    out = num / den[..., None]  # [h, q, d]
+    out = (num / den[..., None]).reshape(h, q, d)
     return out.transpose(0, 1)[None].to(query.dtype), None
+
+
+def _to_rows(x: torch.Tensor, alone: bool, dim: int = 1) -> torch.Tensor:
+    """Rows ``x.shape[dim]`` of ``x`` as products of :data:`ROWS` rows: that dim becomes
+    ``[G, ROWS]`` (in order, zero rows padding the last product; ``alone``: each row first in
+    its own product)."""
+    if alone:
+        return _pad(x.unsqueeze(dim + 1), dim + 1, ROWS)
+    m = x.shape[dim]
+    return _pad(x, dim, -(-m // ROWS) * ROWS).unflatten(dim, (-1, ROWS))
+
+
+def _from_rows(y: torch.Tensor, m: int, alone: bool, dim: int = 1) -> torch.Tensor:
+    """The ``m`` rows :func:`_to_rows` placed, back from products ``[..., G, ROWS, ...]``
+    (group at ``dim``, row next): ``[..., m, ...]``."""
+    if alone:
+        return y.select(dim + 1, 0)
+    return y.flatten(dim, dim + 1).narrow(dim, 0, m)
+
+
+def _gathered_values(pt: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, rep: int, lo: int, width: int,
+                     alone: bool) -> torch.Tensor:
+    """Each row's weighted values over positions ``lo..width-1``, key block by key block in
+    position order: ``pt`` ``[hk, rep * q, tail, K]`` (weights by position), ``v``
+    ``[hk, n, d]`` (by slot), ``pos`` ``[q, n]``. Returns ``[hk, rep * q, tail, d]``.
+
+    A query reads the values of the query that *covers* it (sees every position it sees, at the
+    same slot, and the most positions: for a tree node, a leaf below it), so the queries of one
+    branch share one gather and one product's rows; at positions a query does not see its
+    weight is exactly 0."""
+    hk, rows, tail, _ = pt.shape
+    q, n, d = pos.shape[0], v.shape[1], v.shape[2]
+    slot_of = torch.full((q, width - lo), n, dtype=torch.long, device=v.device)  # position -> slot
+    qi, slots = (pos >= lo).nonzero(as_tuple=True)
+    slot_of[qi, pos[qi, slots] - lo] = slots
+    seen = slot_of < n
+    covers = ((slot_of[:, None] == slot_of[None]) | ~seen[None]).all(-1)  # [j, i]: j covers i
+    lead = torch.where(covers, seen.sum(-1)[:, None], -1).argmax(0)  # [q]; at worst itself
+    group, row, owner = _place(lead.repeat(rep), alone)
+    pg = pt.new_zeros(hk, int(group.max()) + 1, ROWS, tail, KEY_BLOCK)
+    pg[:, group, row] = pt
+    vt = torch.cat([v, v.new_zeros(hk, 1, d)], 1)[:, slot_of[owner]]  # [hk, G, tail*K, d]; n -> 0
+    own = torch.matmul(pg.permute(0, 1, 3, 2, 4), vt.reshape(hk, -1, tail, KEY_BLOCK, d))  # [hk, G, tail, R, d]
+    return own[:, group, :, row].permute(1, 0, 2, 3)
+
+
+def _place(keys: torch.Tensor, alone: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of :data:`ROWS`-row products for ``m`` items: items with equal ``keys`` ``[m]``
+    share products, in order, :data:`ROWS` a product; ``alone``: each item first in a product
+    of its own. Returns each item's product and row ``[m]`` and each product's key ``[G]``."""
+    m, dev = keys.shape[0], keys.device
+    if alone:
+        return torch.arange(m, device=dev), torch.zeros(m, dtype=torch.long, device=dev), keys
+    order = torch.argsort(keys, stable=True)
+    uniq, counts = torch.unique_consecutive(keys[order], return_counts=True)
+    within = torch.arange(m, device=dev) - (torch.cumsum(counts, 0) - counts).repeat_interleave(counts)
+    products = -(-counts // ROWS)
+    group, row = torch.empty_like(keys), torch.empty_like(keys)
+    group[order] = (torch.cumsum(products, 0) - products).repeat_interleave(counts) + within // ROWS
+    row[order] = within % ROWS
+    return group, row, uniq.repeat_interleave(products)
+
+
+def attention_rows_invariant(dtype: torch.dtype, device: torch.device, d: int) -> bool:
+    """Whether exact attention's batched products (``[ROWS, d] x [d, KEY_BLOCK]`` scores and
+    ``[ROWS, KEY_BLOCK] x [KEY_BLOCK, d]`` values) give each row bitwise as that row alone in
+    the first row of the product does, at this dtype, device, head size and thread count.
+    Checked once on random rows, as :func:`row_invariant` checks the linears."""
+    key = ("attention", dtype, device, torch.get_num_threads(), d)
+    ok = _checked.get(key)
+    if ok is None:
+        g = torch.Generator(device="cpu").manual_seed(d)
+        ok = True
+        for a, b in ((ROWS, d), (d, KEY_BLOCK)), ((ROWS, KEY_BLOCK), (KEY_BLOCK, d)):
+            x = torch.randn(3, *a, generator=g).to(dtype).to(device)
+            y = torch.randn(3, *b, generator=g).to(dtype).to(device)
+            firsts = [torch.matmul(_pad(x[:, i : i + 1], 1, ROWS), y)[:, :1] for i in range(ROWS)]
+            ok = ok and bool(torch.equal(torch.matmul(x, y), torch.cat(firsts, 1)))
+        _checked[key] = ok
+    return ok
 
 
 def position_mask(allowed: torch.Tensor | None, kv_pos: torch.Tensor, q: int) -> torch.Tensor:
