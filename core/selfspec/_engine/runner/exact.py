@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 #: Rows of the product that defines every row's result, and of every query group, in exact mode.
-ROWS = 8
+ROWS = 4
 #: The widest block of rows run as one product (a multiple of :data:`ROWS`); wider blocks run
 #: in chunks of it, so at most ``FUSED_ROWS // ROWS`` widths are ever checked per shape.
 FUSED_ROWS = 64
@@ -103,7 +103,7 @@ class RowInvariantLinear(nn.Module):
     def _invariant(self, width: int, rows: torch.Tensor) -> bool:
         """:func:`row_invariant` for this product, remembered on the module too (a step asks
         for every product)."""
-        key = (width, rows.dtype, rows.device, torch.get_num_threads())
+        key = (ROWS, width, rows.dtype, rows.device, torch.get_num_threads())
         ok = self._verdicts.get(key)
         if ok is None:
             ok = self._verdicts[key] = row_invariant(self.inner, width, rows)
@@ -116,17 +116,25 @@ def row_invariant(product: nn.Module, width: int, like: torch.Tensor) -> bool:
     first row of a :data:`ROWS`-row product; wider, as the :data:`ROWS`-row products of the
     same rows. Decided once per product type, shape, bias, dtype, device, thread count and
     width, on random rows (a summation order follows from the shapes, not the values, and any
-    difference in it shows as rounding in some of them), and remembered for the process."""
+    difference in it shows as rounding in some of them), and remembered for the process.
+
+    A wider width is compared with its two halves' products where both were found invariant
+    (equal to the halves, it equals their :data:`ROWS`-row products), else with every
+    :data:`ROWS`-row product: three products a width, not one per group."""
     key = (type(product).__qualname__, product.in_features, product.out_features,
-           getattr(product, "bias", None) is not None, like.dtype, like.device, torch.get_num_threads(), width)
+           getattr(product, "bias", None) is not None, like.dtype, like.device, torch.get_num_threads(), ROWS, width)
     ok = _checked.get(key)
     if ok is None:
+        half = ROWS * (width // ROWS // 2)
+        halves = width > ROWS and row_invariant(product, half, like) and row_invariant(product, width - half, like)
         g = torch.Generator(device="cpu").manual_seed(width)
         probe = torch.randn(width, product.in_features, generator=g).to(like.dtype).to(like.device)
         with torch.no_grad():
             whole = product(probe)
             if width == ROWS:
                 parts = [product(_pad(probe[i : i + 1], 0, ROWS))[:1] for i in range(ROWS)]
+            elif halves:
+                parts = [product(probe[:half]), product(probe[half:])]
             else:
                 parts = [product(probe[i : i + ROWS]) for i in range(0, width, ROWS)]
         ok = _checked[key] = bool(torch.equal(whole, torch.cat(parts)))
@@ -277,7 +285,7 @@ def attention_rows_invariant(dtype: torch.dtype, device: torch.device, d: int) -
     ``[ROWS, KEY_BLOCK] x [KEY_BLOCK, d]`` values) give each row bitwise as that row alone in
     the first row of the product does, at this dtype, device, head size and thread count.
     Checked once on random rows, as :func:`row_invariant` checks the linears."""
-    key = ("attention", dtype, device, torch.get_num_threads(), d)
+    key = ("attention", dtype, device, torch.get_num_threads(), ROWS, KEY_BLOCK, d)
     ok = _checked.get(key)
     if ok is None:
         g = torch.Generator(device="cpu").manual_seed(d)
