@@ -321,6 +321,24 @@ def test_bench_command_with_a_plugin_and_options(cli, model_dir, tiny_task, tmp_
     assert bad.exit_code != 0 and "no selected plugin declares" in bad.output
 
 
+@pytest.mark.skipif(not HAS_LOOKUP or importlib.util.find_spec("selfspec_selfsd") is None,
+                    reason="selfspec-lookup and selfspec-selfsd are not installed")
+def test_a_composed_method_records_and_tabulates_its_members_counters(cli, model_dir, tiny_task, tmp_path):
+    out = tmp_path / "run"
+    res = cli.invoke(bench, _bench_args(model_dir, out, "--no-peers", "-p", "lookup+selfsd"))
+    assert res.exit_code == 0, res.output + str(res.exception)
+    recs = [r for r in results.read_jsonl(out / results.RECORDS) if r["method"] == "lookup+selfsd"]
+    assert recs and all(set(r["members"]) == {"lookup", "selfsd"} for r in recs)
+    assert all("members" not in r for r in results.read_jsonl(out / results.RECORDS) if r["method"] != "lookup+selfsd")
+    summary = json.loads((out / results.SUMMARY).read_text())
+    row = next(r for r in summary["rows"] if r["method"] == "lookup+selfsd")
+    for name in ("lookup", "selfsd"):  # the summary sums the records' counters
+        for k, v in row["members"][name].items():
+            assert v == sum(r["members"][name][k] for r in recs if row["task"] in ("all", r["task"]))
+    table = (out / results.TABLE).read_text()
+    assert "**Composition members**" in table and f"| {row['task']} | lookup+selfsd | lookup | " in table
+
+
 @pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
 def test_bench_command_measures_variants_and_chosen_peers(cli, model_dir, tiny_task, tmp_path):
     out = tmp_path / "run"

@@ -19,11 +19,14 @@ operations only:
   does not depend on its place among the :data:`ROWS` rows is checked the same way; where it
   does, every row is computed alone, first in its own :data:`ROWS`-row product (slow, exact).
 * **Attention** (:func:`exact_attention`, registered with transformers' attention interface
-  as :data:`IMPL`) scores queries in groups of :data:`ROWS` against keys in blocks of
-  :data:`KEY_BLOCK` slots aligned at slot 0, so every block product has one shape; masked and
-  padding entries contribute exact zeros (``exp(-inf)``); the softmax denominator and the
-  weighted values are summed block by block in slot order, so blocks a shorter forward does
-  not have add ``+0.0`` and change nothing. The maximum is order-free.
+  as :data:`IMPL`) puts the queries of the heads sharing a key/value head in groups of
+  :data:`ROWS` rows and scores them against keys in blocks of :data:`KEY_BLOCK` slots aligned
+  at slot 0, so every block product has one shape; masked and padding entries contribute
+  exact zeros (``exp(-inf)``); the softmax denominator and the weighted values are summed
+  block by block in slot order, so blocks a shorter forward does not have add ``+0.0`` and
+  change nothing. The maximum is order-free. That a row's place in these products does not
+  change its rounding is checked too (:func:`attention_rows_invariant`); where it does, each
+  query is alone in its products.
 * **Norms, rotary embeddings, activations, residuals** work row by row and are already
   invariant (tested).
 
@@ -52,13 +55,15 @@ KEY_BLOCK = 64
 IMPL = "selfspec_exact"
 
 _registered = False
-#: row_invariant's verdicts: (product type, in, out, bias, dtype, device, threads, width) -> ok
+#: the checks' verdicts, by what decides a kernel's summation order (product type and shape, dtype,
+#: device, threads, ROWS, width; attention's dtype, device, threads, ROWS, KEY_BLOCK, head size)
 _checked: dict[tuple, bool] = {}
 
 
 class RowInvariantLinear(nn.Module):
-    """A product module (``nn.Linear``, a packed or compressed linear) run on groups of
-    exactly :data:`ROWS` rows: ``[..., in]`` -> ``[..., out]``."""
+    """A product module (``nn.Linear``, a packed or compressed linear) whose every row comes
+    out as in a one-token forward, alone in a :data:`ROWS`-row product: ``[..., in]`` ->
+    ``[..., out]``."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()

@@ -146,7 +146,8 @@ def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, s
         wall = time.perf_counter() - t0
         s = res.stats
         return Run(res.output_ids, wall, s.forwards, s.drafted, s.accepted, list(s.accept_lengths), dict(s.phase_s),
-                   s.prefill_s, s.weight_layout, s.weight_bytes, dict(s.choices), dict(s.extra))
+                   s.prefill_s, s.weight_layout, s.weight_bytes, dict(s.choices), dict(s.extra),
+                   members={k: dict(v) for k, v in s.members.items()})
 
     return run
 

@@ -104,6 +104,12 @@ def _row(task: str, method: str, every: list[dict[str, Any]], base_time: dict[tu
         for k, v in (r.get("extra") or {}).items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 extra[k] = extra.get(k, 0) + v
+    members: dict[str, dict[str, int]] = {}  # a composition's members' counters (Stats.members), summed
+    for r in rs:
+        for name, counts in (r.get("members") or {}).items():
+            into = members.setdefault(name, {})
+            for k, v in counts.items():
+                into[k] = into.get(k, 0) + v
     has_draft = all(d is not None for d in drafted) and sum(drafted) > 0  # type: ignore[arg-type]
     return {
         "task": task,
@@ -118,6 +124,7 @@ def _row(task: str, method: str, every: list[dict[str, Any]], base_time: dict[tu
         "acceptance": sum(accepted) / sum(drafted) if has_draft else None,  # type: ignore[arg-type]
         "phase_s": phases,
         "extra": extra,
+        **({"members": members} if members else {}),
         "lossless": sum(1 for r in rs if r["lossless"]) if any(r["lossless"] is not None for r in rs) else None,
         "near_ties": sum(1 for r in rs if r["near_tie"]),
         "divergences": sum(1 for r in rs if r["lossless"] is False and not r["near_tie"]),
@@ -233,9 +240,29 @@ def markdown(summary: dict[str, Any]) -> str:
     from selfspec.app._bench.roofline import markdown as roofline_markdown
 
     lines += roofline_markdown(summary)
+    lines += members_markdown(summary)
     lines += choices_markdown(summary)
     lines += memory_markdown(summary)
     return "\n".join(lines) + "\n"
+
+
+def members_markdown(summary: dict[str, Any]) -> list[str]:
+    """Each composition's members, per task: how often each proposed or was skipped, what it
+    drafted and what of its own draft was accepted (no lines without a composition)."""
+    rows = [r for r in summary["rows"] if r.get("members")]
+    if not rows:
+        return []
+    lines = ["", "**Composition members** (summed over the samples: steps a member proposed in, steps the "
+             "cheap-first rule skipped it, nodes it drafted into the verified tree, tokens its own draft "
+             "had accepted, steps its accepted path was the longest)", "",
+             "| task | method | member | proposed | skipped | drafted | accepted | longest | accepted per step proposed |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        for name, c in r["members"].items():
+            per = c.get("accepted", 0) / c["proposed"] if c.get("proposed") else None
+            lines.append(f"| {r['task']} | {r['method']} | {name} | {c.get('proposed', 0)} | {c.get('skipped', 0)} | "
+                         f"{c.get('drafted', 0)} | {c.get('accepted', 0)} | {c.get('longest', 0)} | {_f(per)} |")
+    return lines
 
 
 def choices_markdown(summary: dict[str, Any]) -> list[str]:

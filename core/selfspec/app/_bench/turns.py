@@ -44,6 +44,7 @@ class Run:
     weight_bytes: int | None = None  # bytes of weights the decode read (None for HF's own generate)
     choices: dict[str, Any] | None = None  # how the decode's "auto"s were decided
     extra: dict[str, float] = field(default_factory=dict)  # the plugin's own counters (Stats.extra)
+    members: dict[str, dict[str, int]] = field(default_factory=dict)  # a composition's members' counters
     error: str | None = None  # the run raised: what (no output then; see .turns.safe_run)
 
 
@@ -119,6 +120,7 @@ def make_record(sample: Sample, method: Any, run: Any, prompt_ids: list[int], cm
         "weight_bytes": run.weight_bytes,
         "choices": run.choices,
         "extra": run.extra,
+        **({"members": run.members} if run.members else {}),
         "prompt_tokens": len(prompt_ids),
         "lossless": (cmp is None or bool(cmp.equal)) if checked and not failed else None,
         "near_tie": bool(cmp is not None and cmp.near_tie),
