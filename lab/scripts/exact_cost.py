@@ -5,9 +5,9 @@ exact mode, interleaved prompt by prompt on one loaded model.
     python lab/scripts/exact_cost.py [--model M] [--dtype float32] [--plugins vanilla,selfsd]
         [--prompts 2] [--max-new-tokens 32] [--json FILE]
 
-Prints tokens/s per method and mode, the exact/default speed ratio, whether every plugin's
-exact-mode output equals ``vanilla``'s in exact mode, and how often exact ``vanilla`` differs
-from HF ``generate`` (a rounding difference between two programs, not a speculation error).
+Prints tokens/s and tau (tokens per full-model forward) per method and mode, the exact/default
+speed ratio, whether every plugin's exact-mode output equals ``vanilla``'s in exact mode, and
+how often exact ``vanilla`` differs from HF ``generate`` (a rounding difference between two programs, not a speculation error).
 """
 
 from __future__ import annotations
@@ -44,17 +44,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     times = {k: 0.0 for k in decoders}
     tokens = {k: 0 for k in decoders}
     outputs: dict = {k: [] for k in decoders}
+    forwards = {k: 0.0 for k in decoders}
     for ids in prompts:
         for k, d in decoders.items():
             t0 = time.perf_counter()
             r = d.generate(ids, args.max_new_tokens, eos_token_ids=())
             times[k] += time.perf_counter() - t0
             tokens[k] += len(r.output_ids)
+            forwards[k] += r.stats.forwards
             outputs[k].append(r.output_ids)
     hf = [reference_generate(loaded.model, ids, args.max_new_tokens) for ids in prompts]
     rows = []
     for (n, exact) in decoders:
         rows.append({"method": n, "exact": exact, "tokens_per_s": tokens[(n, exact)] / times[(n, exact)],
+                     "tau": tokens[(n, exact)] / forwards[(n, exact)] if forwards[(n, exact)] else None,
                      "vs_default": (times[(n, False)] / times[(n, True)]) if exact else 1.0,
                      "equals_vanilla_exact": outputs[(n, True)] == outputs[("vanilla", True)] if exact else None})
     differs = sum(a != b for a, b in zip(outputs[("vanilla", True)], hf))
@@ -63,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"[{m['cpu_capability']}], {m['torch_threads']} threads")
     for r in rows:
         eq = "" if r["equals_vanilla_exact"] is None else f"  equals vanilla --exact: {r['equals_vanilla_exact']}"
-        print(f"{r['method']:<10} {'exact' if r['exact'] else 'default':<8} {r['tokens_per_s']:7.2f} tok/s  "
+        tau = "" if r["tau"] is None else f"  tau {r['tau']:.2f}"
+        print(f"{r['method']:<10} {'exact' if r['exact'] else 'default':<8} {r['tokens_per_s']:7.2f} tok/s{tau}  "
               f"exact/default speed {r['vs_default']:.2f}{eq}")
     print(f"vanilla --exact differs from HF generate on {differs} of {len(prompts)} prompts")
     if args.json:
