@@ -14,12 +14,16 @@ from selfspec.testing._models import tiny_model
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-@pytest.fixture(params=["rows-shared", "each-row-alone"])
+@pytest.fixture(params=["as-checked-here", "rows-in-groups", "each-row-alone"])
 def placement(request, monkeypatch):
-    """Products as the checks found them here (rows sharing products), or as on a machine whose
-    kernels round a row by its place among the rows (every row alone, first in its product)."""
+    """Products as the checks found them here, or as on machines whose kernels round a row by
+    how many rows a product has (rows in groups of ROWS) or by its place among them (every row
+    alone, first in its product)."""
     from selfspec._engine.runner import exact
 
+    if request.param == "rows-in-groups":
+        monkeypatch.setattr(exact, "attention_rows_invariant", lambda *a: len(a) < 4 or a[3] == exact.ROWS)
+        monkeypatch.setattr(exact, "row_invariant", lambda product, width, like: width == exact.ROWS)
     if request.param == "each-row-alone":
         monkeypatch.setattr(exact, "attention_rows_invariant", lambda *a: False)
         monkeypatch.setattr(exact, "row_invariant", lambda *a: False)

@@ -176,9 +176,16 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     # a row's place among the ROWS rows of a product: in order, ROWS rows a product, or each
     # alone in the first row where its place in these products would change its rounding
     alone = not attention_rows_invariant(acc, dev, d)
+    # every row in one product a key block, where products of that many (padded) rows were
+    # checked to give each row as the ROWS-row products do
+    padded = -(-rows // ROWS) * ROWS
+    wide = not alone and attention_rows_invariant(acc, dev, d, padded)
     # 1. scores in slot order, every (query, key) pair in a [ROWS, d] x [d, KEY_BLOCK] product
-    kb = _pad(k, 1, width).reshape(hk, 1, blocks, KEY_BLOCK, d).transpose(-1, -2)
-    s = _from_rows(torch.matmul(_to_rows(qv, alone)[:, :, None], kb).transpose(2, 3), rows, alone)  # [hk, Q, B, K]
+    kb = _pad(k, 1, width).reshape(hk, blocks, KEY_BLOCK, d).transpose(-1, -2)  # [hk, B, d, K]
+    if wide:
+        s = torch.matmul(_pad(qv, 1, padded)[:, None], kb).transpose(1, 2)[:, :rows]  # [hk, Q, B, K]
+    else:
+        s = _from_rows(torch.matmul(_to_rows(qv, alone)[:, :, None], kb[:, None]).transpose(2, 3), rows, alone)
     s = s.reshape(hk, rows, width)[:, :, :n] * scaling
     softcap = kwargs.get("softcap")
     if softcap:
@@ -209,9 +216,13 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         first = 0  # the cache's prefix is not in position order (a draft's nodes): gather it all
     parts = []
     if first:
-        vb = _pad(v[:, : first * KEY_BLOCK], 1, first * KEY_BLOCK).reshape(hk, 1, first, KEY_BLOCK, d)
-        pg = _to_rows(pb[:, :, :first].transpose(1, 2), alone, dim=2)  # [hk, first, G, R, K]
-        parts.append(_from_rows(torch.matmul(pg, vb.transpose(1, 2)), rows, alone, dim=2).transpose(1, 2))
+        vb = _pad(v[:, : first * KEY_BLOCK], 1, first * KEY_BLOCK).reshape(hk, first, KEY_BLOCK, d)
+        pf = pb[:, :, :first].transpose(1, 2)  # [hk, first, Q, K]
+        if wide:
+            parts.append(torch.matmul(_pad(pf, 2, padded), vb)[:, :, :rows].transpose(1, 2))  # [hk, Q, first, d]
+        else:
+            pg = _to_rows(pf, alone, dim=2)  # [hk, first, G, R, K]
+            parts.append(_from_rows(torch.matmul(pg, vb[:, :, None]), rows, alone, dim=2).transpose(1, 2))
     if blocks > first:
         parts.append(_gathered_values(pb[:, :, first:], v, pos, rep, first * KEY_BLOCK, width, alone))
     part = parts[0] if len(parts) == 1 else torch.cat(parts, 2)  # [hk, Q, B, d]
@@ -285,21 +296,26 @@ def _place(keys: torch.Tensor, alone: bool) -> tuple[torch.Tensor, torch.Tensor,
     return group, row, uniq.repeat_interleave(products)
 
 
-def attention_rows_invariant(dtype: torch.dtype, device: torch.device, d: int) -> bool:
-    """Whether exact attention's batched products (``[ROWS, d] x [d, KEY_BLOCK]`` scores and
-    ``[ROWS, KEY_BLOCK] x [KEY_BLOCK, d]`` values) give each row bitwise as that row alone in
-    the first row of the product does, at this dtype, device, head size and thread count.
-    Checked once on random rows, as :func:`row_invariant` checks the linears."""
-    key = ("attention", dtype, device, torch.get_num_threads(), ROWS, KEY_BLOCK, d)
+def attention_rows_invariant(dtype: torch.dtype, device: torch.device, d: int, width: int = ROWS) -> bool:
+    """Whether exact attention's batched products (``[w, d] x [d, KEY_BLOCK]`` scores and
+    ``[w, KEY_BLOCK] x [KEY_BLOCK, d]`` values) give each row bitwise as the one-token forward
+    does, at this dtype, device, head size and thread count: for ``width == ROWS``, as that row
+    alone in the first row of the product; wider (a multiple of :data:`ROWS`), as the
+    :data:`ROWS`-row products of the same rows. Checked once on random rows, as
+    :func:`row_invariant` checks the linears."""
+    key = ("attention", dtype, device, torch.get_num_threads(), ROWS, KEY_BLOCK, d, width)
     ok = _checked.get(key)
     if ok is None:
-        g = torch.Generator(device="cpu").manual_seed(d)
+        g = torch.Generator(device="cpu").manual_seed(d + width)
         ok = True
-        for a, b in ((ROWS, d), (d, KEY_BLOCK)), ((ROWS, KEY_BLOCK), (KEY_BLOCK, d)):
+        for a, b in ((width, d), (d, KEY_BLOCK)), ((width, KEY_BLOCK), (KEY_BLOCK, d)):
             x = torch.randn(3, *a, generator=g).to(dtype).to(device)
             y = torch.randn(3, *b, generator=g).to(dtype).to(device)
-            firsts = [torch.matmul(_pad(x[:, i : i + 1], 1, ROWS), y)[:, :1] for i in range(ROWS)]
-            ok = ok and bool(torch.equal(torch.matmul(x, y), torch.cat(firsts, 1)))
+            if width == ROWS:
+                parts = [torch.matmul(_pad(x[:, i : i + 1], 1, ROWS), y)[:, :1] for i in range(ROWS)]
+            else:
+                parts = [torch.matmul(x[:, i : i + ROWS], y) for i in range(0, width, ROWS)]
+            ok = ok and bool(torch.equal(torch.matmul(x, y), torch.cat(parts, 1)))
         _checked[key] = ok
     return ok
 
