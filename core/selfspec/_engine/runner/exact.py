@@ -19,9 +19,10 @@ operations only:
   does not depend on its place among the :data:`ROWS` rows is checked the same way; where it
   does, every row is computed alone, first in its own :data:`ROWS`-row product (slow, exact).
 * **Attention** (:func:`exact_attention`, registered with transformers' attention interface
-  as :data:`IMPL`) puts the queries of the heads sharing a key/value head in groups of
-  :data:`ROWS` rows and scores them against keys in blocks of :data:`KEY_BLOCK` slots aligned
-  at slot 0, so every block product has one shape; masked and padding entries contribute
+  as :data:`IMPL`) makes the queries of the heads sharing a key/value head the rows of its
+  products, each row as in a :data:`ROWS`-row product (all rows in one product where that
+  width is checked, else groups of :data:`ROWS`), against keys in blocks of
+  :data:`KEY_BLOCK` slots aligned at slot 0; masked and padding entries contribute
   exact zeros (``exp(-inf)``); the softmax denominator and the weighted values are summed
   block by block in slot order, so blocks a shorter forward does not have add ``+0.0`` and
   change nothing. The maximum is order-free. That a row's place in these products does not
