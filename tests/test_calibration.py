@@ -12,7 +12,13 @@ import torch
 
 from selfspec._engine import calibration
 from selfspec._engine.artefacts import ArtefactStore
-from selfspec._engine.calibration import Choice, choose_draft_weights, choose_weight_layout, decide
+from selfspec._engine.calibration import (
+    Choice,
+    choose_draft_weights,
+    choose_one_row_width,
+    choose_weight_layout,
+    decide,
+)
 from selfspec._engine.machine import cpu_capability
 from selfspec._engine.runner.layout import packing_unsupported
 
@@ -69,6 +75,39 @@ def test_the_draft_weights_measured_fastest_are_chosen_in_either_order(faster):
     choice = choose_draft_weights(runner, static="int8", candidates=["int8", "none"],
                                   measure=_fake({faster: 1.0, slower: 3.0}))
     assert choice.chosen == faster
+
+
+@pytest.mark.skipif(not PACKS, reason="oneDNN cannot prepack float32 here")
+@pytest.mark.parametrize("faster", ["1", "4"])
+def test_the_one_token_width_measured_fastest_is_chosen_in_either_order(faster):
+    from selfspec._engine.runner.adapters import adapter_for
+
+    model = _model()
+    ad = adapter_for(model)
+    slower = "4" if faster == "1" else "1"
+    choice = choose_one_row_width(model, list(ad.layers), ad.lm_head, measure=_fake({faster: 1.0, slower: 2.0}))
+    assert choice.chosen == faster and choice.how == "measured" and set(choice.seconds) == {"1", "4"}
+    tie = choose_one_row_width(model, list(ad.layers), ad.lm_head, refresh=True, measure=_fake({"1": 1.0, "4": 0.99}))
+    assert tie.chosen == "1" and tie.how.startswith("static:")  # a tie keeps one row
+
+
+@pytest.mark.skipif(not PACKS, reason="oneDNN cannot prepack float32 here")
+@pytest.mark.parametrize("width", ["1", "4"])
+def test_a_packed_runner_computes_one_token_products_in_the_width_chosen(monkeypatch, width):
+    from selfspec._engine.runner import Runner
+    from selfspec._engine.runner.layout import PackedLinear
+
+    monkeypatch.setattr(calibration, "choose_one_row_width",
+                        lambda *a, **k: Choice("one_row_width", width, "measured", {}))
+    r = Runner(_model(), weight_layout="packed")
+    assert r.choices["one_row_width"].chosen == width
+    packed = [m for layer in r._run_layers for m in layer.modules() if isinstance(m, PackedLinear)]
+    assert packed and all(m.one_row_width == int(width) for m in packed)
+    x = torch.randn(1, 1, packed[0].in_features)
+    alone, four = packed[0](x), packed[0](torch.nn.functional.pad(x, (0, 0, 0, 3)))[:, :1]
+    if width == "4":  # the row as the first of four rows, bitwise
+        assert torch.equal(alone, four)
+    torch.testing.assert_close(alone, torch.nn.functional.linear(x, packed[0].weight, packed[0].bias))
 
 
 def test_a_lead_within_the_measurement_spread_keeps_the_static_rule():

@@ -1,10 +1,11 @@
-"""Measured choices: which weight layout and which draft weights are fastest *here*.
+"""Measured choices: which weight layout, draft weights and one-token width are fastest *here*.
 
 Which kernels win depends on the machine, not on its instruction set alone: float32 products
 run on MKL in the model's own layout and on oneDNN when prepacked, MKL is fast on Intel and
 slow on AMD, and the int8 kernels' speed depends on VNNI and the vendor as well. So ``auto``
 (``weight_layout="auto"``, ``draft_weights="auto"``) is decided by timing the candidates on
-the model's own shapes, once per machine, model shape, dtype and thread count:
+the model's own shapes, once per machine, model shape, dtype and thread count (and, for the
+packed layout, whether a one-token product runs faster as 4 rows, :func:`choose_one_row_width`):
 
 * the products of a sample of the model's decoder layers (the middle ones, at least
   :data:`SAMPLE_BYTES` of weights, so the timing streams from memory as a decode does, not from
@@ -48,6 +49,8 @@ SAMPLE_BYTES = 256 * 2**20
 HEAD_BYTES = 64 * 2**20
 #: The block width standing for a verification forward.
 BLOCK = 8
+#: The widths a packed one-token product may be computed in (the first is the static choice).
+ONE_ROW_WIDTHS = ("1", "4")
 #: Timed rounds after the warm-up round.
 ROUNDS = 5
 #: Two scores closer than this fraction are a tie even on a quiet machine.
@@ -142,6 +145,27 @@ def choose_draft_weights(runner: Any, *, static: str, candidates: Sequence[str],
     key = _key("draft_weights", runner.model, runner.layers, runner.lm_head, runner.weight_layout)
     return _choose("draft_weights", key, candidates, static, build, (scale_layers, scale_head),
                    (1, 4), measure, refresh, store)
+
+
+def choose_one_row_width(model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, *,
+                         measure: Measure | None = None, refresh: bool = False,
+                         store: ArtefactStore | None = None) -> Choice:
+    """How many rows the packed layout computes a one-token product in: ``"1"``, or ``"4"``
+    (the row and three zero rows, the first row kept), whichever is faster here on the
+    model's shapes; ``"1"`` (static) when the measurement cannot tell them apart. oneDNN's
+    kernel for a single row can be the slower one (it is on Zen 4)."""
+    from selfspec._engine.runner.layout import layout_copy, set_one_row_width
+
+    sample, head, scale_layers, scale_head = _sample(layers, lm_head)
+
+    def build(width: str) -> list[nn.Module]:
+        copies = [layout_copy(m, "packed") for m in (*sample, head)]  # each candidate its own copy
+        set_one_row_width(copies, int(width))
+        return copies
+
+    key = _key("one_row_width", model, layers, lm_head, "packed")
+    return _choose("one_row_width", key, list(ONE_ROW_WIDTHS), ONE_ROW_WIDTHS[0], build, (scale_layers, scale_head),
+                   (1,), measure, refresh, store)
 
 
 def decide(seconds: Mapping[str, Mapping[int, float]], spread: Mapping[str, float], static: str) -> tuple[str, str]:

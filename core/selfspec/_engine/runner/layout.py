@@ -294,11 +294,29 @@ class PackedLinear(nn.Linear):
         """The ``[out, in]`` weight, unpacked (a new tensor on every access)."""
         return self.packed.to_dense()
 
+    #: rows a one-row input is computed in (the row, then zero rows): oneDNN's kernel for one
+    #: row can be slower than for a few (it is on Zen 4). Measured per machine and model shape
+    #: by the runner (:func:`selfspec._engine.calibration.choose_one_row_width`); 1 unmeasured.
+    one_row_width = 1
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.one_row_width
+        if w > 1 and x.dim() >= 2 and x.shape[-2] == 1:
+            y = torch.ops.mkldnn._linear_pointwise(nn.functional.pad(x, (0, 0, 0, w - 1)), self.packed, self.bias,
+                                                   "none", [], "")
+            return y.narrow(-2, 0, 1)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
+
+
+def set_one_row_width(modules: list[nn.Module], width: int) -> None:
+    """Compute one-row inputs of every :class:`PackedLinear` in ``modules`` as ``width`` rows."""
+    for module in modules:
+        for m in module.modules():
+            if isinstance(m, PackedLinear):
+                m.one_row_width = width
 
 
 def is_transposed(weight: torch.Tensor) -> bool:

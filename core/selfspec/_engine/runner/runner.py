@@ -80,6 +80,8 @@ class Runner:
         # (shared by every runner over this model: copies are stateless and made once)
         self._run_layers, self.adapter.lm_head = shared_layout_copies(  # the runner's own adapter
             model, list(self.layers), self.adapter.lm_head, "model" if adopt else self.weight_layout)
+        if self.weight_layout == "packed" and not placement.is_dispatched(model):
+            self._measured_one_row_width()
         #: exact mode (:mod:`.exact`): every row of a forward bitwise its one-token forward's
         self.exact = exact
         if exact:
@@ -121,6 +123,17 @@ class Runner:
                                       candidates=candidates)
         self.choices["weight_layout"] = choice
         return choice.chosen
+
+    def _measured_one_row_width(self) -> None:
+        """The packed products compute a one-token input in the number of rows measured fastest
+        here (``self.choices["one_row_width"]``; :func:`~selfspec._engine.calibration.
+        choose_one_row_width`)."""
+        from selfspec._engine.calibration import choose_one_row_width
+        from selfspec._engine.runner.layout import set_one_row_width
+
+        choice = choose_one_row_width(self.model, list(self.layers), self.adapter.lm_head)
+        self.choices["one_row_width"] = choice
+        set_one_row_width([*self._run_layers, self.adapter.lm_head], int(choice.chosen))
 
     def _head_bytes(self, head: nn.Module) -> int:
         cached = self._head_cache.get(id(head))
