@@ -87,7 +87,7 @@ class RowInvariantLinear(nn.Module):
         n = rows.shape[0]
         padded = -(-n // ROWS) * ROWS
         if padded != n:
-            rows = nn.functional.pad(rows, (0, 0, 0, padded - n))
+            rows = _pad(rows, 0, padded)
         if padded <= FUSED_ROWS:
             out = self._product(rows)  # [padded, out]
         else:
@@ -100,8 +100,7 @@ class RowInvariantLinear(nn.Module):
         row of a :data:`ROWS`-row product."""
         w = rows.shape[0]
         if not self._invariant(ROWS, rows):  # a row's place in the product matters
-            return torch.cat([self.inner(nn.functional.pad(rows[i : i + 1], (0, 0, 0, ROWS - 1)))[:1]
-                              for i in range(w)])
+            return torch.cat([self.inner(_pad(rows[i : i + 1], 0, ROWS))[:1] for i in range(w)])
         if w == ROWS or self._invariant(w, rows):
             return self.inner(rows)
         return torch.cat([self.inner(rows[i : i + ROWS]) for i in range(0, w, ROWS)])
@@ -332,13 +331,11 @@ def position_mask(allowed: torch.Tensor | None, kv_pos: torch.Tensor, q: int) ->
 
 
 def _pad(x: torch.Tensor, dim: int, size: int, value: float = 0.0) -> torch.Tensor:
-    """``x`` with ``value`` appended along ``dim`` up to ``size``."""
+    """``x`` with ``value`` appended along ``dim`` up to ``size`` (one ``F.pad``)."""
     extra = size - x.shape[dim]
     if extra <= 0:
         return x
-    shape = list(x.shape)
-    shape[dim] = extra
-    return torch.cat([x, x.new_full(shape, value)], dim)
+    return nn.functional.pad(x, (0, 0) * (x.dim() - 1 - dim % x.dim()) + (0, extra), value=value)
 
 
 def register() -> None:
