@@ -19,13 +19,13 @@ def placement(request, monkeypatch):
     """Products as the checks found them here, or as on machines whose kernels round a row by
     how many rows a product has (rows in groups of ROWS) or by its place among them (every row
     alone, first in its product)."""
-    from selfspec._engine.runner import exact
+    from selfspec._engine.runner import exact, exact_attention
 
     if request.param == "rows-in-groups":
-        monkeypatch.setattr(exact, "attention_rows_invariant", lambda *a: len(a) < 4 or a[3] == exact.ROWS)
+        monkeypatch.setattr(exact_attention, "attention_rows_invariant", lambda *a: len(a) < 4 or a[3] == exact.ROWS)
         monkeypatch.setattr(exact, "row_invariant", lambda product, width, like: width == exact.ROWS)
     if request.param == "each-row-alone":
-        monkeypatch.setattr(exact, "attention_rows_invariant", lambda *a: False)
+        monkeypatch.setattr(exact_attention, "attention_rows_invariant", lambda *a: False)
         monkeypatch.setattr(exact, "row_invariant", lambda *a: False)
     return request.param
 
@@ -103,7 +103,8 @@ def test_exact_forwards_compute_the_same_logits_as_the_default_mode_up_to_roundi
 
 
 def test_rows_with_equal_keys_share_products_in_order_and_alone_rows_are_first_in_their_own():
-    from selfspec._engine.runner.exact import ROWS, _place
+    from selfspec._engine.runner.exact import ROWS
+    from selfspec._engine.runner.exact_attention import _place
 
     keys = torch.tensor([5, 2, 5, 5, 2] + [7] * (ROWS + 1))
     group, row, owner = _place(keys, alone=False)
@@ -251,3 +252,33 @@ def test_a_verifier_accepting_near_ties_is_caught_in_bf16_only_in_exact_mode():
         else:
             assert plugin.flips == 0  # a decode it passed never took a near-tie
     assert caught > 0, "the near-tie verifier never took a near-tie: the example shows nothing"
+
+
+def test_the_layers_of_one_forward_share_one_attention_plan_per_mask(monkeypatch):
+    from selfspec._engine.runner import exact_attention
+
+    made = []
+    real = exact_attention._make_plan
+    monkeypatch.setattr(exact_attention, "_make_plan", lambda *a: made.append(a[0].shape) or real(*a))
+    r = _runner("llama", torch.float32)
+    assert r.n_layers > 1
+    cache = r.new_cache(20)
+    r.forward(torch.arange(12), cache=cache, start=0, logits=None)
+    r.forward(torch.arange(3), cache=cache, start=12)
+    assert made == [(1, 1, 12, 12), (1, 1, 3, 15)]
+
+
+def test_an_attention_plan_follows_its_mask_changed_in_place():
+    from selfspec._engine.runner.exact_attention import _plans, exact_attention, position_mask
+
+    g = torch.Generator().manual_seed(0)
+    q, n = 3, 10
+    query, key, value = torch.randn(1, 4, q, 8, generator=g), torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g)
+    causal = torch.ones(q, n, dtype=torch.bool).tril(n - q)
+    mask = position_mask(causal, torch.arange(n), q)
+    exact_attention(None, query, key, value, mask, 0.3)
+    mask[..., 0] = -1  # no query sees slot 0 any more
+    got = exact_attention(None, query, key, value, mask, 0.3)[0]
+    _plans.clear()
+    assert torch.equal(got, exact_attention(None, query, key, value, mask.clone(), 0.3)[0])
+    assert not torch.equal(got, exact_attention(None, query, key, value, position_mask(causal, torch.arange(n), q), 0.3)[0])

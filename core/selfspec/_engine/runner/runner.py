@@ -28,7 +28,7 @@ from torch import nn
 from selfspec._engine.runner import masks, placement
 from selfspec._engine.runner.adapters import Adapter, adapter_for
 from selfspec._engine.runner.cache import KVCache
-from selfspec._engine.runner.exact import position_mask
+from selfspec._engine.runner.exact_attention import position_mask
 from selfspec._engine.runner.layout import adopt_layout, check_layout, shared_layout_copies
 from selfspec._engine.runner.traffic import block_bytes, product_bytes
 
