@@ -30,9 +30,11 @@ from selfspec._engine.runner.exact import ROWS, _checked, _pad
 #: Key slots per attention block (blocks aligned at slot 0).
 KEY_BLOCK = 64
 
-#: plans of the latest masks: ``(id(mask), rep, alone) -> (mask, a copy of its values, plan)``
+#: plans of the latest masks: ``(id(mask), rep, alone) -> (mask, a copy of its values, plan)``;
+#: a forward has one mask per kind of layer (full, sliding window), so a few entries suffice and
+#: a prefill's large mask is not kept long
 _plans: dict[tuple, tuple[torch.Tensor, torch.Tensor, _Plan]] = {}
-_MAX_PLANS = 32
+_MAX_PLANS = 4
 
 
 @dataclass(frozen=True)
