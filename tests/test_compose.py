@@ -95,6 +95,17 @@ def test_node_values_are_depth_rates_shared_among_siblings_and_never_above_the_p
     assert values == pytest.approx([0.9, 0.8, 0.7, 0.3, 0.3])
 
 
+def test_a_members_own_node_probabilities_value_its_nodes_in_place_of_its_depth_rates():
+    t = Trie()
+    t.add([1, 2, 3], None, 0)  # a chain without probs: member 0's depth rates
+    t.add([1, 4, 5, 6], [-1, 0, 0, 2], 1, probs=[0.95, 0.9, 0.05, 0.85])  # a tree with probs
+    assert t.probs[0] == {1: 0.95} and t.probs[1] == {} and t.probs[3] == {1: 0.9}
+    values = node_values(t, [_stats([0.6, 0.5, 0.4]), _stats([0.5, 0.5, 0.5])])
+    # node 1 (token 1): both members, the best of 0.6 and 0.95; token 4's 0.9 stays, not halved
+    # with its sibling; token 6 is capped by its parent (token 5, 0.05)
+    assert values == pytest.approx([0.95, 0.5, 0.4, 0.9, 0.05, 0.05])
+
+
 def test_the_cut_keeps_the_nodes_worth_their_verify_cost():
     values = [0.9, 0.8, 0.1, 0.05]
     flat = CostCurve((1, 64), (1.0, 1.0))  # verifying more costs nothing: keep every node

@@ -90,6 +90,8 @@ def test_tree_is_the_most_probable_candidates(seed, topk, depth, budget):
     assert all(-1 <= p < i for i, p in enumerate(parents))  # closed under ancestors, creation order
     for p, prob in zip(got, tree.probs.tolist()):
         assert prob == pytest.approx(float(torch.tensor(cands[p]).exp()), rel=1e-5)
+    if len(tree):  # its Draft carries each node's probability, for a composition to value it by
+        assert torch.equal(tree.draft().probs, tree.probs)
     # each depth expands the most probable newest candidates (EAGLE-2's frontier)
     for d, (ids, start, positions, _mask) in enumerate(s.calls[1:], 1):
         assert positions == [6 + d] * len(ids) and len(ids) <= topk

@@ -164,6 +164,21 @@ def test_over_long_drafts_are_cut_to_the_budget(model):
     assert tree.output_ids == ref and tree.stats.truncated_drafts >= 1
 
 
+def test_a_cut_draft_keeps_the_probs_of_the_nodes_it_keeps():
+    from types import SimpleNamespace
+
+    from selfspec._engine.draftcheck import cut_draft
+
+    state = SimpleNamespace(max_draft_depth=2, length=5, cache=SimpleNamespace(capacity=100),
+                            stats=SimpleNamespace(truncated_drafts=0))
+    chain = cut_draft(Draft(torch.tensor([7, 8, 9]), probs=torch.tensor([0.9, 0.8, 0.7])), state)
+    assert chain.tokens.tolist() == [7, 8] and chain.probs.tolist() == pytest.approx([0.9, 0.8])
+    tree = cut_draft(Draft(torch.tensor([1, 2, 3, 4]), torch.tensor([-1, 0, 1, -1]),
+                           probs=torch.tensor([0.9, 0.8, 0.7, 0.1])), state)
+    assert tree.tokens.tolist() == [1, 2, 4] and tree.probs.tolist() == pytest.approx([0.9, 0.8, 0.1])
+    assert state.stats.truncated_drafts == 2
+
+
 class SkippingDrafter:
     """Drafts ``k`` tokens by running the model with layer 0's attention skipped, so the
     layers hold different cache lengths when the host checks and cuts the draft."""
@@ -293,11 +308,15 @@ def test_custom_verdict_that_is_not_a_path_is_refused(model):
         (Draft(torch.tensor([1, 2, 3]), torch.tensor([-1, -2, 0])), "parents"),
         (Draft(torch.tensor([1, 2, 3]), torch.tensor([-1, 0])), "parents"),
         (Draft(torch.tensor([1, 2]), torch.tensor([-1, 0], dtype=torch.int32)), "parents"),
+        (Draft(torch.tensor([1, 2]), probs=torch.tensor([0.9])), "probs"),
+        (Draft(torch.tensor([1, 2]), probs=torch.tensor([1, 0])), "probs"),
+        (Draft(torch.tensor([1, 2]), probs=torch.tensor([0.9, 1.5])), r"probs must lie in \[0, 1\]"),
+        (Draft(torch.tensor([1, 2]), probs=torch.tensor([0.9, float("nan")])), r"probs must lie in \[0, 1\]"),
         ([1, 2, 3], "not a Draft"),
         (torch.tensor([1, 2]), "not a Draft"),
     ],
     ids=["int32", "2d", "oov", "negative", "parent-ahead", "parent-below", "parent-shape",
-         "parent-dtype", "list", "tensor"],
+         "parent-dtype", "probs-shape", "probs-int", "probs-above-1", "probs-nan", "list", "tensor"],
 )
 def test_malformed_drafts_are_refused_naming_the_plugin(model, bad, message):
     dec = Decoder(model, "broken", plugin_object=Fixed(bad))

@@ -235,7 +235,8 @@ class Composer:
             capture.update(state.capture_layers or ())
             tokens = draft.tokens.tolist()
             parents = draft.parents.tolist() if draft.parents is not None else None
-            self._step.append(_Proposal(m, tokens, parents, trie.add(tokens, parents, m.index), seconds))
+            probs = draft.probs.tolist() if draft.probs is not None else None
+            self._step.append(_Proposal(m, tokens, parents, trie.add(tokens, parents, m.index, probs), seconds))
             m.counters["proposed"] += 1
             spent += seconds / self.forward_s if self.forward_s else 0.0
         state.capture_layers = tuple(sorted(capture)) or None

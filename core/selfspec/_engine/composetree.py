@@ -31,16 +31,21 @@ DECAY = 0.98
 @dataclass
 class Trie:
     """Merged draft: ``tokens[i]``, ``parents[i]`` (``-1`` = the pending token, ``parents[i] <
-    i``), ``owners[i]`` the members (by index) that proposed node ``i``."""
+    i``), ``owners[i]`` the members (by index) that proposed node ``i``, ``probs[i]`` the
+    acceptance probabilities those members gave it (``{member: p}``, only members whose draft
+    carried ``probs``)."""
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     owners: list[set[int]] = field(default_factory=list)
+    probs: list[dict[int, float]] = field(default_factory=list)
     _index: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
-    def add(self, tokens: Sequence[int], parents: Sequence[int] | None, owner: int) -> list[int]:
-        """Merge one member's draft (``parents`` None: a chain); returns the merged node of each
-        of its nodes."""
+    def add(self, tokens: Sequence[int], parents: Sequence[int] | None, owner: int,
+            probs: Sequence[float] | None = None) -> list[int]:
+        """Merge one member's draft (``parents`` None: a chain; ``probs``: its own estimate of
+        each node's acceptance probability, or None); returns the merged node of each of its
+        nodes."""
         where: list[int] = []
         for i, tok in enumerate(tokens):
             p = (i - 1) if parents is None else parents[i]
@@ -52,7 +57,10 @@ class Trie:
                 self.tokens.append(int(tok))
                 self.parents.append(parent)
                 self.owners.append(set())
+                self.probs.append({})
             self.owners[node].add(owner)
+            if probs is not None:
+                self.probs[node][owner] = float(probs[i])
             where.append(node)
         return where
 
@@ -136,11 +144,12 @@ class MemberStats:
 
 
 def node_values(trie: Trie, stats: Sequence[MemberStats]) -> list[float]:
-    """Each merged node's probability of acceptance: per proposing member, its depth rate
-    (:meth:`MemberStats.depth_rate`: how often its drafts that reached this depth had it
-    accepted), shared among that member's nodes at the same depth (a tree's siblings are
-    alternatives: at most one is accepted); the highest over the node's members; never above
-    its parent's value (so the best nodes are closed under ancestors)."""
+    """Each merged node's probability of acceptance: per proposing member, the probability its
+    draft gave the node (``Draft.probs``), else its depth rate (:meth:`MemberStats.depth_rate`:
+    how often its drafts that reached this depth had it accepted) shared among that member's
+    nodes at the same depth (a tree's siblings are alternatives: at most one is accepted); the
+    highest over the node's members; never above its parent's value (so the best nodes are
+    closed under ancestors)."""
     depths = trie.depths()
     width: dict[tuple[int, int], int] = {}
     for i, owners in enumerate(trie.owners):
@@ -150,8 +159,9 @@ def node_values(trie: Trie, stats: Sequence[MemberStats]) -> list[float]:
     for i, owners in enumerate(trie.owners):
         d = depths[i]
         best = 0.0
+        given = trie.probs[i]
         for m in owners:
-            best = max(best, stats[m].depth_rate(d) / width[(m, d)])
+            best = max(best, given[m] if m in given else stats[m].depth_rate(d) / width[(m, d)])
         p = trie.parents[i]
         values.append(best if p < 0 else min(best, values[p]))
     return values

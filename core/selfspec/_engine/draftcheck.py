@@ -31,6 +31,12 @@ def check_draft(draft: Any, state: DecodeState, name: str) -> Draft:
         pl = p.tolist()
         if any(not -1 <= q < i for i, q in enumerate(pl)):
             raise PluginError(name, "draft parents must satisfy -1 <= parents[i] < i")
+    pr = draft.probs
+    if pr is not None:
+        if not isinstance(pr, torch.Tensor) or not pr.is_floating_point() or pr.shape != t.shape:
+            raise PluginError(name, "draft probs must be a floating tensor shaped like the tokens")
+        if len(draft) and not bool(((pr >= 0) & (pr <= 1)).all()):
+            raise PluginError(name, "draft probs must lie in [0, 1]")
     return cut_draft(draft, state)
 
 
@@ -42,7 +48,8 @@ def cut_draft(draft: Draft, state: DecodeState) -> Draft:
         if len(draft) <= min(limit, room):
             return draft
         state.stats.truncated_drafts += 1
-        return Draft(draft.tokens[: min(limit, room)], None, draft.meta, draft.owner)
+        n = min(limit, room)
+        return Draft(draft.tokens[:n], None, draft.meta, draft.owner, None if draft.probs is None else draft.probs[:n])
     depths = draft.depths()
     keep = [i for i, d in enumerate(depths) if d <= limit][:room]
     if len(keep) == len(draft):
@@ -52,5 +59,6 @@ def cut_draft(draft: Draft, state: DecodeState) -> Draft:
     remap[-1] = -1
     parents = [remap[p] for p in draft.parents[keep].tolist()]
     idx = torch.tensor(keep, dtype=torch.long, device=draft.tokens.device)
+    probs = None if draft.probs is None else draft.probs[idx.to(draft.probs.device)]
     return Draft(draft.tokens[idx], torch.tensor(parents, dtype=torch.long, device=idx.device), draft.meta,
-                 draft.owner)
+                 draft.owner, probs)

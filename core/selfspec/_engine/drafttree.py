@@ -73,10 +73,11 @@ class DraftTree:
         return int(self.tokens.shape[0])
 
     def draft(self, owner: Any = None, **meta: Any) -> Draft:
-        """The tree as a :class:`selfspec.Draft` (empty when no node was chosen)."""
+        """The tree as a :class:`selfspec.Draft` (empty when no node was chosen), carrying each
+        node's (calibrated) probability as ``probs``."""
         if len(self) == 0:
             return Draft(self.tokens, None, dict(meta), owner)
-        return Draft(self.tokens, self.parents, dict(meta), owner)
+        return Draft(self.tokens, self.parents, dict(meta), owner, self.probs)
 
 
 def draft_tree(

@@ -190,9 +190,10 @@ def selfspec_propose(state: DecodeState) -> Draft | None:
     Host enforces:
         A ``Draft`` instance; ``tokens`` 1-D int64 on the model's device with ids in
         ``[0, vocab)``; ``parents`` int64, shaped like ``tokens``, ``-1 <= parents[i] < i``;
-        else the decode stops with a ``PluginError`` naming the plugin. Nodes deeper than
+        ``probs`` (optional) floating, shaped like ``tokens``, in ``[0, 1]``; else the decode
+        stops with a ``PluginError`` naming the plugin. Nodes deeper than
         ``state.max_draft_depth`` or past the cache's spare room are cut (counted in
-        ``stats.truncated_drafts``; ``owner`` and ``meta`` kept).
+        ``stats.truncated_drafts``; ``owner`` and ``meta`` kept, ``probs`` cut with the nodes).
 
     Notes:
         The proposer may run the model through ``state.runner`` and may write cache slots at

@@ -38,6 +38,12 @@ class Draft:
         meta: free for the proposing plugin (e.g. hidden states its verifier reuses); the host
             never reads it.
         owner: the proposing plugin instance (``owner=self``), for :meth:`is_from`.
+        probs: optional ``[k]`` float, the proposer's estimate of each node's probability of
+            being accepted (its whole path from the pending token, so never above its
+            parent's). The verifier ignores it; a composition values the node by it
+            (``docs/api.md``, "Composed drafts") instead of the member's running acceptance
+            rate at that depth. :func:`selfspec.draft_tree`'s trees carry their calibrated
+            ``probs``.
 
     Returns:
         ``len(draft)`` nodes; :attr:`is_tree`; :meth:`depths` (1 = a child of the pending
@@ -45,9 +51,11 @@ class Draft:
 
     Host enforces:
         1-D int64 ``tokens`` on the model's device with ids in ``[0, vocab)``; ``parents``
-        int64 shaped like ``tokens`` with ``-1 <= parents[i] < i``; else a ``PluginError``.
-        Nodes past ``state.max_draft_depth`` or the cache's spare room are cut, keeping
-        ``owner`` and ``meta`` (so ``meta`` describes the draft as proposed: compare lengths).
+        int64 shaped like ``tokens`` with ``-1 <= parents[i] < i``; ``probs`` a floating
+        tensor shaped like ``tokens`` with values in ``[0, 1]``; else a ``PluginError``.
+        Nodes past ``state.max_draft_depth`` or the cache's spare room are cut (with their
+        ``probs``), keeping ``owner`` and ``meta`` (so ``meta`` describes the draft as
+        proposed: compare lengths).
 
     Notes:
         A plugin that leaves data in ``meta`` for its own ``selfspec_verify`` proposes with
@@ -58,6 +66,7 @@ class Draft:
     parents: torch.Tensor | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     owner: Any = field(default=None, compare=False, repr=False)
+    probs: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def chain(cls, tokens: Sequence[int] | torch.Tensor, device: torch.device | str = "cpu", *,
