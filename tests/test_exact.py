@@ -153,7 +153,8 @@ def test_a_product_runs_as_wide_as_was_checked_row_invariant_and_equals_one_toke
     exact._checked.clear()
     assert torch.equal(block, alone)
     width, R = -(-30 // exact.ROWS) * exact.ROWS, exact.ROWS
-    used = {"invariant": [width], "rounds-by-width": [R] * (width // R), "rounds-by-place": [R] * width}[kind]
+    # invariant: the 30 rows unpadded; else padded to a multiple of ROWS, in groups or alone
+    used = {"invariant": [30], "rounds-by-width": [R] * (width // R), "rounds-by-place": [R] * width}[kind]
     assert inner.widths[-len(used):] == used
 
 

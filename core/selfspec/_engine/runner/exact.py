@@ -8,16 +8,17 @@ mode makes a row's result independent of how many rows are computed with it, wit
 operations only:
 
 * **Products** (every linear of the layers and the LM head, in the runner's weight layout)
-  compute each row as a product of exactly :data:`ROWS` rows computes it: a block is padded
-  with zero rows to a multiple of :data:`ROWS`, so a row meets the same kernel, blocking and
-  summation order alone as inside any block. A padded block of ``w`` rows (up to
-  :data:`FUSED_ROWS`) runs as one product, reading the weights once, only where that
-  product's rows were found bitwise equal to :data:`ROWS`-row products of the same rows on
-  this module's shape, dtype, device and thread count (:func:`row_invariant`: checked once
-  per width on random rows; a kernel's summation order follows from its shapes, not the
-  values). Elsewhere each group of :data:`ROWS` rows is its own product. That a row's result
-  does not depend on its place among the :data:`ROWS` rows is checked the same way; where it
-  does, every row is computed alone, first in its own :data:`ROWS`-row product (slow, exact).
+  compute each row as a product of exactly :data:`ROWS` rows computes it (a one-token step is
+  its row and ``ROWS - 1`` zero rows), so a row meets the same kernel, blocking and summation
+  order alone as inside any block. A block of ``w`` rows (up to :data:`FUSED_ROWS`) runs as
+  one product, reading the weights once, only where that product's rows were found bitwise
+  equal to :data:`ROWS`-row products of the same rows on this module's shape, dtype, device and
+  thread count (:func:`row_invariant`: checked once per width on random rows; a kernel's
+  summation order follows from its shapes, not the values): as ``w`` rows where that width is
+  checked, else padded with zero rows to a multiple of :data:`ROWS` where that one is.
+  Elsewhere each group of :data:`ROWS` rows is its own product. That a row's result does not
+  depend on its place among the :data:`ROWS` rows is checked the same way; where it does,
+  every row is computed alone, first in its own :data:`ROWS`-row product (slow, exact).
 * **Attention** (:func:`.exact_attention.exact_attention`, registered with transformers'
   attention interface as :data:`IMPL`) reduces keys in blocks aligned at slot 0 and in
   position order, its products' rows placed as the linears' are (:mod:`.exact_attention`).
@@ -75,6 +76,9 @@ class RowInvariantLinear(nn.Module):
         lead = x.shape[:-1]
         rows = x.reshape(-1, x.shape[-1])  # [n, in]
         n = rows.shape[0]
+        if ROWS < n <= FUSED_ROWS and n % ROWS and self._invariant(ROWS, rows) and self._invariant(n, rows):
+            out = self.inner(rows)  # no padding: this width gives each row as its ROWS-row product
+            return out.reshape(*lead, out.shape[-1])
         padded = -(-n // ROWS) * ROWS
         if padded != n:
             rows = _pad(rows, 0, padded)
@@ -106,22 +110,23 @@ class RowInvariantLinear(nn.Module):
 
 
 def row_invariant(product: nn.Module, width: int, like: torch.Tensor) -> bool:
-    """Whether ``product`` over ``width`` rows (a multiple of :data:`ROWS`) gives each row
-    bitwise as the one-token forward does: for ``width == ROWS``, as that row alone in the
-    first row of a :data:`ROWS`-row product; wider, as the :data:`ROWS`-row products of the
-    same rows. Decided once per product type, shape, bias, dtype, device, thread count and
+    """Whether ``product`` over ``width`` rows gives each row bitwise as the one-token forward
+    does: for ``width == ROWS``, as that row alone in the first row of a :data:`ROWS`-row
+    product; wider, as the :data:`ROWS`-row products of the same rows (in order, ``ROWS`` a
+    product, the last one padded with zero rows when ``width`` is not a multiple of ``ROWS``). Decided once per product type, shape, bias, dtype, device, thread count and
     width, on random rows (a summation order follows from the shapes, not the values, and any
     difference in it shows as rounding in some of them), and remembered for the process.
 
-    A wider width is compared with its two halves' products where both were found invariant
-    (equal to the halves, it equals their :data:`ROWS`-row products), else with every
-    :data:`ROWS`-row product: three products a width, not one per group."""
+    A wider multiple of :data:`ROWS` is compared with its two halves' products where both were
+    found invariant (equal to the halves, it equals their :data:`ROWS`-row products), else with
+    every :data:`ROWS`-row product: three products a width, not one per group."""
     key = (type(product).__qualname__, product.in_features, product.out_features,
            getattr(product, "bias", None) is not None, like.dtype, like.device, torch.get_num_threads(), ROWS, width)
     ok = _checked.get(key)
     if ok is None:
         half = ROWS * (width // ROWS // 2)
-        halves = width > ROWS and row_invariant(product, half, like) and row_invariant(product, width - half, like)
+        halves = (width > ROWS and width % ROWS == 0 and row_invariant(product, half, like)
+                  and row_invariant(product, width - half, like))
         g = torch.Generator(device="cpu").manual_seed(width)
         probe = torch.randn(width, product.in_features, generator=g).to(like.dtype).to(like.device)
         with torch.no_grad():
@@ -131,7 +136,7 @@ def row_invariant(product: nn.Module, width: int, like: torch.Tensor) -> bool:
             elif halves:
                 parts = [product(probe[:half]), product(probe[half:])]
             else:
-                parts = [product(probe[i : i + ROWS]) for i in range(0, width, ROWS)]
+                parts = [product(_pad(probe[i : i + ROWS], 0, ROWS))[: width - i] for i in range(0, width, ROWS)]
         ok = _checked[key] = bool(torch.equal(whole, torch.cat(parts)))
     return ok
 
