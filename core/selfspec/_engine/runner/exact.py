@@ -46,7 +46,6 @@ FUSED_ROWS = 64
 #: The attention implementation name exact layer copies run under.
 IMPL = "selfspec_exact"
 
-_registered = False
 #: the checks' verdicts, by what decides a kernel's summation order (product type and shape, dtype,
 #: device, threads, ROWS, width; attention's dtype, device, threads, ROWS, key block, head size)
 _checked: dict[tuple, bool] = {}
@@ -149,23 +148,11 @@ def _pad(x: torch.Tensor, dim: int, size: int, value: float = 0.0) -> torch.Tens
     return nn.functional.pad(x, (0, 0) * (x.dim() - 1 - dim % x.dim()) + (0, extra), value=value)
 
 
-def register() -> None:
-    """Register :func:`.exact_attention.exact_attention` with transformers as :data:`IMPL` (once)."""
-    global _registered
-    if not _registered:
-        from transformers import AttentionInterface
-
-        from selfspec._engine.runner.exact_attention import exact_attention
-
-        AttentionInterface.register(IMPL, exact_attention)
-        _registered = True
-
-
 def exact_copy(module: nn.Module) -> nn.Module:
     """A copy of a decoder layer (or a bare product module) for exact mode: every product
     wrapped in :class:`RowInvariantLinear`, attention run by :func:`exact_attention` (the copy
-    has its own config object naming :data:`IMPL`); parameters and buffers shared."""
-    register()
+    has its own config object naming :data:`IMPL`, registered by
+    :func:`.exact_attention.register`); parameters and buffers shared."""
     if hasattr(module, "in_features"):
         return RowInvariantLinear(module)
     memo: dict[int, object] = {id(t): t for t in [*module.parameters(), *module.buffers()]}

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from selfspec._engine.runner.exact import ROWS, _checked, _pad
+from selfspec._engine.runner.exact import IMPL, ROWS, _checked, _pad
 
 #: Key slots per attention block (blocks aligned at slot 0).
 KEY_BLOCK = 64
@@ -35,6 +35,7 @@ KEY_BLOCK = 64
 #: a prefill's large mask is not kept long
 _plans: dict[tuple, tuple[torch.Tensor, torch.Tensor, _Plan]] = {}
 _MAX_PLANS = 4
+_registered = False
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,17 @@ def position_mask(allowed: torch.Tensor | None, kv_pos: torch.Tensor, q: int) ->
     if allowed is not None:
         grid = torch.where(allowed, grid, torch.full_like(grid, -1))
     return grid.reshape(1, 1, q, n).to(torch.long)
+
+
+def register() -> None:
+    """Register :func:`exact_attention` with transformers as :data:`~.exact.IMPL` (once), the
+    attention implementation the exact layer copies (:func:`~.exact.exact_copy`) name."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(IMPL, exact_attention)
+        _registered = True
 
 
 # ---------------------------------------------------------------------------- helpers

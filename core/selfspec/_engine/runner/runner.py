@@ -86,7 +86,9 @@ class Runner:
         self.exact = exact
         if exact:
             from selfspec._engine.runner.exact import exact_copy
+            from selfspec._engine.runner.exact_attention import register
 
+            register()
             self._run_layers = [exact_copy(layer) for layer in self._run_layers]
             self.adapter.lm_head = exact_copy(self.adapter.lm_head)
         self.n_layers = len(self.layers)
