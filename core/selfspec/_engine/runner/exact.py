@@ -112,7 +112,8 @@ def row_invariant(product: nn.Module, width: int, like: torch.Tensor) -> bool:
     """Whether ``product`` over ``width`` rows gives each row bitwise as the one-token forward
     does: for ``width == ROWS``, as that row alone in the first row of a :data:`ROWS`-row
     product; wider, as the :data:`ROWS`-row products of the same rows (in order, ``ROWS`` a
-    product, the last one padded with zero rows when ``width`` is not a multiple of ``ROWS``). Decided once per product type, shape, bias, dtype, device, thread count and
+    product, the last one padded with zero rows when ``width`` is not a multiple of ``ROWS``).
+    Decided once per product type, shape, bias, dtype, device, thread count and
     width, on random rows (a summation order follows from the shapes, not the values, and any
     difference in it shows as rounding in some of them), and remembered for the process.
 
