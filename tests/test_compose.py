@@ -145,6 +145,66 @@ def test_a_member_verdict_is_what_verifying_its_own_draft_alone_gives(tiny_model
     assert torch.equal(vb.logits[0], va.logits[0])
 
 
+class Sees(Chain):
+    """A chain drafter that records ``state.prior`` as it proposes."""
+
+    def __init__(self, ids: list[int] | None = None) -> None:
+        super().__init__(ids)
+        self.priors: list[Draft | None] = []
+
+    @selfspec.hookimpl
+    def selfspec_propose(self, state: Any) -> Draft:
+        self.priors.append(state.prior)
+        return Draft.chain(self.ids[: state.max_draft_depth], device=state.runner.device)
+
+
+def test_a_member_sees_the_earlier_members_merged_draft_as_prior(tiny_model_factory):
+    model = tiny_model_factory("llama")
+    a, b, c = Sees([5, 6, 7]), Sees([5, 9]), Sees([1])
+    dec = Decoder(model, "a+b+c", {"budget": "8", "cheap_first": False}, plugin_object={"a": a, "b": b, "c": c})
+    result = dec.generate([3, 4, 5, 6] * 4, 4)
+    # the first step runs the members in the order given (none is measured yet)
+    assert a.priors[0] is None  # the first member: no prior
+    first = b.priors[0]
+    assert first.tokens.tolist() == [5, 6, 7] and first.parents.tolist() == [-1, 0, 1]
+    assert first.probs.shape == (3,) and first.best_path() == [5, 6, 7]
+    merged = c.priors[0]  # a's chain and b's, sharing their first token
+    assert merged.tokens.tolist() == [5, 6, 7, 9] and merged.parents.tolist() == [-1, 0, 1, 0]
+    assert result.stats.members["c"]["proposed"] == len(c.priors)
+
+
+def test_a_tree_drafter_extends_the_earlier_members_best_path(tiny_model_factory):
+    # qspec grows its tree after a's chain (tree_extend on): the chain is a path of its draft,
+    # scored by its own draft model, even where that model would not propose it; with
+    # tree_extend off it drafts beside it, from the pending token alone
+    model = tiny_model_factory("qwen2")
+    prompt = [3, 4, 5, 6] * 12
+    wrong = [17, 18, 19]  # a chain the draft model does not rank first
+    found: dict[bool, set[tuple[int, ...]]] = {}
+    for extend in (True, False):
+        dec = Decoder(model, "a+qspec", {"cheap_first": False, "qspec.tree_extend": extend, "qspec.tree_budget": "500"},
+                      plugin_object={"a": Chain(wrong)})
+        member = dec.plugin.members[1]
+        paths: set[tuple[int, ...]] = set()
+        real = member.call
+
+        def call(hook, real=real, paths=paths, **kwargs):
+            d = real(hook, **kwargs)
+            if hook == "selfspec_propose" and d is not None and d.parents is not None:
+                nodes: list[tuple[int, ...]] = []
+                for t, p in zip(d.tokens.tolist(), d.parents.tolist()):
+                    nodes.append((nodes[p] if p >= 0 else ()) + (t,))
+                paths.update(nodes)
+            return d
+
+        member.call = call
+        result = dec.generate(prompt, 6)
+        assert result.output_ids == selfspec.reference_generate(model, prompt, 6)
+        found[extend] = paths
+    assert tuple(wrong) in found[True] and any(len(p) > 3 and p[:3] == tuple(wrong) for p in found[True])
+    assert not any(p[:1] == (17,) for p in found[False])
+
+
 def test_member_verdict_follows_the_committed_path_through_the_kept_nodes():
     comp = Composer("x+y", [])
     comp._remap = {0: 0, 1: 1, 3: 2}  # merged node 2 was cut

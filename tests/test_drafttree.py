@@ -45,8 +45,8 @@ class Scripted:
         self.calls.append((ids.tolist(), start, positions.tolist(), mask))
         rows = []
         for r, t in enumerate(ids.tolist()):
-            if mask is None:
-                path = self.paths[self.slot]
+            if mask is None:  # a causal block from the pending token: row r's path is its first r + 1 ids
+                path = tuple(ids.tolist()[: r + 1])
             else:  # the path: the slots this row sees past the pending token, in slot order
                 seen = [s for s in range(self.slot + 1, start) if mask[r, s]]
                 path = self.paths[self.slot] + tuple(self.paths[s][-1] for s in seen) + (t,)
@@ -99,6 +99,36 @@ def test_tree_is_the_most_probable_candidates(seed, topk, depth, budget):
         chosen = [s.paths[start + r] for r in range(len(ids))]
         floor = min(cands[p] for p in chosen)
         assert all(v <= floor + 1e-12 for p, v in newest.items() if p not in chosen)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), topk=st.integers(1, 4), depth=st.integers(1, 6),
+       prefix=st.lists(st.integers(0, V - 1), min_size=1, max_size=5))
+def test_prefix_nodes_are_scored_by_the_draft_and_the_tree_grows_after_them(seed, topk, depth, prefix):
+    s = Scripted(seed, slot=6, pending=2)
+    tree = draft_tree(s, torch.tensor([2]), 6, max_depth=depth, topk=topk, budget=500, prefix=prefix)
+    chain = prefix[:depth]
+    # the first pass runs the pending token and the prefix as one causal block
+    assert s.calls[0][:3] == ([2, *chain], 6, list(range(6, 7 + len(chain)))) and s.calls[0][3] is None
+    got = {(2,) + p: prob for p, prob in zip(_paths(tree), tree.probs.tolist())}
+    for j in range(1, len(chain) + 1):  # every prefix node, scored by the draft's own probability of its path
+        path = (2, *chain[:j])
+        assert path in got
+    for path, prob in got.items():  # every node (prefix, alternative, grown) by its path's draft probability
+        lp = sum(float(torch.log_softmax(s.logits(path[:i]), -1)[path[i]]) for i in range(1, len(path)))
+        assert prob == pytest.approx(float(torch.tensor(lp).exp()), rel=1e-5, abs=1e-30)
+        assert len(path) - 1 <= depth
+    for ids, start, positions, _mask in s.calls[1:]:  # later passes: each node at its own depth's position
+        assert positions == [6 + len(s.paths[start + r]) - 1 for r in range(len(ids))]
+
+
+def test_prefix_beyond_room_or_depth_is_dropped():
+    s = Scripted(3, slot=6, pending=2)
+    tree = draft_tree(s, torch.tensor([2]), 6, max_depth=3, topk=2, budget=50, prefix=[1, 2, 3, 4, 5])
+    assert s.calls[0][0] == [2, 1, 2, 3] and max(len(p) for p in _paths(tree)) <= 3
+    s = Scripted(3, slot=6, pending=2)
+    tree = draft_tree(s, torch.tensor([2]), 6, max_depth=8, topk=2, budget=50, room=2, prefix=[1, 2, 3, 4, 5])
+    assert s.calls[0][0] == [2, 1, 2] and len(tree) <= 2
 
 
 def test_frontier_mask_shows_only_ancestors():
@@ -358,4 +388,5 @@ def test_register_tree_options_takes_the_plugins_default():
         options = []
         register_tree_options(options.append, topk=3, tree=default)
         got = {o.name: o.default for o in options}
-        assert got == {"tree": default, "tree_budget": "auto", "tree_topk": 3, "tree_calibrate": True}
+        assert got == {"tree": default, "tree_budget": "auto", "tree_topk": 3, "tree_calibrate": True,
+                       "tree_extend": True}

@@ -8,8 +8,10 @@ and each step:
 1. asks the members to propose, cheapest first (:meth:`Composer.order`), each from the same
    cache state (the cache is cropped back to the committed prefix after every member), skipping
    a member the cheap-first rule (:func:`~selfspec._engine.composetree.worth_calling`) finds not
-   worth its cost once a draft exists; every member draft is checked and cut like a single
-   plugin's and any error names the member;
+   worth its cost once a draft exists; a member sees the draft merged so far as
+   ``state.prior`` (valued by :func:`~selfspec._engine.composetree.node_values`), which it may
+   extend; every member draft is checked and cut like a single plugin's and any error names
+   the member;
 2. merges the drafts into one trie (a shared prefix is one node, each node remembers its
    members) and keeps the nodes that maximise expected committed tokens per unit of cost on
    the machine's cost-per-width curve (option ``budget``);
@@ -226,8 +228,12 @@ class Composer:
                     m.counters["skipped"] += 1
                     continue
             state.capture_layers = None
+            state.prior = self._merged(trie, stats, dev) if len(trie) else None
             t0 = time.perf_counter()
-            raw = m.call("selfspec_propose", state=state)
+            try:
+                raw = m.call("selfspec_propose", state=state)
+            finally:
+                state.prior = None
             seconds = time.perf_counter() - t0
             state.cache.crop(base)  # the next member (and the verifier) start from the committed prefix
             self._watch(state, m.name, "selfspec_propose")
@@ -314,6 +320,14 @@ class Composer:
         return Verdict(accepted=tuple(committed[:a]), bonus=int(committed[a]), accepted_nodes=tuple(path),
                        kv_slots=(0, *(n + 1 for n in merged)), forwards=verdict.forwards, hidden=hidden,
                        logits=logits)
+
+    @staticmethod
+    def _merged(trie: Trie, stats: Sequence[MemberStats], device: torch.device) -> Draft:
+        """The merged draft so far, each node valued by :func:`node_values` (``state.prior``)."""
+        values = node_values(trie, stats)
+        return Draft(torch.tensor(trie.tokens, dtype=torch.long, device=device),
+                     torch.tensor(trie.parents, dtype=torch.long, device=device),
+                     probs=torch.tensor(values, dtype=torch.float32, device=device))
 
     def _watch(self, state: DecodeState, member: str, hook: str) -> None:
         """Tell the decoder's observers (the audit) that ``member`` finished ``hook``, so a

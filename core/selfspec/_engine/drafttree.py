@@ -93,6 +93,7 @@ def draft_tree(
     room: int | None = None,
     vocab: torch.Tensor | None = None,
     calibrate: Callable[[float], float] | None = None,
+    prefix: Sequence[int] = (),
 ) -> DraftTree:
     """Grow a draft tree after ``pending`` (``[1]`` int64, at cache slot ``slot``) with ``step``.
 
@@ -106,9 +107,14 @@ def draft_tree(
     when it scores a vocabulary subset (``None``: column = token id). calibrate: maps a node's
     own draft probability to the probability that it is accepted when its parent is (a
     :class:`TreeCalibration`); every score above uses the calibrated values.
+    prefix: a chain of tokens to draft after (another drafter's guess, e.g. a composition's
+    earlier members, :attr:`selfspec.DecodeState.prior`): the first pass runs the pending token
+    and the prefix together (causal), so each prefix token becomes a node scored by the draft's
+    own probability of it, beside its ``topk`` alternatives, and the tree grows from all of
+    them; a prefix token past ``max_depth`` or the room is dropped.
 
-    Cache: the pending token's pass writes slot ``slot``; the ``j``-th expanded node writes slot
-    ``slot + 1 + j``, past the committed prefix, so verification overwrites them.
+    Cache: the first pass writes slots ``[slot, slot + len(prefix)]``; the ``j``-th node expanded
+    after it writes the next free slot, past the committed prefix, so verification overwrites them.
     """
     if budget is None and cost is None:
         raise ValueError("draft_tree needs a budget or a cost curve to choose one")
@@ -130,17 +136,38 @@ def draft_tree(
         return empty
     max_depth = min(max_depth, cap)  # a tree of cap nodes is never deeper
 
-    # a) the pending token's pass: the root's children
-    logits = step(pending, slot, torch.tensor([slot], device=dev), None)  # logits: [1, V']
-    widths.append(1)
-    d_cost += draft_cost * (cost(1) if cost is not None else 1.0)
-    _add_children(logits[-1], -1, 0.0, topk, vocab, calibrate, tokens, parents, logp, local)
-    frontier = list(range(len(tokens)))
-    next_slot = slot + 1
+    # a) the pending token's pass (with the prefix after it): the root's children, and each
+    #    prefix token's node with its alternatives and children
+    chain = [int(t) for t in prefix][: min(max_depth, room)]
+    ids = pending if not chain else torch.cat([pending, torch.tensor(chain, dtype=torch.long, device=dev)])
+    w = len(chain) + 1
+    logits = step(ids, slot, torch.arange(slot, slot + w, device=dev), None)  # logits: [w, V'], causal
+    widths.append(w)
+    d_cost += draft_cost * (cost(w) if cost is not None else 1.0)
+    depth: list[int] = []
+    expanded: set[int] = set()
+    parent, parent_logp = -1, 0.0
+    for j in range(w):
+        first = len(tokens)
+        if j < max_depth:  # children within the deepest depth allowed
+            _add_children(logits[j], parent, parent_logp, topk, vocab, calibrate, tokens, parents, logp, local)
+            depth.extend([j + 1] * (len(tokens) - first))
+        if j == len(chain):
+            break
+        node = next((i for i in range(first, len(tokens)) if tokens[i] == chain[j]), None)
+        if node is None:  # the draft does not rank the prefix token in its top k: score it alone
+            node = _add_token(logits[j], chain[j], parent, parent_logp, vocab, calibrate, tokens, parents, logp, local)
+            depth.append(j + 1)
+        slot_of[node] = slot + 1 + j
+        expanded.add(node)
+        parent, parent_logp = node, logp[node]
+    frontier = [i for i in range(len(tokens)) if i not in expanded]
+    next_slot = slot + w
     best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
 
     # b) one pass per depth over the frontier, each node seeing only its ancestors' slots
-    for d in range(1, max_depth):
+    for _ in range(1, max_depth):
+        frontier = [i for i in frontier if depth[i] < max_depth]
         frontier = sorted(frontier, key=lambda i: (-logp[i], i))[: min(topk, room - (next_slot - slot - 1))]
         if cost is not None:  # as wide as pays for itself; stop when no width does
             frontier = frontier[: _frontier_width([math.exp(logp[i]) for i in frontier], cost, draft_cost,
@@ -151,7 +178,7 @@ def draft_tree(
         start = next_slot
         mask = _frontier_mask(frontier, parents, slot_of, slot, start, dev)  # [q, start+q]
         ids = torch.tensor([tokens[i] for i in frontier], dtype=torch.long, device=dev)
-        positions = torch.full((q,), slot + d, dtype=torch.long, device=dev)
+        positions = torch.tensor([slot + depth[i] for i in frontier], dtype=torch.long, device=dev)
         logits = step(ids, start, positions, mask)  # logits: [q, V']
         widths.append(q)
         d_cost += draft_cost * (cost(q) if cost is not None else 1.0)
@@ -161,6 +188,7 @@ def draft_tree(
         first_new = len(tokens)
         for r, i in enumerate(frontier):
             _add_children(logits[r], i, logp[i], topk, vocab, calibrate, tokens, parents, logp, local)
+            depth.extend([depth[i] + 1] * (len(tokens) - len(depth)))
         frontier = list(range(first_new, len(tokens)))
         best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
 
@@ -220,7 +248,9 @@ def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, 
     """Declare the tree options every drafter shares: ``tree`` (default ``tree``, the host's
     ``True`` unless a plugin measured otherwise: draft a tree instead of a chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
     probable nodes), ``tree_topk`` (children per node and nodes expanded per depth) and
-    ``tree_calibrate`` (score nodes by a :class:`TreeCalibration` learned online).
+    ``tree_calibrate`` (score nodes by a :class:`TreeCalibration` learned online) and
+    ``tree_extend`` (in a composition, draft after the earlier members' best path:
+    :attr:`selfspec.DecodeState.prior`).
     Read them back with :meth:`TreeConfig.from_options`."""
     register(Option("tree", bool, tree, "draft a dynamic tree (top-k candidates at each depth, grown by "
                     "cumulative draft probability) instead of a chain; verified in one tree pass"))
@@ -231,6 +261,8 @@ def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, 
                     min=1, max=16))
     register(Option("tree_calibrate", bool, True, "tree drafts: score nodes by how often nodes of their draft "
                     "probability were accepted so far (learned online) instead of the raw probability"))
+    register(Option("tree_extend", bool, True, "tree drafts in a composition: grow the tree after the best path "
+                    "the earlier members drafted (scored by this draft in its first pass) instead of beside it"))
 
 
 class TreeCalibration:
@@ -277,6 +309,7 @@ class TreeConfig:
     curve: Any = None
     calibration: TreeCalibration | None = None
     last: DraftTree | None = None
+    extend: bool = True
 
     @classmethod
     def from_options(cls, options: dict[str, Any], runner: Runner) -> TreeConfig:
@@ -292,15 +325,24 @@ class TreeConfig:
 
             curve = cost_curve(runner)
         calibration = TreeCalibration() if options.get("tree_calibrate", True) else None
-        return cls(enabled, budget, int(options.get("tree_topk", 4)), curve, calibration)
+        return cls(enabled, budget, int(options.get("tree_topk", 4)), curve, calibration,
+                   extend=bool(options.get("tree_extend", True)))
 
     def draft(self, step: DraftStep, state: DecodeState, *, max_depth: int, draft_cost: float,
               vocab: torch.Tensor | None = None) -> DraftTree:
-        """:func:`draft_tree` after ``state``'s pending token, at its slot, within the cache's room."""
+        """:func:`draft_tree` after ``state``'s pending token, at its slot, within the cache's room.
+
+        With ``extend`` in a composition (``state.prior`` set), the tree grows after the earlier
+        members' best path (:meth:`selfspec.Draft.best_path`) as ``prefix``, and ``max_depth``
+        counts from its end (within ``state.max_draft_depth``)."""
         base = state.length - 1
+        prefix = state.prior.best_path() if self.extend and state.prior is not None else []
+        if prefix:
+            max_depth = min(max_depth + len(prefix), state.max_draft_depth)
         self.last = draft_tree(step, state.tokens[base : base + 1], base, max_depth=max_depth, topk=self.topk,
                                budget=self.budget, cost=self.curve, draft_cost=draft_cost,
-                               room=state.cache.capacity - base - 1, vocab=vocab, calibrate=self.calibration)
+                               room=state.cache.capacity - base - 1, vocab=vocab, calibrate=self.calibration,
+                               prefix=prefix)
         return self.last
 
     def observe(self, verdict: Any) -> None:
@@ -332,6 +374,27 @@ def _add_children(logits: torch.Tensor, parent: int, parent_logp: float, topk: i
         parents.append(parent)
         logp.append(parent_logp + math.log(own))
         local.append(p)
+
+
+def _add_token(logits: torch.Tensor, token: int, parent: int, parent_logp: float, vocab: torch.Tensor | None,
+               calibrate: Callable[[float], float] | None, tokens: list[int], parents: list[int],
+               logp: list[float], local: list[float]) -> int:
+    """Append ``token`` as a child of ``parent`` scored by its draft probability (logits
+    ``[V']``; a token outside the draft's vocabulary ``vocab`` scores as impossible); returns
+    its index."""
+    lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # [V']
+    if vocab is None:
+        col = token
+    else:
+        hit = torch.nonzero(vocab == token).flatten()
+        col = int(hit[0]) if len(hit) else -1
+    p = math.exp(min(float(lp[col]), 0.0)) if 0 <= col < int(lp.shape[0]) else 0.0
+    own = p if calibrate is None else float(calibrate(p))
+    tokens.append(int(token))
+    parents.append(parent)
+    logp.append(parent_logp + math.log(min(max(own, 1e-12), 1.0)))
+    local.append(p)
+    return len(tokens) - 1
 
 
 def _frontier_width(probs: list[float], cost: Callable[[int], float], draft_cost: float, n: int, e: float,

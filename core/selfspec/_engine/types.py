@@ -47,7 +47,8 @@ class Draft:
 
     Returns:
         ``len(draft)`` nodes; :attr:`is_tree`; :meth:`depths` (1 = a child of the pending
-        token); :meth:`is_from` (``owner`` by identity).
+        token); :meth:`is_from` (``owner`` by identity); :meth:`best_path` (the most probable
+        path's tokens).
 
     Host enforces:
         1-D int64 ``tokens`` on the model's device with ids in ``[0, vocab)``; ``parents``
@@ -92,6 +93,25 @@ class Draft:
     @property
     def is_tree(self) -> bool:
         return self.parents is not None
+
+    def best_path(self) -> list[int]:
+        """The token ids of the draft's most probable path from the pending token: a chain's
+        tokens; in a tree, the child with the highest ``probs`` at each node, down to a leaf
+        (ties and a tree without ``probs``: the first child)."""
+        ids = self.tokens.tolist()
+        if self.parents is None:
+            return ids
+        probs = self.probs.tolist() if self.probs is not None else [0.0] * len(ids)
+        best: dict[int, int] = {}
+        for i, p in enumerate(self.parents.tolist()):
+            if p not in best or probs[i] > probs[best[p]]:
+                best[p] = i
+        path: list[int] = []
+        node = best.get(-1)
+        while node is not None:
+            path.append(ids[node])
+            node = best.get(node)
+        return path
 
     def depths(self) -> list[int]:
         """Depth of every node (1 = child of the pending token)."""
@@ -286,6 +306,10 @@ class DecodeState:
         scratch: free per-decode storage for plugins.
         finished: set by the host on EOS or at the budget.
         sampler: the decode's sampler, ``None`` when greedy (``sampling_on`` says which).
+        prior: in a composed decode, while a member proposes: the merged :class:`Draft` of
+            the members that proposed before it this step (``probs``: the composition's value
+            of each node), which a drafter may extend (:func:`selfspec.draft_tree`'s
+            ``prefix``; ``tree_extend``); ``None`` otherwise.
 
     Returns:
         :meth:`pick` ``(logits [n, V] or [V], positions [n], vocab=None) -> ids``: the
@@ -295,7 +319,8 @@ class DecodeState:
 
     Host enforces:
         Plugins write only ``capture_layers`` and ``scratch``; the host owns ``tokens``,
-        ``length``, ``step``, ``finished`` and checks the cache length after every step.
+        ``length``, ``step``, ``finished``, ``prior`` and checks the cache length after every
+        step.
 
     Notes:
         Every token a verifier commits and every token a drafter takes from model logits goes
@@ -318,6 +343,7 @@ class DecodeState:
     scratch: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
     sampler: Sampler | None = None
+    prior: Draft | None = None
     timed_s: float = field(default=0.0, repr=False)  # total of every `timed` block, this decode
 
     @contextlib.contextmanager
