@@ -127,6 +127,22 @@ def test_cheap_first_skips_a_costly_member_when_the_free_draft_covers_its_gain()
     assert worth_calling(MemberStats(), covered=9.0, nodes=9, spent=0.0, cost=curve)  # never observed: call
 
 
+def test_a_member_skipped_for_long_is_called_again():
+    # its evidence ages with every skipped step, and the optimistic prior (one step at its
+    # deepest accepted length) takes over: the rule calls it again after enough skips
+    curve = CostCurve((1, 16), (1.0, 1.3))
+    costly = _stats([0.9, 0.8, 0.7, 0.6, 0.5, 0.4], lengths={0: 40, 1: 5, 6: 5}, cost=0.6, size=6)
+    assert not worth_calling(costly, covered=1.5, nodes=3, spent=0.0, cost=curve)
+    skips = 0
+    while not worth_calling(costly, covered=1.5, nodes=3, spent=0.0, cost=curve):
+        costly.skipped()
+        skips += 1
+        assert skips < 500
+    assert 10 < skips < 500 and costly.mean_size() == pytest.approx(6.0)
+    gain = costly.expected_gain(1.5)
+    assert gain is not None and gain > 0.5
+
+
 def test_a_member_verdict_is_what_verifying_its_own_draft_alone_gives(tiny_model_factory):
     # see a)
     model = tiny_model_factory("llama")

@@ -225,6 +225,7 @@ class Composer:
             if self.cheap_first and len(trie) and self.curve is not None and self.forward_w:
                 covered = sum(node_values(trie, stats))
                 if not worth_calling(m.stats, covered, len(trie), spent, self.curve):
+                    m.stats.skipped()
                     m.counters["skipped"] += 1
                     continue
             state.capture_layers = None

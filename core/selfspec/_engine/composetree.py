@@ -24,8 +24,14 @@ from dataclasses import dataclass, field
 from selfspec._engine.drafttree import choose_size
 
 #: Weight kept by a member's statistics per step in which it proposed: an effective memory of
-#: ``1 / (1 - DECAY)`` = 50 of its steps.
+#: ``1 / (1 - DECAY)`` = 50 of its steps. A step in which it was skipped ages its
+#: accepted-length histogram by the same factor (:meth:`MemberStats.skipped`).
 DECAY = 0.98
+#: Pseudo-steps of the optimistic prior in :meth:`MemberStats.expected_gain`: beside a member's
+#: observed accepted lengths, one step in which it reached its deepest accepted length so far.
+#: Negligible while the member is called (about 1 in 50), it takes over as skipped steps age
+#: the evidence, so a member skipped for long is called again and its statistics follow the text.
+OPTIMISM = 1.0
 
 
 @dataclass
@@ -116,6 +122,13 @@ class MemberStats:
         self.size = self.size * DECAY + size
         self.weight = self.weight * DECAY + 1.0
 
+    def skipped(self) -> None:
+        """A step in which the cheap-first rule did not call the member: its accepted-length
+        evidence ages by :data:`DECAY` (nothing is observed)."""
+        self.lengths[:] = [x * DECAY for x in self.lengths]
+        self.weight *= DECAY
+        self.size *= DECAY
+
     def observe_cost(self, forwards: float) -> None:
         """The member's proposing time this step, in one-token full forwards."""
         self.cost = self.cost * DECAY + forwards
@@ -137,10 +150,13 @@ class MemberStats:
     def expected_gain(self, covered: float) -> float | None:
         """Expected accepted tokens this member adds beyond ``covered`` (the current draft's
         expected accepted tokens): ``sum_a P(a) * max(0, a - covered)`` over its accepted-length
-        histogram; None before it was observed."""
+        histogram and :data:`OPTIMISM` pseudo-steps at its deepest accepted length so far;
+        None before it was observed."""
         if not self.weight:
             return None
-        return sum(w * max(0.0, a - covered) for a, w in enumerate(self.lengths)) / self.weight
+        deepest = max((a for a, w in enumerate(self.lengths) if w > 0), default=0)
+        seen = sum(w * max(0.0, a - covered) for a, w in enumerate(self.lengths))
+        return (seen + OPTIMISM * max(0.0, deepest - covered)) / (self.weight + OPTIMISM)
 
 
 def node_values(trie: Trie, stats: Sequence[MemberStats]) -> list[float]:
@@ -190,7 +206,8 @@ def worth_calling(stats: MemberStats, covered: float, nodes: int, spent: float,
     Without the member a step commits ``1 + covered`` tokens for ``spent + cost(nodes + 1)``;
     with it, ``gain`` more (:meth:`MemberStats.expected_gain`) for its proposing cost and its
     mean draft size more verified nodes. Call it when the second ratio is at least the first,
-    and always while its cost or acceptance has not been observed yet."""
+    and always while its cost or acceptance has not been observed yet. The caller reports a
+    skip with :meth:`MemberStats.skipped`, so evidence ages while the member is not called."""
     gain = stats.expected_gain(covered)
     own = stats.mean_cost()
     if gain is None or own is None:
