@@ -247,7 +247,7 @@ DEFAULT_TREE = True
 def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = DEFAULT_TREE) -> None:
     """Declare the tree options every drafter shares: ``tree`` (default ``tree``, the host's
     ``True`` unless a plugin measured otherwise: draft a tree instead of a chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
-    probable nodes), ``tree_topk`` (children per node and nodes expanded per depth) and
+    probable nodes), ``tree_topk`` (children per node and nodes expanded per depth),
     ``tree_calibrate`` (score nodes by a :class:`TreeCalibration` learned online) and
     ``tree_extend`` (in a composition, draft after the earlier members' best path:
     :attr:`selfspec.DecodeState.prior`).
