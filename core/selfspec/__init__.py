@@ -58,8 +58,8 @@ _API: dict[str, tuple[str, str]] = {
     "draft_tree": ("drafttree", "draft_tree"),
     "DraftTree": ("drafttree", "DraftTree"),
     "skip_layer_step": ("drafttree", "skip_layer_step"),
-    "register_tree_options": ("drafttree", "register_tree_options"),
-    "TreeConfig": ("drafttree", "TreeConfig"),
+    "register_tree_options": ("treeconfig", "register_tree_options"),
+    "TreeConfig": ("treeconfig", "TreeConfig"),
     "greedy": ("reference", "greedy"),
     "reference_generate": ("reference", "reference_generate"),
     # sampling

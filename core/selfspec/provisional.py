@@ -16,7 +16,7 @@ from typing import Any
 _API: dict[str, tuple[str, str]] = {
     # draft trees: sizing by the machine's cost curve, and their calibration
     "choose_size": ("drafttree", "choose_size"),
-    "TreeCalibration": ("drafttree", "TreeCalibration"),
+    "TreeCalibration": ("treeconfig", "TreeCalibration"),
     "CostCurve": ("costcurve", "CostCurve"),
     "cost_curve": ("costcurve", "cost_curve"),
     "measure_cost_curve": ("costcurve", "measure_cost_curve"),

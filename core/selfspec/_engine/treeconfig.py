@@ -1,0 +1,147 @@
+"""The tree options every tree-drafting plugin shares, and what they ask for.
+
+:func:`register_tree_options` declares them in ``selfspec_options``; :meth:`TreeConfig.from_options`
+reads them back in ``selfspec_setup``, and :meth:`TreeConfig.draft` drafts a
+:func:`~selfspec._engine.drafttree.draft_tree` after the decode's pending token (after a
+composition's earlier members' best path with ``tree_extend``), learning a
+:class:`TreeCalibration` of its draft probabilities from each verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from selfspec._engine.drafttree import DraftStep, DraftTree, draft_tree
+from selfspec._engine.options import Option
+from selfspec._engine.runner import Runner
+from selfspec._engine.types import DecodeState
+
+#: The host's default for ``tree``: drafters that declare the tree options draft trees, verified
+#: in one tree pass; on a CPU a verification of a few extra rows costs about one one-token step,
+#: so the extra candidates are nearly free (docs/performance.md, "Draft trees"). ``tree=0``
+#: restores a plugin's paper chain.
+DEFAULT_TREE = True
+
+
+def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = DEFAULT_TREE) -> None:
+    """Declare the tree options every drafter shares: ``tree`` (default ``tree``, the host's
+    ``True`` unless a plugin measured otherwise: draft a tree instead of a chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
+    probable nodes), ``tree_topk`` (children per node and nodes expanded per depth),
+    ``tree_calibrate`` (score nodes by a :class:`TreeCalibration` learned online) and
+    ``tree_extend`` (in a composition, draft after the earlier members' best path:
+    :attr:`selfspec.DecodeState.prior`).
+    Read them back with :meth:`TreeConfig.from_options`."""
+    register(Option("tree", bool, tree, "draft a dynamic tree (top-k candidates at each depth, grown by "
+                    "cumulative draft probability) instead of a chain; verified in one tree pass"))
+    register(Option("tree_budget", str, "auto", "most nodes of a tree draft: 'auto' (the size that maximises "
+                    "expected tokens per unit of cost, from this machine's measured cost-per-width curve) or N",
+                    check=_check_budget))
+    register(Option("tree_topk", int, topk, "tree drafts: children kept per node and nodes expanded per depth",
+                    min=1, max=16))
+    register(Option("tree_calibrate", bool, True, "tree drafts: score nodes by how often nodes of their draft "
+                    "probability were accepted so far (learned online) instead of the raw probability"))
+    register(Option("tree_extend", bool, True, "tree drafts in a composition: grow the tree after the best path "
+                    "the earlier members drafted (scored by this draft in its first pass) instead of beside it"))
+
+
+class TreeCalibration:
+    """How often a tree node is accepted, given its parent was, by its own draft probability.
+
+    A layer-skipping draft's probabilities are typically underconfident for greedy
+    verification (a top token at 0.3 may match the full model's argmax most of the time), so
+    sizing trees by them under-drafts. This learns the map online from verified trees: per bin
+    of the raw probability ``p`` (``bins`` equal bins of ``[0, 1]``), ``(accepted + prior * p)
+    / (seen + prior)``, the raw ``p`` until evidence accumulates. Call it as ``calibrate(p)``.
+    """
+
+    def __init__(self, bins: int = 10, prior: float = 4.0) -> None:
+        self.bins, self.prior = bins, prior
+        self.seen = [0] * bins
+        self.accepted = [0] * bins
+
+    def __call__(self, p: float) -> float:
+        b = min(int(p * self.bins), self.bins - 1)
+        return (self.accepted[b] + self.prior * p) / (self.seen[b] + self.prior)
+
+    def observe(self, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
+        """Count the nodes of a verified ``tree`` whose parent was accepted (or is the pending
+        token): accepted or not, by their raw probability ``tree.local``."""
+        on = set(accepted_nodes)
+        for i, (parent, p) in enumerate(zip(tree.parents.tolist(), tree.local)):
+            if parent < 0 or parent in on:
+                b = min(int(p * self.bins), self.bins - 1)
+                self.seen[b] += 1
+                self.accepted[b] += i in on
+
+
+@dataclass
+class TreeConfig:
+    """What the tree options ask for: ``enabled``; ``budget`` (``None`` = auto); ``topk``;
+    ``curve``, the machine's cost curve (loaded or measured by :meth:`from_options` when the
+    budget is auto, else ``None``); ``calibration``, a :class:`TreeCalibration` learned from
+    this plugin's verified trees (``None``: raw draft probabilities). One per plugin instance:
+    it keeps the last tree until :meth:`observe` sees its verdict."""
+
+    enabled: bool = False
+    budget: int | None = None
+    topk: int = 4
+    curve: Any = None
+    calibration: TreeCalibration | None = None
+    last: DraftTree | None = None
+    extend: bool = True
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], runner: Runner) -> TreeConfig:
+        """The config of :func:`register_tree_options`' options; call in ``selfspec_setup``.
+        With ``tree`` on and an ``auto`` budget it fetches :func:`selfspec.provisional.cost_curve`
+        (measured once per model shape and machine, then read from the cache)."""
+        enabled = bool(options.get("tree", False))
+        spec = str(options.get("tree_budget", "auto")).strip().lower()
+        budget = None if spec == "auto" else int(spec)
+        curve = None
+        if enabled and budget is None:
+            from selfspec._engine.costcurve import cost_curve
+
+            curve = cost_curve(runner)
+        calibration = TreeCalibration() if options.get("tree_calibrate", True) else None
+        return cls(enabled, budget, int(options.get("tree_topk", 4)), curve, calibration,
+                   extend=bool(options.get("tree_extend", True)))
+
+    def draft(self, step: DraftStep, state: DecodeState, *, max_depth: int, draft_cost: float,
+              vocab: torch.Tensor | None = None) -> DraftTree:
+        """:func:`draft_tree` after ``state``'s pending token, at its slot, within the cache's room.
+
+        With ``extend`` in a composition (``state.prior`` set), the tree grows after the earlier
+        members' best path (:meth:`selfspec.Draft.best_path`) as ``prefix``, and ``max_depth``
+        counts from its end (within ``state.max_draft_depth``)."""
+        base = state.length - 1
+        prefix = state.prior.best_path() if self.extend and state.prior is not None else []
+        if prefix:
+            max_depth = min(max_depth + len(prefix), state.max_draft_depth)
+        self.last = draft_tree(step, state.tokens[base : base + 1], base, max_depth=max_depth, topk=self.topk,
+                               budget=self.budget, cost=self.curve, draft_cost=draft_cost,
+                               room=state.cache.capacity - base - 1, vocab=vocab, calibrate=self.calibration,
+                               prefix=prefix)
+        return self.last
+
+    def observe(self, verdict: Any) -> None:
+        """Learn from the verdict of the last tree drafted (call in ``selfspec_update_policy``;
+        a no-op without a tree or a calibration, or when the host cut the tree)."""
+        tree, self.last = self.last, None
+        if tree is None or self.calibration is None or not len(tree):
+            return
+        nodes = tuple(verdict.accepted_nodes)
+        if any(n >= len(tree) for n in nodes):
+            return
+        self.calibration.observe(tree, nodes)
+
+
+def _check_budget(value: str) -> str | None:
+    spec = str(value).strip().lower()
+    if spec == "auto" or (spec.isdigit() and int(spec) >= 1):
+        return None
+    return "must be 'auto' or a positive number of nodes"
