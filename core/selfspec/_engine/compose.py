@@ -52,6 +52,7 @@ from selfspec._engine.plugins import (
     hook_names,
     instantiate,
 )
+from selfspec._engine.treeconfig import check_budget
 from selfspec._engine.types import DecodeState, Draft, Verdict
 
 #: Joins member names: ``lookup+selfsd``.
@@ -179,7 +180,7 @@ class Composer:
     @hookimpl
     def selfspec_options(self, register: Callable[[Option], None]) -> None:
         register(Option("budget", str, "auto", "most nodes of the merged draft: 'auto' (the nodes that maximise "
-                        "expected tokens per unit of cost on this machine's cost curve) or N", check=_check_budget))
+                        "expected tokens per unit of cost on this machine's cost curve) or N", check=check_budget))
         register(Option("cheap_first", bool, True, "skip a member whose expected extra accepted tokens do not pay "
                         "for its proposing and verify cost, given the draft the cheaper members made"))
         for m in self.members:
@@ -222,14 +223,14 @@ class Composer:
         spent = 0.0  # proposing cost so far, in one-token forwards
         stats = [m.stats for m in self.members]
         for m in self.order():
-            if self.cheap_first and len(trie) and self.curve is not None and self.forward_w:
-                covered = sum(node_values(trie, stats))
-                if not worth_calling(m.stats, covered, len(trie), spent, self.curve):
+            values = node_values(trie, stats) if len(trie) else []
+            if self.cheap_first and values and self.curve is not None and self.forward_w:
+                if not worth_calling(m.stats, sum(values), len(trie), spent, self.curve):
                     m.stats.skipped()
                     m.counters["skipped"] += 1
                     continue
             state.capture_layers = None
-            state.prior = self._merged(trie, stats, dev) if len(trie) else None
+            state.prior = _merged(trie, values, dev) if values else None
             t0 = time.perf_counter()
             try:
                 raw = m.call("selfspec_propose", state=state)
@@ -322,14 +323,6 @@ class Composer:
                        kv_slots=(0, *(n + 1 for n in merged)), forwards=verdict.forwards, hidden=hidden,
                        logits=logits)
 
-    @staticmethod
-    def _merged(trie: Trie, stats: Sequence[MemberStats], device: torch.device) -> Draft:
-        """The merged draft so far, each node valued by :func:`node_values` (``state.prior``)."""
-        values = node_values(trie, stats)
-        return Draft(torch.tensor(trie.tokens, dtype=torch.long, device=device),
-                     torch.tensor(trie.parents, dtype=torch.long, device=device),
-                     probs=torch.tensor(values, dtype=torch.float32, device=device))
-
     def _watch(self, state: DecodeState, member: str, hook: str) -> None:
         """Tell the decoder's observers (the audit) that ``member`` finished ``hook``, so a
         broken rule is blamed on the member, not on the composition."""
@@ -339,15 +332,15 @@ class Composer:
                 check(state, member, hook)
 
 
+def _merged(trie: Trie, values: Sequence[float], device: torch.device) -> Draft:
+    """The merged draft so far, its nodes valued by :func:`node_values` (``state.prior``)."""
+    return Draft(torch.tensor(trie.tokens, dtype=torch.long, device=device),
+                 torch.tensor(trie.parents, dtype=torch.long, device=device),
+                 probs=torch.tensor(values, dtype=torch.float32, device=device))
+
+
 def _prefixed(opt: Option, member: str) -> Option:
     """A member's option under the composition's name for it: ``selfsd.gamma``."""
     from dataclasses import replace
 
     return replace(opt, name=f"{member}.{opt.name}")
-
-
-def _check_budget(value: str) -> str | None:
-    spec = str(value).strip().lower()
-    if spec == "auto" or (spec.isdigit() and int(spec) >= 1):
-        return None
-    return "must be 'auto' or a positive number of nodes"

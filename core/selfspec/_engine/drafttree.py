@@ -148,14 +148,15 @@ def draft_tree(
     parent, parent_logp = -1, 0.0
     for j in range(w):
         first = len(tokens)
+        lp = _log_probs(logits[j])
         if j < max_depth:  # children within the deepest depth allowed
-            _add_children(logits[j], parent, parent_logp, topk, vocab, calibrate, tokens, parents, logp, local)
+            _add_children(lp, parent, parent_logp, topk, vocab, calibrate, tokens, parents, logp, local)
             depth.extend([j + 1] * (len(tokens) - first))
         if j == len(chain):
             break
         node = next((i for i in range(first, len(tokens)) if tokens[i] == chain[j]), None)
         if node is None:  # the draft does not rank the prefix token in its top k: score it alone
-            node = _add_token(logits[j], chain[j], parent, parent_logp, vocab, calibrate, tokens, parents, logp, local)
+            node = _add_token(lp, chain[j], parent, parent_logp, vocab, calibrate, tokens, parents, logp, local)
             depth.append(j + 1)
         slot_of[node] = slot + 1 + j
         expanded.add(node)
@@ -186,7 +187,7 @@ def draft_tree(
         next_slot = start + q
         first_new = len(tokens)
         for r, i in enumerate(frontier):
-            _add_children(logits[r], i, logp[i], topk, vocab, calibrate, tokens, parents, logp, local)
+            _add_children(_log_probs(logits[r]), i, logp[i], topk, vocab, calibrate, tokens, parents, logp, local)
             depth.extend([depth[i] + 1] * (len(tokens) - len(depth)))
         frontier = list(range(first_new, len(tokens)))
         best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
@@ -237,13 +238,17 @@ def skip_layer_step(runner: Runner, cache: KVCache, *, skip_attn: Collection[int
 
 
 # ------------------------------------------------------------------------------ helpers
-def _add_children(logits: torch.Tensor, parent: int, parent_logp: float, topk: int, vocab: torch.Tensor | None,
+def _log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """A pass row's draft log-probabilities ``[V']`` (in at least float32)."""
+    return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+
+
+def _add_children(lp: torch.Tensor, parent: int, parent_logp: float, topk: int, vocab: torch.Tensor | None,
                   calibrate: Callable[[float], float] | None, tokens: list[int], parents: list[int],
                   logp: list[float], local: list[float]) -> None:
-    """Append ``parent``'s ``topk`` most probable children (logits ``[V']``) as candidates; a
+    """Append ``parent``'s ``topk`` most probable children (log-probabilities ``lp`` ``[V']``) as candidates; a
     child's cumulative log-probability never exceeds its parent's (so the most probable
     candidates always form a tree)."""
-    lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # [V']
     vals, idx = torch.topk(lp, min(topk, int(lp.shape[0])))
     ids = idx if vocab is None else vocab.index_select(0, idx)
     for v, t in zip(vals.tolist(), ids.tolist()):
@@ -255,13 +260,12 @@ def _add_children(logits: torch.Tensor, parent: int, parent_logp: float, topk: i
         local.append(p)
 
 
-def _add_token(logits: torch.Tensor, token: int, parent: int, parent_logp: float, vocab: torch.Tensor | None,
+def _add_token(lp: torch.Tensor, token: int, parent: int, parent_logp: float, vocab: torch.Tensor | None,
                calibrate: Callable[[float], float] | None, tokens: list[int], parents: list[int],
                logp: list[float], local: list[float]) -> int:
-    """Append ``token`` as a child of ``parent`` scored by its draft probability (logits
+    """Append ``token`` as a child of ``parent`` scored by its draft probability (``lp``
     ``[V']``; a token outside the draft's vocabulary ``vocab`` scores as impossible); returns
     its index."""
-    lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # [V']
     if vocab is None:
         col = token
     else:

@@ -39,7 +39,7 @@ def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, 
                     "cumulative draft probability) instead of a chain; verified in one tree pass"))
     register(Option("tree_budget", str, "auto", "most nodes of a tree draft: 'auto' (the size that maximises "
                     "expected tokens per unit of cost, from this machine's measured cost-per-width curve) or N",
-                    check=_check_budget))
+                    check=check_budget))
     register(Option("tree_topk", int, topk, "tree drafts: children kept per node and nodes expanded per depth",
                     min=1, max=16))
     register(Option("tree_calibrate", bool, True, "tree drafts: score nodes by how often nodes of their draft "
@@ -140,7 +140,9 @@ class TreeConfig:
         self.calibration.observe(tree, nodes)
 
 
-def _check_budget(value: str) -> str | None:
+def check_budget(value: str) -> str | None:
+    """Why ``value`` is not a draft budget (``auto`` or a positive number of nodes), or None;
+    the check of ``tree_budget`` and of a composition's ``budget``."""
     spec = str(value).strip().lower()
     if spec == "auto" or (spec.isdigit() and int(spec) >= 1):
         return None
