@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import selfspec
 from selfspec import ArtefactStore, Decoder, Runner, draft_tree, skip_layer_step
+from selfspec._engine.treeconfig import DEFAULT_GUESS
 from selfspec.provisional import CostCurve, TreeCalibration, choose_size, cost_curve
 from selfspec.testing import assert_lossless, tiny_model
 
@@ -48,7 +49,7 @@ class Scripted:
             if mask is None:  # a causal block from the pending token: row r's path is its first r + 1 ids
                 path = tuple(ids.tolist()[: r + 1])
             else:  # the path: the slots this row sees past the pending token, in slot order
-                seen = [s for s in range(self.slot + 1, start) if mask[r, s]]
+                seen = [s for s in range(self.slot + 1, start + r) if mask[r, s]]
                 path = self.paths[self.slot] + tuple(self.paths[s][-1] for s in seen) + (t,)
             self.paths[start + r] = path
             rows.append(self.logits(path))
@@ -131,6 +132,47 @@ def test_prefix_beyond_room_or_depth_is_dropped():
     assert s.calls[0][0] == [2, 1, 2] and len(tree) <= 2
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), topk=st.integers(1, 4), depth=st.integers(1, 6),
+       script=st.lists(st.integers(0, V - 1), min_size=0, max_size=5))
+def test_guessed_tokens_run_after_the_best_frontier_node_and_are_scored_by_the_draft(seed, topk, depth, script):
+    s = Scripted(seed, slot=6, pending=2)
+    asked: list[list[int]] = []
+
+    def guess(path):
+        asked.append(list(path))
+        return script[len(path) % 2 :]  # any tokens: right or wrong, the draft scores them
+
+    tree = draft_tree(s, torch.tensor([2]), 6, max_depth=depth, topk=topk, budget=500, guess=guess)
+    assert asked[0] == [] and s.calls[0][0] == [2, *script[:depth]]  # the pending token's guess, in the first pass
+    got = {(2,) + p: prob for p, prob in zip(_paths(tree), tree.probs.tolist())}
+    for path, prob in got.items():  # every node by its path's draft probability, within the depth
+        lp = sum(float(torch.log_softmax(s.logits(path[:i]), -1)[path[i]]) for i in range(1, len(path)))
+        assert prob == pytest.approx(float(torch.tensor(lp).exp()), rel=1e-5, abs=1e-30)
+        assert len(path) - 1 <= depth
+    for (ids, start, positions, mask), lead in zip(s.calls[1:], asked[1:]):
+        q = len(ids) - len(script[len(lead) % 2 :][: depth - len(lead)])  # frontier rows, then the guess
+        assert s.paths[start] == (2, *lead)  # the guess follows the pass's first (most probable) node
+        chain = ids[q:]
+        assert positions[q:] == [6 + len(lead) + j for j in range(1, len(chain) + 1)]
+        for j in range(1, len(chain) + 1):  # each guessed token is a node of the tree, after the lead
+            assert (2, *lead, *chain[:j]) in got
+        assert mask[q:, start + 1 : start + q].sum() == 0  # a guess never sees the other frontier nodes
+
+
+def test_a_right_guess_grows_the_tree_in_fewer_passes():
+    s = Scripted(5, slot=6, pending=2)
+    greedy: list[int] = []
+    for _ in range(6):  # the draft's own most probable path
+        greedy.append(int(s.logits((2, *greedy)).argmax()))
+    plain = draft_tree(s, torch.tensor([2]), 6, max_depth=6, topk=1, budget=50)
+    s2 = Scripted(5, slot=6, pending=2)
+    guessed = draft_tree(s2, torch.tensor([2]), 6, max_depth=6, topk=1, budget=50,
+                         guess=lambda path: greedy[len(path) :])
+    assert plain.passes == 6 and guessed.passes == 1  # one pass covers the six depths
+    assert _paths(guessed) == _paths(plain) and torch.allclose(guessed.probs, plain.probs)
+
+
 def test_frontier_mask_shows_only_ancestors():
     s = Scripted(1, slot=4, pending=5)
     draft_tree(s, torch.tensor([5]), 4, max_depth=4, topk=2, budget=30)
@@ -209,7 +251,8 @@ def test_draft_tree_needs_a_budget_or_a_curve():
 
 # ------------------------------------------------------------------------------ real passes (see b)
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
-def test_tree_pass_logits_equal_the_path_run_as_a_chain(arch):
+@pytest.mark.parametrize("guess", [None, lambda path: [5, 9, 17, 3][len(path) % 2 :]])
+def test_tree_pass_logits_equal_the_path_run_as_a_chain(arch, guess):
     runner = Runner(tiny_model(arch))
     cache = runner.new_cache(64)
     prompt = torch.tensor(PROMPT)
@@ -224,14 +267,18 @@ def test_tree_pass_logits_equal_the_path_run_as_a_chain(arch):
         seen.append((ids, start, mask, out))
         return out
 
-    tree = draft_tree(step, prompt[-1:], slot, max_depth=4, topk=3, budget=40)
-    assert len(seen) == 4 and len(tree) > 3
+    tree = draft_tree(step, prompt[-1:], slot, max_depth=4, topk=3, budget=40, guess=guess)
+    assert (len(seen) == 4 if guess is None else len(seen) >= 2) and len(tree) > 3
+    if guess is not None:  # the guessed rows ran: the first pass's block, and after a later pass's frontier
+        assert seen[0][0].tolist()[1:] == [5, 9, 17, 3] and any(len(ids) > 3 for ids, *_ in seen[1:])
     paths = {slot: []}
     for ids, start, mask, out in seen:
         for r, t in enumerate(ids.tolist()):
-            path = [] if mask is None else [paths[j][-1] for j in range(slot + 1, start) if mask[r, j]] + [t]
-            if mask is not None:
-                paths[start + r] = path
+            if mask is None:  # the first pass: [pending, guess...] causal from the pending token's slot
+                path = ids.tolist()[1 : r + 1]
+            else:  # a node (or a guessed token) sees its ancestors' slots, its own pass's included
+                path = [paths[j][-1] for j in range(slot + 1, start + r) if mask[r, j]] + [t]
+            paths[start + r] = path
             # the same prefix (full model), then [pending, path...] as a causal chain
             fresh = runner.new_cache(64)
             runner.forward(prompt[:-1], cache=fresh, start=0, logits=None)
@@ -277,9 +324,9 @@ def test_cost_curve_is_measured_once_and_kept(tmp_path, monkeypatch):
     calls = []
     real = costcurve.measure_cost_curve
 
-    def counting(r, widths):
-        calls.append(1)
-        return real(r, (1, 2, 4), repeats=1)
+    def counting(r, widths, weights=None):
+        calls.append(weights)
+        return real(r, (1, 2, 4), repeats=1, weights=weights)
 
     monkeypatch.setattr(costcurve, "measure_cost_curve", counting)
     monkeypatch.setattr(costcurve, "_MEMO", {})
@@ -292,6 +339,15 @@ def test_cost_curve_is_measured_once_and_kept(tmp_path, monkeypatch):
     assert cost_curve(runner, store=store) == first and len(calls) == 1
     cost_curve(runner, store=store, refresh=True)
     assert len(calls) == 2
+    # draft passes on compressed weights: their own curve, their own file, measured on those weights
+    weights = selfspec.draft_weights(runner, "int8")
+    draft = cost_curve(runner, store=store, weights=weights)
+    assert calls[-1] is weights and draft.costs[0] == 1.0
+    assert len(list(tmp_path.glob("costcurve-*-draft-int8-*.json"))) == 1
+    assert cost_curve(runner, store=store, weights=weights) is draft and len(calls) == 3
+    # weights that compress nothing run the model itself: the model's curve
+    assert cost_curve(runner, store=store, weights=selfspec.draft_weights(runner, "none")) is cost_curve(runner, store=store)
+    assert len(calls) == 3
 
 
 # ------------------------------------------------------------------------------ lossless (see c)
@@ -366,6 +422,34 @@ def test_tree_config_observes_its_last_tree():
     assert sum(config.calibration.seen) > 0 and config.last is None
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "mistral"])
+def test_tree_guesses_from_the_context_are_lossless(arch):
+    # a prompt that repeats itself, so the context's n-grams guess (right or wrong) every step
+    model = tiny_model(arch)
+    config = selfspec.TreeConfig.from_options({"tree": True, "tree_budget": "8", "tree_guess": 4}, Runner(model))
+    result = assert_lossless(model, "tree", [5, 9, 17, 3, 5, 9, 17, 3, 5, 9], 24,
+                             plugin_object=_ConfigPlugin(config))
+    assert result.stats.drafted > 0
+
+
+def test_tree_config_guesser_follows_the_decode():
+    class State:  # the two fields the guesser reads
+        def __init__(self, committed):
+            self.tokens = torch.tensor(committed + [0] * 8)
+            self.length = len(committed)
+
+    config = selfspec.TreeConfig(enabled=True, budget=4, guess=3)
+    state = State([1, 2, 3, 4, 1, 2])
+    guess = config.guesser(state)
+    assert guess([]) == (3, 4, 1) and guess([3]) == (4, 1, 2) and guess([7, 7]) == ()
+    state.tokens[6:8] = torch.tensor([3, 9])  # two more committed: the index grows with them
+    state.length = 8
+    assert config.guesser(state)([]) == () and config.guesser(state)([1, 2]) == (3, 9)
+    other = State([5, 6, 5])  # a new decode: a new index, nothing of the last one's
+    assert config.guesser(other)([]) == () and config.guesser(other)([6]) == (5,)
+    assert selfspec.TreeConfig(enabled=True, budget=4, guess=0).guesser(state) is None
+
+
 class _ConfigPlugin:
     def __init__(self, config):
         self.config = config
@@ -389,4 +473,4 @@ def test_register_tree_options_takes_the_plugins_default():
         register_tree_options(options.append, topk=3, tree=default)
         got = {o.name: o.default for o in options}
         assert got == {"tree": default, "tree_budget": "auto", "tree_topk": 3, "tree_calibrate": True,
-                       "tree_extend": True}
+                       "tree_extend": True, "tree_guess": DEFAULT_GUESS}

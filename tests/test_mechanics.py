@@ -205,6 +205,24 @@ def test_ngram_index_matches_brute_force(chunks, max_n, min_n, k):
         assert index.continuation(k) == (tuple(seen[stop : stop + k]) if n else ())
 
 
+@given(seen=st.lists(st.integers(0, 3), max_size=14), tail=st.lists(st.integers(0, 3), max_size=4),
+       max_n=st.integers(1, 4), k=st.integers(0, 5))
+def test_ngram_lookup_after_a_tail_matches_brute_force(seen, tail, max_n, k):
+    # what followed the longest suffix of seen + tail, found inside seen (its continuation known)
+    index = NgramIndex(max_n, 1)
+    index.extend(seen)
+    whole = seen + tail
+    want: tuple[int, ...] = ()
+    for n in range(min(max_n, len(whole)), 0, -1):
+        stops = [s for s in range(len(seen) - 1, n - 1, -1) if seen[s - n : s] == whole[-n:]]
+        if stops:
+            want = tuple(seen[stops[0] : stops[0] + k])
+            break
+    assert index.lookup(tail, k) == want
+    if not tail:  # without a tail, the list's own continuation
+        assert index.lookup([], k) == (index.continuation(k) if k else ())
+
+
 def test_ngram_index_returns_the_latest_occurrence_of_the_longest_suffix():
     h = NgramIndex(max_n=3, min_n=1)
     h.extend([1, 2, 3, 9, 2, 3, 8, 7])

@@ -89,11 +89,12 @@ class CostCurve:
 
 
 def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix: int = 128,
-                       repeats: int = 5) -> CostCurve:
+                       repeats: int = 5, weights: Any = None) -> CostCurve:
     """Time full-model forwards of blocks of each width (with all their logits, as a tree's
     verification computes them) at slot ``prefix`` of a cache holding ``prefix`` tokens; the
     widths interleaved within each of ``repeats`` rounds, after one warm-up round; each width's
-    fastest time counts."""
+    fastest time counts. ``weights``: time draft passes on these draft weights
+    (:func:`selfspec.draft_weights`) instead: the curve of a draft pass's cost by width."""
     widths = sorted(set(int(w) for w in widths) | {1})
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, runner.vocab_size, (prefix + max(widths),), generator=gen).to(runner.device)
@@ -103,7 +104,7 @@ def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix
     for r in range(repeats + 1):
         for w in widths:
             t0 = time.perf_counter()
-            runner.forward(ids[prefix : prefix + w], cache=cache, start=prefix)
+            runner.forward(ids[prefix : prefix + w], cache=cache, start=prefix, weights=weights)
             _sync(runner.device)
             if r:  # round 0 warms up
                 times[w].append(time.perf_counter() - t0)
@@ -113,19 +114,24 @@ def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix
 
 
 def cost_curve(runner: Runner, *, store: ArtefactStore | None = None, refresh: bool = False,
-               widths: Sequence[int] = WIDTHS) -> CostCurve:
+               widths: Sequence[int] = WIDTHS, weights: Any = None) -> CostCurve:
     """This model shape's cost curve on this machine: from the process, else from the store
     (``<cache dir>/drafttree/costcurve-<key>.json``), else measured now (a few seconds at 1.5B)
-    and saved. ``refresh=True`` measures again."""
+    and saved. ``refresh=True`` measures again. ``weights``: the curve of draft passes on these
+    draft weights (:func:`selfspec.draft_weights`; its backend and draft vocabulary join the
+    key), for :func:`selfspec.draft_tree`'s ``draft_curve``; the model's own curve when they
+    compress nothing (``none``)."""
     store = store or STORE
-    key = curve_key(runner)
+    if weights is not None and not weights.layers and weights.head_module is None:
+        weights = None  # the model's own layers and head: its own curve
+    key = curve_key(runner) + ("" if weights is None else f"-draft-{_weights_key(weights)}")
     path = store.path(f"costcurve-{key}.json")
     memo = f"{path}"
     if not refresh and memo in _MEMO:
         return _MEMO[memo]
     curve = None if refresh else _load(path)
     if curve is None:
-        curve = measure_cost_curve(runner, widths)
+        curve = measure_cost_curve(runner, widths, weights=weights)
         store.save_text(path, json.dumps({**curve.as_dict(), "key": key}, indent=1) + "\n")
     _MEMO[memo] = curve
     return curve
@@ -141,6 +147,13 @@ def curve_key(runner: Runner) -> str:
 
 
 # ------------------------------------------------------------------------------ helpers
+def _weights_key(weights: Any) -> str:
+    """Draft weights in a curve's key: backend, compressed layers, vocabulary."""
+    vocab = "all" if weights.vocab is None else hashlib.sha256(
+        weights.vocab.detach().to("cpu", torch.int64).numpy().tobytes()).hexdigest()[:8]
+    return f"{weights.backend}-{len(weights.layers)}-{vocab}"
+
+
 def _machine(runner: Runner) -> dict[str, Any]:
     """What the curve depends on besides the model's shape."""
     from selfspec._engine import machine

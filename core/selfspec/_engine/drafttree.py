@@ -18,7 +18,7 @@ that runs the draft model (the model with blocks skipped, an early exit, ...) ov
    ``(1 + sum of the chosen nodes' probabilities) / (draft cost + verify cost(n + 1))``.
 
 With a cost curve, the frontier's width and the depth are chosen by cost too: a pass over the
-``q`` best frontier nodes costs ``draft_cost * cost(q)``, verifying ``q`` more nodes costs the
+``q`` best frontier nodes costs ``draft_cost * cost(q)`` (or the measured draft curve's), verifying ``q`` more nodes costs the
 curve's growth, and it can add at most their probability mass in expected tokens; the pass
 runs with the ``q`` that maximises the optimistic ratio ``(expected + mass) / (cost + pass cost
 + verify growth)``, and drafting stops when no ``q`` beats the best
@@ -54,7 +54,9 @@ class DraftTree:
     tokens those passes ran in all; ``candidates``: nodes scored before the choice of size;
     ``expected``: ``1 + probs.sum()``, the expected committed tokens if the draft's
     probabilities were exact; ``cost``: the step's estimated cost in one-token verify
-    forwards (``nan`` without a curve).
+    forwards (``nan`` without a curve); ``guessed``/``agreed``: guessed tokens judged and
+    those the draft itself ranked first (each guess up to its first disagreement: the
+    evidence for ``guess_rate``).
     """
 
     tokens: torch.Tensor
@@ -67,6 +69,8 @@ class DraftTree:
     cost: float = float("nan")
     widths: tuple[int, ...] = field(default=())
     local: tuple[float, ...] = field(default=())
+    guessed: int = 0
+    agreed: int = 0
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -93,6 +97,9 @@ def draft_tree(
     vocab: torch.Tensor | None = None,
     calibrate: Callable[[float], float] | None = None,
     prefix: Sequence[int] = (),
+    guess: Callable[[list[int]], Sequence[int]] | None = None,
+    guess_rate: float = 1.0,
+    draft_curve: Callable[[int], float] | None = None,
 ) -> DraftTree:
     """Grow a draft tree after ``pending`` (``[1]`` int64, at cache slot ``slot``) with ``step``.
 
@@ -111,9 +118,24 @@ def draft_tree(
     and the prefix together (causal), so each prefix token becomes a node scored by the draft's
     own probability of it, beside its ``topk`` alternatives, and the tree grows from all of
     them; a prefix token past ``max_depth`` or the room is dropped.
+    guess: ``guess(path) -> tokens``, a cheap guess of what follows a node (``path``: its tokens
+    from the root, ``[]`` for the pending token), e.g. :meth:`selfspec.NgramIndex.lookup` over
+    the context: every pass after the first runs the guess after its most probable frontier
+    node as rows of the same pass (causal after that node), scored and expanded like the
+    prefix, so a right guess advances the tree several depths in one pass; the first pass
+    runs the pending token's guess when there is no prefix. guess_rate: the probability that a
+    guessed token is the draft's own choice when the ones before it were (learned by the
+    caller, e.g. :class:`TreeConfig`); with a cost curve, a guess runs the ``m`` tokens that
+    maximise ``sum(guess_rate**j for j <= m) * pass(q) - (pass(q + m) - pass(q))`` (each
+    right token saves a pass of the ``q`` frontier rows), all of it without a curve.
+    draft_curve: a draft pass's cost at width ``w`` relative to width 1 (a
+    :class:`selfspec.provisional.CostCurve` measured on the draft weights: a compressed
+    copy's kernels grow with the width unlike the full model's); ``None``: ``cost``. A pass of
+    width ``w`` costs ``draft_cost * draft_curve(w)``.
 
-    Cache: the first pass writes slots ``[slot, slot + len(prefix)]``; the ``j``-th node expanded
-    after it writes the next free slot, past the committed prefix, so verification overwrites them.
+    Cache: the first pass writes slots ``[slot, slot + len(prefix)]``; each later pass writes
+    the next free slots (its frontier nodes, then its guess), past the committed prefix, so
+    verification overwrites them.
     """
     if budget is None and cost is None:
         raise ValueError("draft_tree needs a budget or a cost curve to choose one")
@@ -126,6 +148,7 @@ def draft_tree(
     parents: list[int] = []
     logp: list[float] = []  # cumulative log-probability of each candidate
     local: list[float] = []  # each candidate's own raw draft probability
+    depth: list[int] = []
     slot_of: dict[int, int] = {}  # expanded node -> its draft slot
     widths: list[int] = []
     d_cost = 0.0
@@ -134,62 +157,98 @@ def draft_tree(
     if max_depth <= 0 or cap <= 0:
         return empty
     max_depth = min(max_depth, cap)  # a tree of cap nodes is never deeper
+    curve = draft_curve if draft_curve is not None else cost
 
-    # a) the pending token's pass (with the prefix after it): the root's children, and each
-    #    prefix token's node with its alternatives and children
+    def pass_cost(w: int) -> float:
+        return draft_cost * (curve(w) if curve is not None else 1.0)
+
+    def children(top: tuple[list[float], list[int]], parent: int) -> None:
+        first = len(tokens)
+        if (depth[parent] if parent >= 0 else 0) < max_depth:  # children within the deepest depth allowed
+            _add_children(top, parent, logp[parent] if parent >= 0 else 0.0, calibrate, tokens, parents, logp, local)
+        depth.extend([(depth[parent] if parent >= 0 else 0) + 1] * (len(tokens) - first))
+
+    guessed = [0, 0]  # guessed tokens judged, and those the draft ranked first (each guess's leading run)
+
+    def walk(chain: list[int], rows: list[torch.Tensor], tops: list[tuple[list[float], list[int]]], lead: int,
+             lead_first: int, start: int, judge: bool) -> set[int]:
+        """Each ``chain`` token a node after ``lead`` (whose children start at ``lead_first``),
+        scored by the row before it, slotted from ``start``, expanded with its own row; ``judge``:
+        count how far the draft agrees with it (a guess)."""
+        parent, first, on = lead, lead_first, set()
+        for j, tok in enumerate(chain):
+            if judge:
+                guessed[0] += 1
+                if tops[j][1][:1] != [tok]:
+                    judge = False
+                else:
+                    guessed[1] += 1
+            node = next((i for i in range(first, len(tokens)) if parents[i] == parent and tokens[i] == tok), None)
+            if node is None:  # the draft does not rank the guessed token in its top k: score it alone
+                node = _add_token(rows[j], tok, parent, logp[parent] if parent >= 0 else 0.0, vocab, calibrate,
+                                  tokens, parents, logp, local)
+                depth.append((depth[parent] if parent >= 0 else 0) + 1)
+            slot_of[node] = start + j
+            on.add(node)
+            first = len(tokens)
+            children(tops[j + 1], node)
+            parent = node
+        return on
+
+    # a) the pending token's pass (with the prefix, or its guess, after it): the root's children,
+    #    and each chain token's node with its alternatives and children
     chain = [int(t) for t in prefix][: min(max_depth, room)]
+    if not chain and guess is not None:
+        chain = [int(t) for t in guess([])][: min(max_depth, room)]
+        chain = chain[: _guess_length(len(chain), 1, guess_rate, pass_cost if cost is not None else None)]
     ids = pending if not chain else torch.cat([pending, torch.tensor(chain, dtype=torch.long, device=dev)])
     w = len(chain) + 1
     logits = step(ids, slot, torch.arange(slot, slot + w, device=dev), None)  # logits: [w, V'], causal
     widths.append(w)
-    d_cost += draft_cost * (cost(w) if cost is not None else 1.0)
-    depth: list[int] = []
-    expanded: set[int] = set()
-    parent, parent_logp = -1, 0.0
-    for j in range(w):
-        first = len(tokens)
-        lp = _log_probs(logits[j])
-        if j < max_depth:  # children within the deepest depth allowed
-            _add_children(lp, parent, parent_logp, topk, vocab, calibrate, tokens, parents, logp, local)
-            depth.extend([j + 1] * (len(tokens) - first))
-        if j == len(chain):
-            break
-        node = next((i for i in range(first, len(tokens)) if tokens[i] == chain[j]), None)
-        if node is None:  # the draft does not rank the prefix token in its top k: score it alone
-            node = _add_token(lp, chain[j], parent, parent_logp, vocab, calibrate, tokens, parents, logp, local)
-            depth.append(j + 1)
-        slot_of[node] = slot + 1 + j
-        expanded.add(node)
-        parent, parent_logp = node, logp[node]
+    d_cost += pass_cost(w)
+    rows, tops = _rows(logits, topk, vocab)
+    children(tops[0], -1)
+    expanded = walk(chain, rows, tops, -1, 0, slot + 1, judge=not prefix)
     frontier = [i for i in range(len(tokens)) if i not in expanded]
     next_slot = slot + w
     best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
 
-    # b) one pass per depth over the frontier, each node seeing only its ancestors' slots
+    # b) one pass per depth over the frontier (and the guess after its best node), each row
+    #    seeing only its ancestors' slots
     for _ in range(1, max_depth):
         frontier = [i for i in frontier if depth[i] < max_depth]
         frontier = sorted(frontier, key=lambda i: (-logp[i], i))[: min(topk, room - (next_slot - slot - 1))]
         if cost is not None:  # as wide as pays for itself; stop when no width does
-            frontier = frontier[: _frontier_width([math.exp(logp[i]) for i in frontier], cost, draft_cost,
+            frontier = frontier[: _frontier_width([math.exp(logp[i]) for i in frontier], cost, pass_cost,
                                                   best_n, best_e, best_c)]
         if not frontier:
             break
         q = len(frontier)
+        lead = frontier[0]
+        chain = []
+        if guess is not None:
+            chain = [int(t) for t in guess(_path(lead, tokens, parents))]
+            chain = chain[: max(0, min(max_depth - depth[lead], room - (next_slot - slot - 1) - q))]
+            chain = chain[: _guess_length(len(chain), q, guess_rate, pass_cost if cost is not None else None)]
         start = next_slot
-        mask = _frontier_mask(frontier, parents, slot_of, slot, start, dev)  # [q, start+q]
-        ids = torch.tensor([tokens[i] for i in frontier], dtype=torch.long, device=dev)
-        positions = torch.tensor([slot + depth[i] for i in frontier], dtype=torch.long, device=dev)
-        logits = step(ids, start, positions, mask)  # logits: [q, V']
-        widths.append(q)
-        d_cost += draft_cost * (cost(q) if cost is not None else 1.0)
         for r, i in enumerate(frontier):
             slot_of[i] = start + r
-        next_slot = start + q
+        mask = _frontier_mask(frontier, parents, slot_of, slot, start, len(chain), dev)  # [q+m, start+q+m]
+        ids = torch.tensor([tokens[i] for i in frontier] + chain, dtype=torch.long, device=dev)
+        positions = torch.tensor([slot + depth[i] for i in frontier]
+                                 + [slot + depth[lead] + j for j in range(1, len(chain) + 1)], dtype=torch.long,
+                                 device=dev)
+        logits = step(ids, start, positions, mask)  # logits: [q+m, V']
+        widths.append(q + len(chain))
+        d_cost += pass_cost(q + len(chain))
+        next_slot = start + q + len(chain)
         first_new = len(tokens)
+        rows, tops = _rows(logits, topk, vocab)
         for r, i in enumerate(frontier):
-            _add_children(_log_probs(logits[r]), i, logp[i], topk, vocab, calibrate, tokens, parents, logp, local)
-            depth.extend([depth[i] + 1] * (len(tokens) - len(depth)))
-        frontier = list(range(first_new, len(tokens)))
+            children(tops[r], i)
+        expanded = walk(chain, rows[:1] + rows[q:], tops[:1] + tops[q:], lead, first_new, start + q,  # lead's first
+                        judge=True)
+        frontier = [i for i in range(first_new, len(tokens)) if i not in expanded]
         best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
 
     # c) the tree: the best_n candidates by cumulative probability, in creation order
@@ -202,7 +261,7 @@ def draft_tree(
         probs=torch.tensor([logp[i] for i in chosen], dtype=torch.float64).exp().to(torch.float32).to(dev),
         passes=len(widths), ran=sum(widths), candidates=len(tokens), expected=best_e,
         cost=best_c if cost is not None else float("nan"), widths=tuple(widths),
-        local=tuple(local[i] for i in chosen),
+        local=tuple(local[i] for i in chosen), guessed=guessed[0], agreed=guessed[1],
     )
 
 
@@ -238,20 +297,24 @@ def skip_layer_step(runner: Runner, cache: KVCache, *, skip_attn: Collection[int
 
 
 # ------------------------------------------------------------------------------ helpers
-def _log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """A pass row's draft log-probabilities ``[V']`` (in at least float32)."""
-    return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+def _rows(logits: torch.Tensor, topk: int, vocab: torch.Tensor | None
+          ) -> tuple[list[torch.Tensor], list[tuple[list[float], list[int]]]]:
+    """A pass's draft log-probabilities, one ``[V']`` row per token (in at least float32) and each row's ``topk``
+    most probable ``(log-probabilities, token ids)``, high to low: one softmax and one top-k
+    over the whole pass."""
+    lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    vals, idx = torch.topk(lp, min(topk, int(lp.shape[-1])), dim=-1)
+    ids = idx if vocab is None else vocab[idx]
+    return list(lp), list(zip(vals.tolist(), ids.tolist()))
 
 
-def _add_children(lp: torch.Tensor, parent: int, parent_logp: float, topk: int, vocab: torch.Tensor | None,
+def _add_children(top: tuple[list[float], list[int]], parent: int, parent_logp: float,
                   calibrate: Callable[[float], float] | None, tokens: list[int], parents: list[int],
                   logp: list[float], local: list[float]) -> None:
-    """Append ``parent``'s ``topk`` most probable children (log-probabilities ``lp`` ``[V']``) as candidates; a
-    child's cumulative log-probability never exceeds its parent's (so the most probable
-    candidates always form a tree)."""
-    vals, idx = torch.topk(lp, min(topk, int(lp.shape[0])))
-    ids = idx if vocab is None else vocab.index_select(0, idx)
-    for v, t in zip(vals.tolist(), ids.tolist()):
+    """Append ``parent``'s most probable children (``top``: their log-probabilities and token
+    ids, from :func:`_rows`) as candidates; a child's cumulative log-probability never exceeds
+    its parent's (so the most probable candidates always form a tree)."""
+    for v, t in zip(*top):
         p = math.exp(min(float(v), 0.0))
         own = p if calibrate is None else min(max(float(calibrate(p)), 1e-12), 1.0)
         tokens.append(int(t))
@@ -280,18 +343,18 @@ def _add_token(lp: torch.Tensor, token: int, parent: int, parent_logp: float, vo
     return len(tokens) - 1
 
 
-def _frontier_width(probs: list[float], cost: Callable[[int], float], draft_cost: float, n: int, e: float,
-                    c: float) -> int:
+def _frontier_width(probs: list[float], cost: Callable[[int], float], pass_cost: Callable[[int], float], n: int,
+                    e: float, c: float) -> int:
     """How many of the frontier's best nodes (``probs``, high to low) to expand, given the best
     tree so far (``n`` nodes, ``e`` expected tokens, cost ``c``): the ``q`` whose optimistic
     ratio is highest, if it beats ``e / c``, else 0. Optimistic: the ``q`` nodes' children can
     add at most the nodes' probability mass, for the pass and at least ``q`` more verified
-    nodes: ``(e + sum(probs[:q])) / (c + draft_cost * cost(q) + cost(n + 1 + q) - cost(n + 1))``."""
+    nodes: ``(e + sum(probs[:q])) / (c + pass_cost(q) + cost(n + 1 + q) - cost(n + 1))``."""
     best_q, best = 0, e / c
     gain = 0.0
     for q, p in enumerate(probs, 1):
         gain += p
-        r = (e + gain) / (c + draft_cost * cost(q) + cost(n + 1 + q) - cost(n + 1))
+        r = (e + gain) / (c + pass_cost(q) + cost(n + 1 + q) - cost(n + 1))
         if r > best:
             best_q, best = q, r
     return best_q
@@ -307,12 +370,40 @@ def _best_size(logp: list[float], cost: Callable[[int], float] | None, d_cost: f
     return choose_size(probs, cost, d_cost, cap)
 
 
+def _guess_length(m: int, q: int, rate: float, pass_cost: Callable[[int], float] | None) -> int:
+    """How many of a guess's ``m`` tokens to run beside ``q`` frontier rows: all without a cost;
+    else the ``k`` that maximises ``sum(rate**j, j = 1..k) * pass_cost(q) - (pass_cost(q + k) -
+    pass_cost(q))`` (a right token saves a pass; ties go to the shorter guess)."""
+    if pass_cost is None or m <= 0:
+        return max(m, 0)
+    base = pass_cost(q)
+    best_k, best, saved, p = 0, 0.0, 0.0, 1.0
+    for k in range(1, m + 1):
+        p *= rate
+        saved += p * base
+        value = saved - (pass_cost(q + k) - base)
+        if value > best + 1e-12:
+            best_k, best = k, value
+    return best_k
+
+
+def _path(node: int, tokens: list[int], parents: list[int]) -> list[int]:
+    """The tokens from the root to ``node``, ``node``'s own last."""
+    out: list[int] = []
+    while node >= 0:
+        out.append(tokens[node])
+        node = parents[node]
+    return out[::-1]
+
+
 def _frontier_mask(frontier: list[int], parents: list[int], slot_of: dict[int, int], slot: int, start: int,
-                   device: torch.device) -> torch.Tensor:
-    """``[q, start+q]`` bool: every frontier node sees slots ``[0, slot]`` (the prefix and the
-    pending token), the draft slots of its own ancestors, and itself."""
+                   chain: int, device: torch.device) -> torch.Tensor:
+    """``[q+m, start+q+m]`` bool: every frontier node sees slots ``[0, slot]`` (the prefix and
+    the pending token), the draft slots of its own ancestors, and itself; the ``m = chain``
+    guessed tokens after the first frontier node (rows ``q..q+m-1``) see what it sees, and
+    each other up to themselves (causal)."""
     q = len(frontier)
-    mask = torch.zeros(q, start + q, dtype=torch.bool)
+    mask = torch.zeros(q + chain, start + q + chain, dtype=torch.bool)
     mask[:, : slot + 1] = True
     for r, i in enumerate(frontier):
         p = parents[i]
@@ -320,4 +411,7 @@ def _frontier_mask(frontier: list[int], parents: list[int], slot_of: dict[int, i
             mask[r, slot_of[p]] = True
             p = parents[p]
         mask[r, start + r] = True
+    if chain:
+        mask[q:, : start + 1] = mask[0, : start + 1]
+        mask[q:, start + q :] = torch.ones(chain, chain, dtype=torch.bool).tril()
     return mask.to(device)

@@ -49,6 +49,23 @@ class NgramIndex:
                 return n, stop
         return 0, -1
 
+    def lookup(self, tail: Sequence[int], k: int) -> tuple[int, ...]:
+        """Up to ``k`` tokens that followed the latest occurrence of the longest suffix of
+        ``tokens + tail`` (``max_n`` down to ``min_n`` tokens, ``tail`` tokens included) whose
+        continuation is known; empty when none occurred. A guess of what comes after a path
+        (``tail``) that continues the list, e.g. a draft tree's node (:func:`selfspec.draft_tree`'s
+        ``guess``)."""
+        if k <= 0:
+            return ()
+        h = self.tokens
+        t = [int(x) for x in tail[-self.max_n :]]
+        for n in range(min(self.max_n, len(h) + len(t)), self.min_n - 1, -1):
+            key = tuple(t[-n:]) if n <= len(t) else tuple(h[len(t) - n :] + t)
+            stop = self.index.get(key)
+            if stop is not None:
+                return tuple(h[stop : stop + k])
+        return ()
+
     def continuation(self, k: int, halving: bool = False) -> tuple[int, ...]:
         """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
         matching suffix (see :meth:`match`); empty when none occurs.

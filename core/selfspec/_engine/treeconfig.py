@@ -9,13 +9,15 @@ composition's earlier members' best path with ``tree_extend``), learning a
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from selfspec._engine.drafttree import DraftStep, DraftTree, draft_tree
+from selfspec._engine.ngram import NgramIndex
 from selfspec._engine.options import Option
 from selfspec._engine.runner import Runner
 from selfspec._engine.types import DecodeState
@@ -25,6 +27,14 @@ from selfspec._engine.types import DecodeState
 #: so the extra candidates are nearly free (docs/performance.md, "Draft trees"). ``tree=0``
 #: restores a plugin's paper chain.
 DEFAULT_TREE = True
+#: The host's default for ``tree_guess``: tokens of the context's n-gram continuation run after
+#: the best frontier node in every draft pass (:func:`~selfspec._engine.drafttree.draft_tree`'s
+#: ``guess``). A draft pass over a few more rows costs about what a one-row pass costs on a
+#: weight-bound CPU, so a guess that is right saves passes and one that is wrong costs little.
+DEFAULT_GUESS = 0
+#: Weight kept by the guess-agreement evidence per drafted tree (a memory of about 50 trees), so
+#: the rate follows the text: high where the output copies the context, low elsewhere.
+GUESS_DECAY = 0.98
 
 
 def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = DEFAULT_TREE) -> None:
@@ -33,7 +43,8 @@ def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, 
     probable nodes), ``tree_topk`` (children per node and nodes expanded per depth),
     ``tree_calibrate`` (score nodes by a :class:`TreeCalibration` learned online) and
     ``tree_extend`` (in a composition, draft after the earlier members' best path:
-    :attr:`selfspec.DecodeState.prior`).
+    :attr:`selfspec.DecodeState.prior`) and ``tree_guess`` (run the context's n-gram
+    continuation of the best node in every draft pass: :func:`selfspec.draft_tree`'s ``guess``).
     Read them back with :meth:`TreeConfig.from_options`."""
     register(Option("tree", bool, tree, "draft a dynamic tree (top-k candidates at each depth, grown by "
                     "cumulative draft probability) instead of a chain; verified in one tree pass"))
@@ -46,6 +57,10 @@ def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, 
                     "probability were accepted so far (learned online) instead of the raw probability"))
     register(Option("tree_extend", bool, True, "tree drafts in a composition: grow the tree after the best path "
                     "the earlier members drafted (scored by this draft in its first pass) instead of beside it"))
+    register(Option("tree_guess", int, DEFAULT_GUESS, "tree drafts: each draft pass also runs up to this many "
+                    "tokens that followed the best node's last n-gram earlier in the context (prompt lookup "
+                    "inside the draft), so a right guess grows several depths in one pass; 0: off",
+                    min=0, max=32))
 
 
 class TreeCalibration:
@@ -93,6 +108,10 @@ class TreeConfig:
     calibration: TreeCalibration | None = None
     last: DraftTree | None = None
     extend: bool = True
+    guess: int = DEFAULT_GUESS
+    _index: NgramIndex | None = field(default=None, repr=False)
+    _decode: Any = field(default=None, repr=False)  # a weak reference to the decode's state
+    _guessed: list[float] = field(default_factory=lambda: [0.0, 0.0], repr=False)  # judged, agreed (decayed)
 
     @classmethod
     def from_options(cls, options: dict[str, Any], runner: Runner) -> TreeConfig:
@@ -109,15 +128,17 @@ class TreeConfig:
             curve = cost_curve(runner)
         calibration = TreeCalibration() if options.get("tree_calibrate", True) else None
         return cls(enabled, budget, int(options.get("tree_topk", 4)), curve, calibration,
-                   extend=bool(options.get("tree_extend", True)))
+                   extend=bool(options.get("tree_extend", True)), guess=int(options.get("tree_guess", DEFAULT_GUESS)))
 
     def draft(self, step: DraftStep, state: DecodeState, *, max_depth: int, draft_cost: float,
-              vocab: torch.Tensor | None = None) -> DraftTree:
+              vocab: torch.Tensor | None = None, draft_curve: Callable[[int], float] | None = None) -> DraftTree:
         """:func:`draft_tree` after ``state``'s pending token, at its slot, within the cache's room.
 
         With ``extend`` in a composition (``state.prior`` set), the tree grows after the earlier
         members' best path (:meth:`selfspec.Draft.best_path`) as ``prefix``, and ``max_depth``
-        counts from its end (within ``state.max_draft_depth``)."""
+        counts from its end (within ``state.max_draft_depth``). With ``guess`` on, every pass runs
+        the context's guess (:meth:`guesser`) at the rate of agreement learned from earlier trees
+        (:attr:`guess_rate`). ``draft_curve``: the draft pass's cost curve (``draft_tree``'s)."""
         base = state.length - 1
         prefix = state.prior.best_path() if self.extend and state.prior is not None else []
         if prefix:
@@ -125,8 +146,34 @@ class TreeConfig:
         self.last = draft_tree(step, state.tokens[base : base + 1], base, max_depth=max_depth, topk=self.topk,
                                budget=self.budget, cost=self.curve, draft_cost=draft_cost,
                                room=state.cache.capacity - base - 1, vocab=vocab, calibrate=self.calibration,
-                               prefix=prefix)
+                               prefix=prefix, guess=self.guesser(state), guess_rate=self.guess_rate,
+                               draft_curve=draft_curve)
+        g = self._guessed
+        g[0], g[1] = g[0] * GUESS_DECAY + self.last.guessed, g[1] * GUESS_DECAY + self.last.agreed
         return self.last
+
+    @property
+    def guess_rate(self) -> float:
+        """How often a guessed token was the draft's own first choice when the guessed tokens
+        before it were: ``(agreed + 1) / (judged + 2)`` over this plugin's recent trees
+        (weighted by :data:`GUESS_DECAY` per tree), one half before any evidence."""
+        return (self._guessed[1] + 1.0) / (self._guessed[0] + 2.0)
+
+    def guesser(self, state: DecodeState) -> Callable[[list[int]], Sequence[int]] | None:
+        """``guess(path)`` for :func:`draft_tree`: up to ``guess`` tokens that followed the
+        longest n-gram (3 down to 2 tokens) ending the committed tokens + ``path`` earlier in
+        them (:meth:`selfspec.NgramIndex.lookup`); ``None`` when ``guess`` is 0. The index
+        follows the decode: extended by the newly committed tokens each step, rebuilt for a new
+        decode."""
+        if self.guess <= 0:
+            return None
+        committed = state.length
+        if self._index is None or self._decode is None or self._decode() is not state or len(self._index) > committed:
+            self._index, self._decode = NgramIndex(3, 2), weakref.ref(state)
+        if len(self._index) < committed:
+            self._index.extend(state.tokens[len(self._index) : committed].tolist())
+        index, k = self._index, self.guess
+        return lambda path: index.lookup(path, k)
 
     def observe(self, verdict: Any) -> None:
         """Learn from the verdict of the last tree drafted (call in ``selfspec_update_policy``;
