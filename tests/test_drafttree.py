@@ -173,6 +173,55 @@ def test_a_right_guess_grows_the_tree_in_fewer_passes():
     assert _paths(guessed) == _paths(plain) and torch.allclose(guessed.probs, plain.probs)
 
 
+def test_a_guess_runs_as_far_as_its_rate_pays_on_the_draft_curve():
+    flat = CostCurve((1, 64), (1.0, 1.0))  # verifying is free of width here
+    steep = CostCurve((1, 2, 64), (1.0, 1.5, 32.5))  # each more draft row costs half a pass
+
+    def first_pass(rate, draft_curve):
+        s = Scripted(4, slot=6, pending=2)
+        draft_tree(s, torch.tensor([2]), 6, max_depth=8, topk=2, cost=flat, draft_cost=0.3,
+                   guess=lambda path: [1] * 8, guess_rate=rate, draft_curve=draft_curve)
+        return s.calls[0][0]
+
+    assert first_pass(0.99, steep) == [2] + [1] * 8  # a guess that is nearly always right pays for its rows
+    assert first_pass(0.2, steep) == [2]  # one that is mostly wrong does not
+    assert first_pass(0.2, None) == [2] + [1] * 8  # rows the curve calls free always pay
+    s = Scripted(4, slot=6, pending=2)  # without a cost curve (a fixed budget) the whole guess runs
+    draft_tree(s, torch.tensor([2]), 6, max_depth=8, topk=2, budget=20, guess=lambda path: [1] * 8, guess_rate=0.0)
+    assert s.calls[0][0] == [2] + [1] * 8
+
+
+def test_tree_config_learns_how_often_its_guesses_agree():
+    from types import SimpleNamespace
+
+    probe = Scripted(8, slot=0, pending=2)
+    right: list[int] = []
+    for _ in range(5):  # the draft's own most probable continuation after the pending token 2
+        right.append(int(probe.logits((2, *right)).argmax()))
+    wrong = [int(probe.logits((2,)).argmin())] * 5
+
+    def rate_after(continuation):
+        config = selfspec.TreeConfig(enabled=True, budget=30, topk=2, guess=5)
+        committed = [6, 2, *continuation, 9, 6, 2]  # "6 2" came before, followed by the continuation
+        state = _Fields(tokens=torch.tensor(committed + [0] * 40), length=len(committed), prior=None,
+                        cache=SimpleNamespace(capacity=64), max_draft_depth=6)
+        for _ in range(3):
+            tree = config.draft(Scripted(8, slot=len(committed) - 1, pending=2), state, max_depth=5, draft_cost=0.5)
+        return config.guess_rate, tree
+
+    high, tree = rate_after(right)
+    assert tree.guessed == 5 and tree.agreed == 5 and high > 0.8
+    low, tree = rate_after(wrong)
+    assert tree.guessed >= 1 and tree.agreed == 0 and low < 0.4  # (a later pass may guess too)
+
+
+class _Fields:
+    """A stand-in with the given attributes (and weak references, as a decode's state has)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
 def test_frontier_mask_shows_only_ancestors():
     s = Scripted(1, slot=4, pending=5)
     draft_tree(s, torch.tensor([5]), 4, max_depth=4, topk=2, budget=30)
@@ -433,10 +482,8 @@ def test_tree_guesses_from_the_context_are_lossless(arch):
 
 
 def test_tree_config_guesser_follows_the_decode():
-    class State:  # the two fields the guesser reads
-        def __init__(self, committed):
-            self.tokens = torch.tensor(committed + [0] * 8)
-            self.length = len(committed)
+    def State(committed):  # noqa: N802 - the two fields the guesser reads
+        return _Fields(tokens=torch.tensor(committed + [0] * 8), length=len(committed))
 
     config = selfspec.TreeConfig(enabled=True, budget=4, guess=3)
     state = State([1, 2, 3, 4, 1, 2])

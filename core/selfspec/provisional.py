@@ -15,7 +15,7 @@ from typing import Any
 #: attribute). ``__all__`` is derived from it.
 _API: dict[str, tuple[str, str]] = {
     # draft trees: sizing by the machine's cost curve, and their calibration
-    "choose_size": ("drafttree", "choose_size"),
+    "choose_size": ("treecost", "choose_size"),
     "TreeCalibration": ("treeconfig", "TreeCalibration"),
     "CostCurve": ("costcurve", "CostCurve"),
     "cost_curve": ("costcurve", "cost_curve"),

@@ -18,6 +18,7 @@ from typing import Any
 
 import selfspec
 from selfspec import Draft, Option, TreeConfig, register_draft_options, register_tree_options
+from selfspec.provisional import cost_curve
 
 
 class QSpec:
@@ -51,8 +52,6 @@ class QSpec:
         self.weights = selfspec.draft_weights(runner, options["draft_weights"], vocab)
         self.tree = TreeConfig.from_options(options, runner)
         if self.tree.curve is not None:  # a pass on compressed weights grows with its width unlike a full one
-            from selfspec.provisional import cost_curve
-
             self.draft_curve = cost_curve(runner, weights=self.weights)
 
     @selfspec.hookimpl

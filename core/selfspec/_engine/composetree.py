@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from selfspec._engine.drafttree import choose_size
+from selfspec._engine.treecost import choose_size
 
 #: Weight kept by a member's statistics per step in which it proposed: an effective memory of
 #: ``1 / (1 - DECAY)`` = 50 of its steps. A step in which it was skipped ages its

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 
 from selfspec._engine.runner import KVCache, Runner
+from selfspec._engine.treecost import best_size, frontier_width, guess_length
+from selfspec._engine.treecost import choose_size as choose_size  # re-exported: the size rule
 from selfspec._engine.types import Draft
 
 #: A draft pass: ``(ids [q], start, positions [q], mask [q, start+q] or None) -> logits [q, V']``.
@@ -200,7 +202,7 @@ def draft_tree(
     chain = [int(t) for t in prefix][: min(max_depth, room)]
     if not chain and guess is not None:
         chain = [int(t) for t in guess([])][: min(max_depth, room)]
-        chain = chain[: _guess_length(len(chain), 1, guess_rate, pass_cost if cost is not None else None)]
+        chain = chain[: guess_length(len(chain), 1, guess_rate, pass_cost if cost is not None else None)]
     ids = pending if not chain else torch.cat([pending, torch.tensor(chain, dtype=torch.long, device=dev)])
     w = len(chain) + 1
     logits = step(ids, slot, torch.arange(slot, slot + w, device=dev), None)  # logits: [w, V'], causal
@@ -211,7 +213,7 @@ def draft_tree(
     expanded = walk(chain, rows, tops, -1, 0, slot + 1, judge=not prefix)
     frontier = [i for i in range(len(tokens)) if i not in expanded]
     next_slot = slot + w
-    best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
+    best_n, best_e, best_c = best_size(logp, cost, d_cost, cap)
 
     # b) one pass per depth over the frontier (and the guess after its best node), each row
     #    seeing only its ancestors' slots
@@ -219,7 +221,7 @@ def draft_tree(
         frontier = [i for i in frontier if depth[i] < max_depth]
         frontier = sorted(frontier, key=lambda i: (-logp[i], i))[: min(topk, room - (next_slot - slot - 1))]
         if cost is not None:  # as wide as pays for itself; stop when no width does
-            frontier = frontier[: _frontier_width([math.exp(logp[i]) for i in frontier], cost, pass_cost,
+            frontier = frontier[: frontier_width([math.exp(logp[i]) for i in frontier], cost, pass_cost,
                                                   best_n, best_e, best_c)]
         if not frontier:
             break
@@ -229,7 +231,7 @@ def draft_tree(
         if guess is not None:
             chain = [int(t) for t in guess(_path(lead, tokens, parents))]
             chain = chain[: max(0, min(max_depth - depth[lead], room - (next_slot - slot - 1) - q))]
-            chain = chain[: _guess_length(len(chain), q, guess_rate, pass_cost if cost is not None else None)]
+            chain = chain[: guess_length(len(chain), q, guess_rate, pass_cost if cost is not None else None)]
         start = next_slot
         for r, i in enumerate(frontier):
             slot_of[i] = start + r
@@ -249,7 +251,7 @@ def draft_tree(
         expanded = walk(chain, rows[:1] + rows[q:], tops[:1] + tops[q:], lead, first_new, start + q,  # lead's first
                         judge=True)
         frontier = [i for i in range(first_new, len(tokens)) if i not in expanded]
-        best_n, best_e, best_c = _best_size(logp, cost, d_cost, cap)
+        best_n, best_e, best_c = best_size(logp, cost, d_cost, cap)
 
     # c) the tree: the best_n candidates by cumulative probability, in creation order
     chosen = sorted(sorted(range(len(tokens)), key=lambda i: (-logp[i], i))[:best_n])
@@ -263,23 +265,6 @@ def draft_tree(
         cost=best_c if cost is not None else float("nan"), widths=tuple(widths),
         local=tuple(local[i] for i in chosen), guessed=guessed[0], agreed=guessed[1],
     )
-
-
-def choose_size(probs: Sequence[float], cost: Callable[[int], float], draft_cost: float,
-                limit: int | None = None) -> tuple[int, float, float]:
-    """The tree size ``n`` (the ``n`` most probable nodes, ``probs`` sorted high to low) that
-    maximises ``(1 + sum(probs[:n])) / (draft_cost + cost(n + 1))``; returns ``(n, expected
-    tokens, cost)``. ``draft_cost`` is what drafting already spent, in the units of ``cost``;
-    ``limit`` caps ``n``. Ties go to the smaller tree."""
-    top = len(probs) if limit is None else min(limit, len(probs))
-    best = (0, 1.0, draft_cost + cost(1))
-    e = 1.0
-    for n in range(1, top + 1):
-        e += float(probs[n - 1])
-        c = draft_cost + cost(n + 1)
-        if e * best[2] > best[1] * c:
-            best = (n, e, c)
-    return best
 
 
 def skip_layer_step(runner: Runner, cache: KVCache, *, skip_attn: Collection[int] = (),
@@ -315,11 +300,12 @@ def _add_children(top: tuple[list[float], list[int]], parent: int, parent_logp: 
     ids, from :func:`_rows`) as candidates; a child's cumulative log-probability never exceeds
     its parent's (so the most probable candidates always form a tree)."""
     for v, t in zip(*top):
-        p = math.exp(min(float(v), 0.0))
-        own = p if calibrate is None else min(max(float(calibrate(p)), 1e-12), 1.0)
+        v = min(float(v), 0.0)
+        p = math.exp(v)
+        own = v if calibrate is None else math.log(min(max(float(calibrate(p)), 1e-12), 1.0))  # log-probability
         tokens.append(int(t))
         parents.append(parent)
-        logp.append(parent_logp + math.log(own))
+        logp.append(parent_logp + own)
         local.append(p)
 
 
@@ -341,50 +327,6 @@ def _add_token(lp: torch.Tensor, token: int, parent: int, parent_logp: float, vo
     logp.append(parent_logp + math.log(min(max(own, 1e-12), 1.0)))
     local.append(p)
     return len(tokens) - 1
-
-
-def _frontier_width(probs: list[float], cost: Callable[[int], float], pass_cost: Callable[[int], float], n: int,
-                    e: float, c: float) -> int:
-    """How many of the frontier's best nodes (``probs``, high to low) to expand, given the best
-    tree so far (``n`` nodes, ``e`` expected tokens, cost ``c``): the ``q`` whose optimistic
-    ratio is highest, if it beats ``e / c``, else 0. Optimistic: the ``q`` nodes' children can
-    add at most the nodes' probability mass, for the pass and at least ``q`` more verified
-    nodes: ``(e + sum(probs[:q])) / (c + pass_cost(q) + cost(n + 1 + q) - cost(n + 1))``."""
-    best_q, best = 0, e / c
-    gain = 0.0
-    for q, p in enumerate(probs, 1):
-        gain += p
-        r = (e + gain) / (c + pass_cost(q) + cost(n + 1 + q) - cost(n + 1))
-        if r > best:
-            best_q, best = q, r
-    return best_q
-
-
-def _best_size(logp: list[float], cost: Callable[[int], float] | None, d_cost: float,
-               cap: int) -> tuple[int, float, float]:
-    """``(n, expected, cost)`` of the best tree from the candidates so far."""
-    probs = sorted((math.exp(x) for x in logp), reverse=True)
-    if cost is None:
-        n = min(cap, len(probs))
-        return n, 1.0 + sum(probs[:n]), float("nan")
-    return choose_size(probs, cost, d_cost, cap)
-
-
-def _guess_length(m: int, q: int, rate: float, pass_cost: Callable[[int], float] | None) -> int:
-    """How many of a guess's ``m`` tokens to run beside ``q`` frontier rows: all without a cost;
-    else the ``k`` that maximises ``sum(rate**j, j = 1..k) * pass_cost(q) - (pass_cost(q + k) -
-    pass_cost(q))`` (a right token saves a pass; ties go to the shorter guess)."""
-    if pass_cost is None or m <= 0:
-        return max(m, 0)
-    base = pass_cost(q)
-    best_k, best, saved, p = 0, 0.0, 0.0, 1.0
-    for k in range(1, m + 1):
-        p *= rate
-        saved += p * base
-        value = saved - (pass_cost(q + k) - base)
-        if value > best + 1e-12:
-            best_k, best = k, value
-    return best_k
 
 
 def _path(node: int, tokens: list[int], parents: list[int]) -> list[int]:

@@ -29,22 +29,25 @@ from selfspec._engine.types import DecodeState
 DEFAULT_TREE = True
 #: The host's default for ``tree_guess``: tokens of the context's n-gram continuation run after
 #: the best frontier node in every draft pass (:func:`~selfspec._engine.drafttree.draft_tree`'s
-#: ``guess``). A draft pass over a few more rows costs about what a one-row pass costs on a
-#: weight-bound CPU, so a guess that is right saves passes and one that is wrong costs little.
-DEFAULT_GUESS = 0
+#: ``guess``), as many as the learned rate of agreement and the draft pass's measured cost per
+#: width pay for: a right guess saves whole passes, a wrong one costs a few rows of one pass
+#: (docs/performance.md, "Guesses in the draft").
+DEFAULT_GUESS = 8
 #: Weight kept by the guess-agreement evidence per drafted tree (a memory of about 50 trees), so
 #: the rate follows the text: high where the output copies the context, low elsewhere.
 GUESS_DECAY = 0.98
 
 
-def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = DEFAULT_TREE) -> None:
+def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = DEFAULT_TREE,
+                          guess: int = DEFAULT_GUESS) -> None:
     """Declare the tree options every drafter shares: ``tree`` (default ``tree``, the host's
     ``True`` unless a plugin measured otherwise: draft a tree instead of a chain), ``tree_budget`` (``auto``: sized by the machine's cost curve; ``N``: the ``N`` most
     probable nodes), ``tree_topk`` (children per node and nodes expanded per depth),
     ``tree_calibrate`` (score nodes by a :class:`TreeCalibration` learned online) and
     ``tree_extend`` (in a composition, draft after the earlier members' best path:
-    :attr:`selfspec.DecodeState.prior`) and ``tree_guess`` (run the context's n-gram
-    continuation of the best node in every draft pass: :func:`selfspec.draft_tree`'s ``guess``).
+    :attr:`selfspec.DecodeState.prior`) and ``tree_guess`` (default ``guess``, the host's
+    :data:`DEFAULT_GUESS` unless a plugin measured otherwise: run the context's n-gram
+    continuation of the best node in every draft pass, :func:`selfspec.draft_tree`'s ``guess``).
     Read them back with :meth:`TreeConfig.from_options`."""
     register(Option("tree", bool, tree, "draft a dynamic tree (top-k candidates at each depth, grown by "
                     "cumulative draft probability) instead of a chain; verified in one tree pass"))
@@ -57,7 +60,7 @@ def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, 
                     "probability were accepted so far (learned online) instead of the raw probability"))
     register(Option("tree_extend", bool, True, "tree drafts in a composition: grow the tree after the best path "
                     "the earlier members drafted (scored by this draft in its first pass) instead of beside it"))
-    register(Option("tree_guess", int, DEFAULT_GUESS, "tree drafts: each draft pass also runs up to this many "
+    register(Option("tree_guess", int, guess, "tree drafts: each draft pass also runs up to this many "
                     "tokens that followed the best node's last n-gram earlier in the context (prompt lookup "
                     "inside the draft), so a right guess grows several depths in one pass; 0: off",
                     min=0, max=32))
