@@ -191,6 +191,29 @@ def test_a_guess_runs_as_far_as_its_rate_pays_on_the_draft_curve():
     assert s.calls[0][0] == [2] + [1] * 8
 
 
+def test_a_prefix_is_cut_where_its_probabilities_stop_paying():
+    flat = CostCurve((1, 64), (1.0, 1.0))
+    steep = CostCurve((1, 2, 64), (1.0, 1.5, 32.5))  # each more draft row costs half a pass
+
+    def first_pass(probs):
+        s = Scripted(4, slot=6, pending=2)
+        draft_tree(s, torch.tensor([2]), 6, max_depth=8, topk=2, cost=flat, draft_cost=0.3, prefix=[1] * 6,
+                   prefix_probs=probs, draft_curve=steep)
+        return s.calls[0][0]
+
+    # a row costs 0.15; the k-th token saves 0.3 * its probability: the first two pay, the third not
+    assert first_pass([0.9, 0.8, 0.1, 0.05, 0.01, 0.001]) == [2, 1, 1]
+    assert first_pass([0.99] * 6) == [2] + [1] * 6
+    assert first_pass(None) == [2] + [1] * 6  # no probabilities: the whole prefix, as given
+
+
+def test_best_nodes_are_the_best_paths_nodes():
+    tree = selfspec.Draft(torch.tensor([4, 5, 6, 7]), torch.tensor([-1, -1, 1, 1]),
+                          probs=torch.tensor([0.2, 0.7, 0.1, 0.5]))
+    assert tree.best_nodes() == [1, 3] and tree.best_path() == [5, 7]
+    assert selfspec.Draft.chain([3, 2]).best_nodes() == [0, 1]
+
+
 def test_tree_config_learns_how_often_its_guesses_agree():
     from types import SimpleNamespace
 

@@ -99,6 +99,7 @@ def draft_tree(
     vocab: torch.Tensor | None = None,
     calibrate: Callable[[float], float] | None = None,
     prefix: Sequence[int] = (),
+    prefix_probs: Sequence[float] | None = None,
     guess: Callable[[list[int]], Sequence[int]] | None = None,
     guess_rate: float = 1.0,
     draft_curve: Callable[[int], float] | None = None,
@@ -119,7 +120,10 @@ def draft_tree(
     earlier members, :attr:`selfspec.DecodeState.prior`): the first pass runs the pending token
     and the prefix together (causal), so each prefix token becomes a node scored by the draft's
     own probability of it, beside its ``topk`` alternatives, and the tree grows from all of
-    them; a prefix token past ``max_depth`` or the room is dropped.
+    them; a prefix token past ``max_depth`` or the room is dropped. prefix_probs: the probability
+    that each prefix token is accepted with those before it (a composition's node values); with
+    a cost curve the prefix is then cut where its next token no longer pays for its row, as a
+    guess is (below).
     guess: ``guess(path) -> tokens``, a cheap guess of what follows a node (``path``: its tokens
     from the root, ``[]`` for the pending token), e.g. :meth:`selfspec.NgramIndex.lookup` over
     the context: every pass after the first runs the guess after its most probable frontier
@@ -199,10 +203,13 @@ def draft_tree(
 
     # a) the pending token's pass (with the prefix, or its guess, after it): the root's children,
     #    and each chain token's node with its alternatives and children
+    costed = pass_cost if cost is not None else None
     chain = [int(t) for t in prefix][: min(max_depth, room)]
-    if not chain and guess is not None:
+    if chain and prefix_probs is not None:
+        chain = chain[: guess_length(list(prefix_probs)[: len(chain)], 1, costed)]
+    elif not prefix and guess is not None:
         chain = [int(t) for t in guess([])][: min(max_depth, room)]
-        chain = chain[: guess_length(len(chain), 1, guess_rate, pass_cost if cost is not None else None)]
+        chain = chain[: guess_length([guess_rate ** j for j in range(1, len(chain) + 1)], 1, costed)]
     ids = pending if not chain else torch.cat([pending, torch.tensor(chain, dtype=torch.long, device=dev)])
     w = len(chain) + 1
     logits = step(ids, slot, torch.arange(slot, slot + w, device=dev), None)  # logits: [w, V'], causal
@@ -210,7 +217,7 @@ def draft_tree(
     d_cost += pass_cost(w)
     rows, tops = _rows(logits, topk, vocab)
     children(tops[0], -1)
-    expanded = walk(chain, rows, tops, -1, 0, slot + 1, judge=not prefix)
+    expanded = walk(chain, rows, tops, -1, 0, slot + 1, judge=not prefix)  # a prefix is not a guess
     frontier = [i for i in range(len(tokens)) if i not in expanded]
     next_slot = slot + w
     best_n, best_e, best_c = best_size(logp, cost, d_cost, cap)
@@ -231,7 +238,7 @@ def draft_tree(
         if guess is not None:
             chain = [int(t) for t in guess(_path(lead, tokens, parents))]
             chain = chain[: max(0, min(max_depth - depth[lead], room - (next_slot - slot - 1) - q))]
-            chain = chain[: guess_length(len(chain), q, guess_rate, pass_cost if cost is not None else None)]
+            chain = chain[: guess_length([guess_rate ** j for j in range(1, len(chain) + 1)], q, costed)]
         start = next_slot
         for r, i in enumerate(frontier):
             slot_of[i] = start + r

@@ -138,19 +138,27 @@ class TreeConfig:
         """:func:`draft_tree` after ``state``'s pending token, at its slot, within the cache's room.
 
         With ``extend`` in a composition (``state.prior`` set), the tree grows after the earlier
-        members' best path (:meth:`selfspec.Draft.best_path`) as ``prefix``, and ``max_depth``
+        members' best path (:meth:`selfspec.Draft.best_path`) as ``prefix``, cut by its node
+        values (``prefix_probs``) where it stops paying for its rows, and ``max_depth``
         counts from its end (within ``state.max_draft_depth``). With ``guess`` on, every pass runs
         the context's guess (:meth:`guesser`) at the rate of agreement learned from earlier trees
         (:attr:`guess_rate`). ``draft_curve``: the draft pass's cost curve (``draft_tree``'s)."""
         base = state.length - 1
-        prefix = state.prior.best_path() if self.extend and state.prior is not None else []
+        prefix: list[int] = []
+        values = None
+        if self.extend and state.prior is not None:
+            nodes, ids = state.prior.best_nodes(), state.prior.tokens.tolist()
+            prefix = [ids[i] for i in nodes]
+            if state.prior.probs is not None:  # the composition's node values: the prefix is cut where it stops paying
+                probs = state.prior.probs.tolist()
+                values = [probs[i] for i in nodes]
         if prefix:
             max_depth = min(max_depth + len(prefix), state.max_draft_depth)
         self.last = draft_tree(step, state.tokens[base : base + 1], base, max_depth=max_depth, topk=self.topk,
                                budget=self.budget, cost=self.curve, draft_cost=draft_cost,
                                room=state.cache.capacity - base - 1, vocab=vocab, calibrate=self.calibration,
-                               prefix=prefix, guess=self.guesser(state), guess_rate=self.guess_rate,
-                               draft_curve=draft_curve)
+                               prefix=prefix, prefix_probs=values, guess=self.guesser(state),
+                               guess_rate=self.guess_rate, draft_curve=draft_curve)
         g = self._guessed
         g[0], g[1] = g[0] * GUESS_DECAY + self.last.guessed, g[1] * GUESS_DECAY + self.last.agreed
         return self.last

@@ -29,17 +29,18 @@ def choose_size(probs: Sequence[float], cost: Callable[[int], float], draft_cost
     return best
 
 
-def guess_length(m: int, q: int, rate: float, pass_cost: Callable[[int], float] | None) -> int:
-    """How many of a guess's ``m`` tokens to run beside ``q`` frontier rows: all without a cost;
-    else the ``k`` that maximises ``sum(rate**j, j = 1..k) * pass_cost(q) - (pass_cost(q + k) -
-    pass_cost(q))`` (a right token saves a pass; ties go to the shorter guess)."""
+def guess_length(probs: Sequence[float], q: int, pass_cost: Callable[[int], float] | None) -> int:
+    """How many tokens of a guessed chain to run beside ``q`` frontier rows, ``probs[j]`` the
+    probability that its first ``j + 1`` tokens are all right: all without a cost; else the
+    ``k`` that maximises ``sum(probs[:k]) * pass_cost(q) - (pass_cost(q + k) - pass_cost(q))``
+    (a right token saves a pass; ties go to the shorter chain)."""
+    m = len(probs)
     if pass_cost is None or m <= 0:
-        return max(m, 0)
+        return m
     base = pass_cost(q)
-    best_k, best, saved, p = 0, 0.0, 0.0, 1.0
+    best_k, best, saved = 0, 0.0, 0.0
     for k in range(1, m + 1):
-        p *= rate
-        saved += p * base
+        saved += float(probs[k - 1]) * base
         value = saved - (pass_cost(q + k) - base)
         if value > best + 1e-12:
             best_k, best = k, value

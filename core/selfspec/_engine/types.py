@@ -101,9 +101,13 @@ class Draft:
         tokens; in a tree, the child with the highest ``probs`` at each node, down to a leaf
         (ties and a tree without ``probs``: the first child)."""
         ids = self.tokens.tolist()
+        return [ids[i] for i in self.best_nodes()]
+
+    def best_nodes(self) -> list[int]:
+        """The node indices of :meth:`best_path` (``probs[best_nodes()]`` are its values)."""
         if self.parents is None:
-            return ids
-        probs = self.probs.tolist() if self.probs is not None else [0.0] * len(ids)
+            return list(range(len(self)))
+        probs = self.probs.tolist() if self.probs is not None else [0.0] * len(self)
         best: dict[int, int] = {}
         for i, p in enumerate(self.parents.tolist()):
             if p not in best or probs[i] > probs[best[p]]:
@@ -111,7 +115,7 @@ class Draft:
         path: list[int] = []
         node = best.get(-1)
         while node is not None:
-            path.append(ids[node])
+            path.append(node)
             node = best.get(node)
         return path
 
