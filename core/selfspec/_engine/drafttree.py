@@ -209,7 +209,7 @@ def draft_tree(
         chain = chain[: guess_length(list(prefix_probs)[: len(chain)], 1, costed)]
     elif not prefix and guess is not None:
         chain = [int(t) for t in guess([])][: min(max_depth, room)]
-        chain = chain[: guess_length([guess_rate ** j for j in range(1, len(chain) + 1)], 1, costed)]
+        chain = chain[: guess_length(_powers(guess_rate, len(chain)), 1, costed)]
     ids = pending if not chain else torch.cat([pending, torch.tensor(chain, dtype=torch.long, device=dev)])
     w = len(chain) + 1
     logits = step(ids, slot, torch.arange(slot, slot + w, device=dev), None)  # logits: [w, V'], causal
@@ -238,7 +238,7 @@ def draft_tree(
         if guess is not None:
             chain = [int(t) for t in guess(_path(lead, tokens, parents))]
             chain = chain[: max(0, min(max_depth - depth[lead], room - (next_slot - slot - 1) - q))]
-            chain = chain[: guess_length([guess_rate ** j for j in range(1, len(chain) + 1)], q, costed)]
+            chain = chain[: guess_length(_powers(guess_rate, len(chain)), q, costed)]
         start = next_slot
         for r, i in enumerate(frontier):
             slot_of[i] = start + r
@@ -334,6 +334,12 @@ def _add_token(lp: torch.Tensor, token: int, parent: int, parent_logp: float, vo
     logp.append(parent_logp + math.log(min(max(own, 1e-12), 1.0)))
     local.append(p)
     return len(tokens) - 1
+
+
+def _powers(rate: float, m: int) -> list[float]:
+    """``[rate, rate**2, ..., rate**m]``: the probability that a guess's first ``j`` tokens are all
+    right, for :func:`~selfspec._engine.treecost.guess_length`."""
+    return [rate**j for j in range(1, m + 1)]
 
 
 def _path(node: int, tokens: list[int], parents: list[int]) -> list[int]:
