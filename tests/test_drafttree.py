@@ -422,6 +422,27 @@ def test_cost_curve_is_measured_once_and_kept(tmp_path, monkeypatch):
     assert len(calls) == 3
 
 
+def test_tree_config_holds_the_draft_weights_curve_and_drafts_with_it(monkeypatch):
+    from selfspec._engine import costcurve, treeconfig
+
+    runner = Runner(tiny_model("llama"))
+    weights = selfspec.draft_weights(runner, "int8")
+    model_curve, weights_curve = CostCurve((1, 4), (1.0, 1.1)), CostCurve((1, 4), (1.0, 3.0))
+    monkeypatch.setattr(costcurve, "cost_curve", lambda r, weights=None: model_curve if weights is None else weights_curve)
+    auto = {"tree": True, "tree_budget": "auto"}
+    config = selfspec.TreeConfig.from_options(auto, runner, weights=weights)
+    assert config.curve is model_curve and config.draft_curve is weights_curve
+    assert selfspec.TreeConfig.from_options(auto, runner).draft_curve is None  # no draft weights: no draft curve
+    assert selfspec.TreeConfig.from_options({**auto, "tree_budget": "6"}, runner, weights=weights).draft_curve is None
+    seen = []
+    monkeypatch.setattr(treeconfig, "draft_tree", lambda *a, **k: seen.append(k["draft_curve"]) or _Fields(guessed=0, agreed=0))
+    state = _Fields(tokens=torch.tensor([1, 2, 3, 0]), length=3, prior=None, max_draft_depth=4,
+                    cache=_Fields(capacity=8))
+    config.draft(None, state, max_depth=2, draft_cost=0.5)
+    config.draft(None, state, max_depth=2, draft_cost=0.5, draft_curve=model_curve)  # an explicit curve wins
+    assert seen == [weights_curve, model_curve]
+
+
 # ------------------------------------------------------------------------------ lossless (see c)
 class TreePlugin:
     """A minimal tree drafter: the model with one MLP block skipped, verified by the host."""

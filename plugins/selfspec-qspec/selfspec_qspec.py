@@ -18,7 +18,6 @@ from typing import Any
 
 import selfspec
 from selfspec import Draft, Option, TreeConfig, register_draft_options, register_tree_options
-from selfspec.provisional import cost_curve
 
 
 class QSpec:
@@ -31,7 +30,6 @@ class QSpec:
         self.exit = 0.3
         self.weights: selfspec.DraftWeights | None = None
         self.tree = TreeConfig()
-        self.draft_curve = None  # the draft weights' cost-per-width curve (tree drafts with an auto budget)
 
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
@@ -50,9 +48,7 @@ class QSpec:
         self.exit = options["exit"]
         vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
         self.weights = selfspec.draft_weights(runner, options["draft_weights"], vocab)
-        self.tree = TreeConfig.from_options(options, runner)
-        if self.tree.curve is not None:  # a pass on compressed weights grows with its width unlike a full one
-            self.draft_curve = cost_curve(runner, weights=self.weights)
+        self.tree = TreeConfig.from_options(options, runner, weights=self.weights)  # with the draft passes' curve
 
     @selfspec.hookimpl
     def selfspec_propose(self, state: selfspec.DecodeState) -> Draft:
@@ -62,8 +58,7 @@ class QSpec:
             return Draft.empty(runner.device)
         if self.tree.enabled:
             step = selfspec.skip_layer_step(runner, state.cache, weights=self.weights)
-            return self.tree.draft(step, state, max_depth=kmax, draft_cost=self._draft_cost(runner),
-                                   draft_curve=self.draft_curve).draft(owner=self)
+            return self.tree.draft(step, state, max_depth=kmax, draft_cost=self._draft_cost(runner)).draft(owner=self)
         base = state.length - 1
         out = selfspec.skip_layer_draft(runner, state.cache, state.tokens[base : base + 1], base, max_tokens=kmax,
                                         exit_below=self.exit, pick=state.pick, weights=self.weights)

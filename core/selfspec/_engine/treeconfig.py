@@ -100,7 +100,8 @@ class TreeCalibration:
 class TreeConfig:
     """What the tree options ask for: ``enabled``; ``budget`` (``None`` = auto); ``topk``;
     ``curve``, the machine's cost curve (loaded or measured by :meth:`from_options` when the
-    budget is auto, else ``None``); ``calibration``, a :class:`TreeCalibration` learned from
+    budget is auto, else ``None``); ``draft_curve``, the draft passes' curve on the draft weights
+    given to :meth:`from_options` (``None`` without them or without ``curve``); ``calibration``, a :class:`TreeCalibration` learned from
     this plugin's verified trees (``None``: raw draft probabilities). One per plugin instance:
     it keeps the last tree until :meth:`observe` sees its verdict."""
 
@@ -109,6 +110,7 @@ class TreeConfig:
     topk: int = 4
     curve: Any = None
     calibration: TreeCalibration | None = None
+    draft_curve: Any = None
     last: DraftTree | None = None
     extend: bool = True
     guess: int = DEFAULT_GUESS
@@ -117,20 +119,23 @@ class TreeConfig:
     _guessed: list[float] = field(default_factory=lambda: [0.0, 0.0], repr=False)  # judged, agreed (decayed)
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], runner: Runner) -> TreeConfig:
+    def from_options(cls, options: dict[str, Any], runner: Runner, *, weights: Any = None) -> TreeConfig:
         """The config of :func:`register_tree_options`' options; call in ``selfspec_setup``.
         With ``tree`` on and an ``auto`` budget it fetches :func:`selfspec.provisional.cost_curve`
-        (measured once per model shape and machine, then read from the cache)."""
+        (measured once per model shape and machine, then read from the cache) and, given the
+        plugin's draft ``weights`` (:func:`selfspec.draft_weights`), the curve of draft passes on
+        them (``draft_curve``: a pass on compressed weights grows with its width unlike a full one)."""
         enabled = bool(options.get("tree", False))
         spec = str(options.get("tree_budget", "auto")).strip().lower()
         budget = None if spec == "auto" else int(spec)
-        curve = None
+        curve = draft_curve = None
         if enabled and budget is None:
             from selfspec._engine.costcurve import cost_curve
 
             curve = cost_curve(runner)
+            draft_curve = None if weights is None else cost_curve(runner, weights=weights)
         calibration = TreeCalibration() if options.get("tree_calibrate", True) else None
-        return cls(enabled, budget, int(options.get("tree_topk", 4)), curve, calibration,
+        return cls(enabled, budget, int(options.get("tree_topk", 4)), curve, calibration, draft_curve=draft_curve,
                    extend=bool(options.get("tree_extend", True)), guess=int(options.get("tree_guess", DEFAULT_GUESS)))
 
     def draft(self, step: DraftStep, state: DecodeState, *, max_depth: int, draft_cost: float,
@@ -142,7 +147,8 @@ class TreeConfig:
         values (``prefix_probs``) where it stops paying for its rows, and ``max_depth``
         counts from its end (within ``state.max_draft_depth``). With ``guess`` on, every pass runs
         the context's guess (:meth:`guesser`) at the rate of agreement learned from earlier trees
-        (:attr:`guess_rate`). ``draft_curve``: the draft pass's cost curve (``draft_tree``'s)."""
+        (:attr:`guess_rate`). ``draft_curve``: the draft pass's cost curve (``draft_tree``'s;
+        default: the config's own :attr:`draft_curve`)."""
         base = state.length - 1
         prefix: list[int] = []
         values = None
@@ -158,7 +164,8 @@ class TreeConfig:
                                budget=self.budget, cost=self.curve, draft_cost=draft_cost,
                                room=state.cache.capacity - base - 1, vocab=vocab, calibrate=self.calibration,
                                prefix=prefix, prefix_probs=values, guess=self.guesser(state),
-                               guess_rate=self.guess_rate, draft_curve=draft_curve)
+                               guess_rate=self.guess_rate,
+                               draft_curve=self.draft_curve if draft_curve is None else draft_curve)
         g = self._guessed
         g[0], g[1] = g[0] * GUESS_DECAY + self.last.guessed, g[1] * GUESS_DECAY + self.last.agreed
         return self.last

@@ -18,7 +18,6 @@ from selfspec import (
     skip_layer_draft,
     skip_layer_step,
 )
-from selfspec.provisional import cost_curve
 
 from .search import initial_skip, layer_search
 
@@ -49,7 +48,6 @@ class CLaSp:
         self._next_pause = 1  # length of the next pause (doubles while drafts keep failing)
         self._attempted = False  # this step ran the draft model
         self.tree = TreeConfig()  # tree drafts (the host's draft_tree), off by default
-        self.draft_curve = None
         self.weights: selfspec.DraftWeights | None = None  # the draft model's weights (host's draft_weights)
 
     @selfspec.hookimpl
@@ -77,11 +75,9 @@ class CLaSp:
         self.n_skip, self.loi, self.det, self.num_draft = M, options["LOI"], options["DET"], options["num_draft"]
         self.backoff = options["backoff"]
         self.keep_exit = options["keep_exit"]
-        self.tree = TreeConfig.from_options(options, runner)
         vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
         self.weights = selfspec.draft_weights(runner, options["draft_weights"], vocab)
-        # a draft pass's cost by width, measured on the draft weights (compressed kernels grow unlike full ones)
-        self.draft_curve = cost_curve(runner, weights=self.weights) if self.tree.curve is not None else None
+        self.tree = TreeConfig.from_options(options, runner, weights=self.weights)  # with the draft passes' curve
 
     @selfspec.hookimpl
     def selfspec_start(self, state: DecodeState) -> None:
@@ -108,8 +104,7 @@ class CLaSp:
             step = skip_layer_step(self.runner, state.cache, skip_attn=self.skip, skip_mlp=self.skip,
                                    weights=self.weights)
             share = 1.0 - len(self.skip) / self.runner.n_layers  # layers the draft runs
-            draft = self.tree.draft(step, state, max_depth=k, draft_cost=share,
-                                   draft_curve=self.draft_curve).draft()
+            draft = self.tree.draft(step, state, max_depth=k, draft_cost=share).draft()
         else:
             draft = Draft(skip_layer_draft(self.runner, state.cache, pending, slot, max_tokens=k, skip_attn=self.skip,
                                            skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit,

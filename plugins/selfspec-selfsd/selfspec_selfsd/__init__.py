@@ -28,7 +28,6 @@ from selfspec import (
     skip_layer_step,
     verify_from_layer,
 )
-from selfspec.provisional import cost_curve
 
 from .policy import Threshold
 
@@ -55,7 +54,6 @@ class SelfSD:
         self.weights: selfspec.DraftWeights | None = None  # the draft model's weights (host's draft_weights)
         self.threshold = Threshold()
         self.tree = TreeConfig()  # tree drafts (the host's draft_tree), off by default
-        self.draft_curve = None
         self.source = ""  # where the skip set came from: a profile path, "heuristic", "options"
         self.note: str | None = None  # said once on stderr when falling back to the heuristic
         self.drafted = 0  # length of this step's draft (set in propose: a composition never calls verify)
@@ -105,9 +103,7 @@ class SelfSD:
         else:
             self.source = "options"
         self.set_skips(attn if attn_o is None else attn_o, mlp if mlp_o is None else mlp_o, L)
-        self.tree = TreeConfig.from_options(options, runner)
-        # a draft pass's cost by width, measured on the draft weights (compressed kernels grow unlike full ones)
-        self.draft_curve = cost_curve(runner, weights=self.weights) if self.tree.curve is not None else None
+        self.tree = TreeConfig.from_options(options, runner, weights=self.weights)  # with the draft passes' curve
 
     @selfspec.hookimpl
     def selfspec_commands(self, register) -> None:
@@ -137,8 +133,7 @@ class SelfSD:
             step = skip_layer_step(runner, state.cache, skip_attn=self.skip_attn, skip_mlp=self.skip_mlp,
                                    weights=self.weights)
             share = 1.0 - (len(self.skip_attn) + len(self.skip_mlp)) / (2 * L)  # blocks the draft runs
-            tree = self.tree.draft(step, state, max_depth=kmax, draft_cost=share,
-                                   draft_curve=self.draft_curve).draft(owner=self)
+            tree = self.tree.draft(step, state, max_depth=kmax, draft_cost=share).draft(owner=self)
             self.drafted = len(tree)  # within the depth and room the host keeps: never cut
             return tree
         f = self._first_skip
