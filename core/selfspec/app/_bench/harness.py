@@ -161,7 +161,10 @@ def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> 
     peers never reach it), so tau = new tokens / forwards, prefill forward included: HF's
     prefill produces the first token, like the first step of a selfspec decode. The same hook
     reads each forward's first position, from which the tokens each forward committed follow
-    (:func:`accept_lengths_from_starts`).
+    (:func:`accept_lengths_from_starts`). Plain ``hf`` also times its prefill: from the call to the
+    end of the first forward's last layer (the prompt's forward, which goes on to give the
+    first new token: ``prefill_new_tokens`` 1). A peer's first forward verifies drafts too, so its
+    prefill is not separable and stays unknown.
     """
     from transformers import GenerationConfig
 
@@ -187,8 +190,12 @@ def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> 
             torch.manual_seed(sampling.seed)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
         starts: list[int | None] = []
+        first_done: list[float] = []
 
         def hook(_module: Any, args: Any, kwargs: dict[str, Any], _out: Any) -> None:
+            if not starts:
+                _sync(model)
+                first_done.append(time.perf_counter())
             pos = kwargs.get("position_ids")
             starts.append(int(pos.reshape(-1)[0]) if isinstance(pos, torch.Tensor) and pos.numel() else None)
 
@@ -207,7 +214,9 @@ def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> 
             if t in eos:
                 new = new[: i + 1]
                 break
-        return Run(new, wall, float(len(starts)), accept_lengths=accept_lengths_from_starts(starts, len(prompt_ids), len(new)))
+        prefill = first_done[0] - t0 if first_done and method.kind == "hf" else None
+        return Run(new, wall, float(len(starts)), accept_lengths=accept_lengths_from_starts(starts, len(prompt_ids), len(new)),
+                   prefill_s=prefill, prefill_new_tokens=1 if prefill is not None else 0)
 
     return run
 

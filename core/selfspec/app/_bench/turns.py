@@ -39,13 +39,14 @@ class Run:
     accepted: int | None = None
     accept_lengths: list[int] | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
-    prefill_s: float | None = None
+    prefill_s: float | None = None  # seconds of the prompt's forward within wall_time (None: not separable)
     weight_layout: str | None = None  # the runner's layout (None for HF's own generate)
     weight_bytes: int | None = None  # bytes of weights the decode read (None for HF's own generate)
     choices: dict[str, Any] | None = None  # how the decode's "auto"s were decided
     extra: dict[str, float] = field(default_factory=dict)  # the plugin's own counters (Stats.extra)
     members: dict[str, dict[str, int]] = field(default_factory=dict)  # a composition's members' counters
     error: str | None = None  # the run raised: what (no output then; see .turns.safe_run)
+    prefill_new_tokens: int = 0  # new tokens that forward already gave (HF's gives the first; the host's none)
 
 
 def conversation(sample: Sample, chat: bool) -> list[str]:
@@ -116,6 +117,7 @@ def make_record(sample: Sample, method: Any, run: Any, prompt_ids: list[int], cm
         "acceptance": (run.accepted / run.drafted) if run.drafted else None,
         "phase_s": run.phase_s,
         "prefill_s": run.prefill_s,
+        "prefill_new_tokens": run.prefill_new_tokens,
         "weight_layout": run.weight_layout,
         "weight_bytes": run.weight_bytes,
         "choices": run.choices,
