@@ -542,13 +542,13 @@ def test_tree_config_guesser_follows_the_decode():
 
 
 class _ConfigPlugin:
-    def __init__(self, config):
-        self.config = config
+    def __init__(self, config, draft_cost=0.5):
+        self.config, self.draft_cost = config, draft_cost
 
     @selfspec.hookimpl
     def selfspec_propose(self, state):
         step = skip_layer_step(state.runner, state.cache, skip_mlp=(0,))
-        return self.config.draft(step, state, max_depth=min(3, state.max_draft_depth), draft_cost=0.5).draft()
+        return self.config.draft(step, state, max_depth=min(3, state.max_draft_depth), draft_cost=self.draft_cost).draft()
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state, verdict):
@@ -564,4 +564,45 @@ def test_register_tree_options_takes_the_plugins_default():
         register_tree_options(options.append, topk=3, tree=default)
         got = {o.name: o.default for o in options}
         assert got == {"tree": default, "tree_budget": "auto", "tree_topk": 3, "tree_calibrate": True,
-                       "tree_extend": True, "tree_guess": DEFAULT_GUESS}
+                       "tree_extend": True, "tree_guess": DEFAULT_GUESS, "tree_pause": True}
+
+
+def test_tree_pause_skips_drafting_while_trees_do_not_pay_and_probes_between_pauses(monkeypatch):
+    from selfspec._engine import treeconfig
+
+    config = selfspec.TreeConfig(enabled=True, budget=4, pause=True)
+    three = treeconfig.DraftTree(torch.tensor([4, 5, 6]), torch.tensor([-1, 0, 1]), torch.tensor([0.5, 0.4, 0.3]))
+    monkeypatch.setattr(treeconfig, "draft_tree", lambda *a, **k: three)
+    state = _Fields(tokens=torch.tensor([1, 2, 3, 0, 0, 0]), length=3, prior=None, max_draft_depth=3,
+                    cache=_Fields(capacity=6), stats=_Fields(extra={}))
+
+    def steps(n, accepted=()):
+        drafted = ""
+        for _ in range(n):
+            tree = config.draft(None, state, max_depth=3, draft_cost=0.5)
+            drafted += "D" if len(tree) else "."
+            config.observe(_Fields(accepted_nodes=accepted))
+        return drafted
+
+    # nothing accepted: the estimate (accepted + 1) / (trees + 1) falls below the pass's cost after
+    # two trees; then pauses of 1, 2, 4, 8 steps, each followed by one probing tree
+    assert steps(21) == "DD.D..D....D........D"
+    assert config.paused == 15 and state.stats.extra["tree_paused"] == 15
+    # the next pause (16 steps), then a probe whose whole tree is accepted: that restores the
+    # estimate, so the drafter drafts every step again and its next pause would be one step
+    assert steps(16) == "." * 16 and steps(1, accepted=(0, 1, 2)) == "D"
+    assert steps(4, accepted=(0, 1, 2)) == "DDDD" and config._next_pause == 1
+    # without tree_pause the drafter never pauses, however little is accepted
+    config = selfspec.TreeConfig(enabled=True, budget=4)
+    assert steps(10) == "D" * 10 and config.paused == 0
+
+
+def test_tree_pause_is_an_option_and_a_paused_decode_is_lossless():
+    model = tiny_model("llama")
+    runner = Runner(model)
+    assert selfspec.TreeConfig.from_options({"tree": True, "tree_budget": "4"}, runner).pause is False
+    # a draft pass said to cost 4 forwards can never pay (at most 3 tokens accepted a tree): it pauses
+    config = selfspec.TreeConfig.from_options({"tree": True, "tree_budget": "4", "tree_pause": True}, runner)
+    plugin = _ConfigPlugin(config, draft_cost=4.0)
+    result = assert_lossless(model, "tree", PROMPT, 40, plugin_object=plugin)
+    assert config.paused == result.stats.extra["tree_paused"] > 0 and result.stats.drafted > 0

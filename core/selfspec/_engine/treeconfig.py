@@ -36,6 +36,12 @@ DEFAULT_GUESS = 8
 #: Weight kept by the guess-agreement evidence per drafted tree (a memory of about 50 trees), so
 #: the rate follows the text: high where the output copies the context, low elsewhere.
 GUESS_DECAY = 0.98
+#: Weight kept by the accepted-tokens-per-tree evidence of ``tree_pause`` per verified tree (a
+#: memory of about 10 trees), and the optimistic prior it starts from: one accepted token per tree.
+PAUSE_DECAY = 0.9
+PAUSE_PRIOR = 1.0
+#: Longest pause in drafting, in steps: a paused drafter probes again at least this often.
+MAX_PAUSE = 32
 
 
 def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = DEFAULT_TREE,
@@ -47,8 +53,9 @@ def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, 
     ``tree_extend`` (in a composition, draft after the earlier members' best path:
     :attr:`selfspec.DecodeState.prior`) and ``tree_guess`` (default ``guess``, the host's
     :data:`DEFAULT_GUESS` unless a plugin measured otherwise: run the context's n-gram
-    continuation of the best node in every draft pass, :func:`selfspec.draft_tree`'s ``guess``).
-    Read them back with :meth:`TreeConfig.from_options`."""
+    continuation of the best node in every draft pass, :func:`selfspec.draft_tree`'s ``guess``) and
+    ``tree_pause`` (default on: skip drafting while recent trees did not pay for their first pass,
+    :meth:`TreeConfig.paying`). Read them back with :meth:`TreeConfig.from_options`."""
     register(Option("tree", bool, tree, "draft a dynamic tree (top-k candidates at each depth, grown by "
                     "cumulative draft probability) instead of a chain; verified in one tree pass"))
     register(Option("tree_budget", str, "auto", "most nodes of a tree draft: 'auto' (the size that maximises "
@@ -64,6 +71,9 @@ def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, 
                     "tokens that followed the best node's last n-gram earlier in the context (prompt lookup "
                     "inside the draft), so a right guess grows several depths in one pass; 0: off",
                     min=0, max=32))
+    register(Option("tree_pause", bool, True, "tree drafts: skip drafting for 1, 2, 4, ... steps (at most "
+                    f"{MAX_PAUSE}, then one probing tree) while recent trees had fewer tokens accepted than their "
+                    "first draft pass costs in full forwards"))
 
 
 class TreeCalibration:
@@ -101,9 +111,11 @@ class TreeConfig:
     """What the tree options ask for: ``enabled``; ``budget`` (``None`` = auto); ``topk``;
     ``curve``, the machine's cost curve (loaded or measured by :meth:`from_options` when the
     budget is auto, else ``None``); ``draft_curve``, the draft passes' curve on the draft weights
-    given to :meth:`from_options` (``None`` without them or without ``curve``); ``calibration``, a :class:`TreeCalibration` learned from
-    this plugin's verified trees (``None``: raw draft probabilities). One per plugin instance:
-    it keeps the last tree until :meth:`observe` sees its verdict."""
+    given to :meth:`from_options` (``None`` without them or without ``curve``); ``calibration``, a
+    :class:`TreeCalibration` learned from this plugin's verified trees (``None``: raw draft
+    probabilities); ``pause`` (``tree_pause``: skip drafting while it does not pay,
+    :meth:`paying`) and ``paused``, the steps it skipped. One per plugin instance: it keeps the
+    last tree until :meth:`observe` sees its verdict."""
 
     enabled: bool = False
     budget: int | None = None
@@ -114,9 +126,15 @@ class TreeConfig:
     last: DraftTree | None = None
     extend: bool = True
     guess: int = DEFAULT_GUESS
+    pause: bool = False
+    paused: int = 0  # steps this config skipped drafting in (tree_pause), over its lifetime
     _index: NgramIndex | None = field(default=None, repr=False)
     _decode: Any = field(default=None, repr=False)  # a weak reference to the decode's state
     _guessed: list[float] = field(default_factory=lambda: [0.0, 0.0], repr=False)  # judged, agreed (decayed)
+    _gain: list[float] = field(default_factory=lambda: [0.0, 0.0], repr=False)  # trees, accepted tokens (decayed)
+    _skip: int = field(default=0, repr=False)  # steps left in the current pause
+    _next_pause: int = field(default=1, repr=False)  # length of the next pause
+    _probe: bool = field(default=False, repr=False)  # the step after a pause drafts, whatever the estimate
 
     @classmethod
     def from_options(cls, options: dict[str, Any], runner: Runner, *, weights: Any = None) -> TreeConfig:
@@ -136,7 +154,8 @@ class TreeConfig:
             draft_curve = None if weights is None else cost_curve(runner, weights=weights)
         calibration = TreeCalibration() if options.get("tree_calibrate", True) else None
         return cls(enabled, budget, int(options.get("tree_topk", 4)), curve, calibration, draft_curve=draft_curve,
-                   extend=bool(options.get("tree_extend", True)), guess=int(options.get("tree_guess", DEFAULT_GUESS)))
+                   extend=bool(options.get("tree_extend", True)), guess=int(options.get("tree_guess", DEFAULT_GUESS)),
+                   pause=bool(options.get("tree_pause", False)))
 
     def draft(self, step: DraftStep, state: DecodeState, *, max_depth: int, draft_cost: float,
               vocab: torch.Tensor | None = None, draft_curve: Callable[[int], float] | None = None) -> DraftTree:
@@ -148,8 +167,15 @@ class TreeConfig:
         counts from its end (within ``state.max_draft_depth``). With ``guess`` on, every pass runs
         the context's guess (:meth:`guesser`) at the rate of agreement learned from earlier trees
         (:attr:`guess_rate`). ``draft_curve``: the draft pass's cost curve (``draft_tree``'s;
-        default: the config's own :attr:`draft_curve`)."""
+        default: the config's own :attr:`draft_curve`). With ``pause``, a step :meth:`paying`
+        refuses gets an empty tree, counted in ``state.stats.extra["tree_paused"]``."""
         base = state.length - 1
+        if self.pause and not self.paying(draft_cost):
+            self.paused += 1
+            extra = state.stats.extra  # the decode's count, in its stats: "tree_paused"
+            extra["tree_paused"] = extra.get("tree_paused", 0) + 1
+            self.last = DraftTree(state.tokens[:0], state.tokens[:0], torch.zeros(0, device=state.tokens.device))
+            return self.last
         prefix: list[int] = []
         values = None
         if self.extend and state.prior is not None:
@@ -169,6 +195,28 @@ class TreeConfig:
         g = self._guessed
         g[0], g[1] = g[0] * GUESS_DECAY + self.last.guessed, g[1] * GUESS_DECAY + self.last.agreed
         return self.last
+
+    def paying(self, draft_cost: float) -> bool:
+        """With ``pause``: whether to draft this step. A tree pays when the tokens it gets accepted
+        (each saves a full forward) outweigh its first draft pass (``draft_cost`` full forwards;
+        deeper passes are the tree sizing's to justify). The estimate is the accepted tokens per
+        verified tree, ``(accepted + 1) / (trees + 1)``, each tree kept at :data:`PAUSE_DECAY`.
+        Below ``draft_cost`` the drafter pauses for 1, 2, 4, ... steps (at most
+        :data:`MAX_PAUSE`), then drafts one probing tree; a tree that restores the estimate resets
+        the pauses. Pausing only drafts nothing, so it can never change the output."""
+        if self._skip > 0:  # within a pause
+            self._skip -= 1
+            return False
+        if self._probe:  # a pause just ended: one tree to learn from
+            self._probe = False
+            return True
+        trees, accepted = self._gain
+        if (accepted + PAUSE_PRIOR) / (trees + 1.0) >= draft_cost:
+            self._next_pause = 1
+            return True
+        self._skip, self._probe = self._next_pause - 1, True  # this step is the pause's first
+        self._next_pause = min(2 * self._next_pause, MAX_PAUSE)
+        return False
 
     @property
     def guess_rate(self) -> float:
@@ -194,15 +242,19 @@ class TreeConfig:
         return lambda path: index.lookup(path, k)
 
     def observe(self, verdict: Any) -> None:
-        """Learn from the verdict of the last tree drafted (call in ``selfspec_update_policy``;
-        a no-op without a tree or a calibration, or when the host cut the tree)."""
+        """Learn from the verdict of the last tree drafted (call in ``selfspec_update_policy``):
+        its accepted tokens for :meth:`paying`, its nodes for the calibration. A no-op without a
+        tree or when the host cut the tree."""
         tree, self.last = self.last, None
-        if tree is None or self.calibration is None or not len(tree):
+        if tree is None or not len(tree):
             return
         nodes = tuple(verdict.accepted_nodes)
         if any(n >= len(tree) for n in nodes):
             return
-        self.calibration.observe(tree, nodes)
+        gain = self._gain
+        gain[0], gain[1] = gain[0] * PAUSE_DECAY + 1.0, gain[1] * PAUSE_DECAY + len(nodes)
+        if self.calibration is not None:
+            self.calibration.observe(tree, nodes)
 
 
 def check_budget(value: str) -> str | None:

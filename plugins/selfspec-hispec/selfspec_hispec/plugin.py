@@ -32,6 +32,7 @@ and in ``HiSpec.counters``.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -210,5 +211,9 @@ def _resolve_heads(spec: str, runner: Any) -> tuple[ExitHeads, str | None]:
     profile when one exists, else a path (an error if it cannot be read)."""
     path = resolve_profile(spec, STORE, profile_name(runner))
     if path is None:
+        if str(spec).strip().lower() == "auto":
+            print("hispec: no exit heads are calibrated for this model, so it drafts through the plain LM head, "
+                  "whose early-exit drafts are rarely accepted; run `specdec --plugin hispec calibrate` (a few "
+                  "minutes) to fit them", file=sys.stderr)
         return ExitHeads(), None
     return load_profile(path, runner).bind(runner), str(path)

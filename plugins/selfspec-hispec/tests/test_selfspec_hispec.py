@@ -216,13 +216,14 @@ def test_profile_round_trip_and_use(tmp_path):
     assert_lossless(model, dec, PROMPT, 20)
 
 
-def test_auto_profile_is_found_in_the_cache(tmp_path, monkeypatch):
+def test_auto_profile_is_found_in_the_cache(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
     model = tiny_model("mistral")
     runner = Runner(model)
     plugin = HiSpec()
     Decoder(model, "hispec", plugin_object=plugin)
-    assert plugin.profile_path is None  # no profile yet: the shared head
+    assert plugin.profile_path is None  # no profile yet: the shared head, and the user is told how to fit one
+    assert "specdec --plugin hispec calibrate" in capsys.readouterr().err
     save_profile(load_profile(_random_profile(model, 3, None), runner), default_profile_path(runner), runner)
     assert default_profile_path(runner).parent == tmp_path / "hispec"
     plugin = HiSpec()
@@ -231,6 +232,7 @@ def test_auto_profile_is_found_in_the_cache(tmp_path, monkeypatch):
     plugin = HiSpec()
     Decoder(model, "hispec", {"profile": "none"}, plugin_object=plugin)
     assert plugin.profile_path is None
+    assert "calibrate" not in capsys.readouterr().err  # found, or the plain head asked for: no advice
 
 
 def test_top_vocab_keeps_the_frequent_and_the_required():
