@@ -584,9 +584,10 @@ def test_tree_pause_skips_drafting_while_trees_do_not_pay_and_probes_between_pau
             config.observe(_Fields(accepted_nodes=accepted))
         return drafted
 
-    # nothing accepted: the estimate (accepted + 1) / (trees + 1) falls below the pass's cost after
-    # two trees; then pauses of 1, 2, 4, 8 steps, each followed by one probing tree
-    assert steps(21) == "DD.D..D....D........D"
+    # nothing accepted: the estimate (one virtual tree with one token accepted, then the real
+    # trees, each kept at 0.9 a tree) falls below the pass's cost after the first tree; then pauses
+    # of 1, 2, 4, 8 steps, each followed by one probing tree
+    assert steps(20) == "D.D..D....D........D"
     assert config.paused == 15 and state.stats.extra["tree_paused"] == 15
     # the next pause (16 steps), then a probe whose whole tree is accepted: that restores the
     # estimate, so the drafter drafts every step again and its next pause would be one step

@@ -37,7 +37,8 @@ DEFAULT_GUESS = 8
 #: the rate follows the text: high where the output copies the context, low elsewhere.
 GUESS_DECAY = 0.98
 #: Weight kept by the accepted-tokens-per-tree evidence of ``tree_pause`` per verified tree (a
-#: memory of about 10 trees), and the optimistic prior it starts from: one accepted token per tree.
+#: memory of about 10 trees). The evidence starts as one virtual tree with ``PAUSE_PRIOR``
+#: accepted tokens, which fades like a real tree's.
 PAUSE_DECAY = 0.9
 PAUSE_PRIOR = 1.0
 #: Longest pause in drafting, in steps: a paused drafter probes again at least this often.
@@ -131,7 +132,7 @@ class TreeConfig:
     _index: NgramIndex | None = field(default=None, repr=False)
     _decode: Any = field(default=None, repr=False)  # a weak reference to the decode's state
     _guessed: list[float] = field(default_factory=lambda: [0.0, 0.0], repr=False)  # judged, agreed (decayed)
-    _gain: list[float] = field(default_factory=lambda: [0.0, 0.0], repr=False)  # trees, accepted tokens (decayed)
+    _gain: list[float] = field(default_factory=lambda: [1.0, PAUSE_PRIOR], repr=False)  # trees, accepted (decayed)
     _skip: int = field(default=0, repr=False)  # steps left in the current pause
     _next_pause: int = field(default=1, repr=False)  # length of the next pause
     _probe: bool = field(default=False, repr=False)  # the step after a pause drafts, whatever the estimate
@@ -200,7 +201,8 @@ class TreeConfig:
         """With ``pause``: whether to draft this step. A tree pays when the tokens it gets accepted
         (each saves a full forward) outweigh its first draft pass (``draft_cost`` full forwards;
         deeper passes are the tree sizing's to justify). The estimate is the accepted tokens per
-        verified tree, ``(accepted + 1) / (trees + 1)``, each tree kept at :data:`PAUSE_DECAY`.
+        verified tree, each tree kept at :data:`PAUSE_DECAY`, from a virtual first tree with
+        :data:`PAUSE_PRIOR` accepted.
         Below ``draft_cost`` the drafter pauses for 1, 2, 4, ... steps (at most
         :data:`MAX_PAUSE`), then drafts one probing tree; a tree that restores the estimate resets
         the pauses. Pausing only drafts nothing, so it can never change the output."""
@@ -211,7 +213,7 @@ class TreeConfig:
             self._probe = False
             return True
         trees, accepted = self._gain
-        if (accepted + PAUSE_PRIOR) / (trees + 1.0) >= draft_cost:
+        if accepted / trees >= draft_cost:
             self._next_pause = 1
             return True
         self._skip, self._probe = self._next_pause - 1, True  # this step is the pause's first
