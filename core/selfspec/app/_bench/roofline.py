@@ -60,7 +60,8 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 def roofline(records: Sequence[dict[str, Any]], *, bandwidth: float, full_forward_bytes: int,
              baseline: str = "vanilla", device: str = "cpu") -> dict[str, Any]:
-    """``{"bandwidth_bytes_per_s", "model_bytes", "rows": [...]}``, a row per method over every
+    """``{"bandwidth_bytes_per_s", "model_bytes", "device", "prefill_share", "rows": [...]}``
+    (:func:`prefill_share` of ``baseline``), a row per method over every
     record: ``bytes_per_token`` (records' ``weight_bytes``; HF's methods read the whole model
     once per forward), ``limit_tokens_per_s``, ``tokens_per_s`` (wall clock, prefill included),
     ``decode_tokens_per_s`` (after the prefill; ``None`` when a record's prefill is unknown),
