@@ -30,6 +30,7 @@ class QSpec:
         self.exit = 0.3
         self.weights: selfspec.DraftWeights | None = None
         self.tree = TreeConfig()
+        self.draft_cost = 1.0  # a draft pass's cost in full forwards (set in setup)
 
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
@@ -49,6 +50,7 @@ class QSpec:
         vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
         self.weights = selfspec.draft_weights(runner, options["draft_weights"], vocab)
         self.tree = TreeConfig.from_options(options, runner, weights=self.weights)  # with the draft passes' curve
+        self.draft_cost = self._draft_cost(runner)  # fixed by the weights: computed once, not every step
 
     @selfspec.hookimpl
     def selfspec_propose(self, state: selfspec.DecodeState) -> Draft:
@@ -58,7 +60,7 @@ class QSpec:
             return Draft.empty(runner.device)
         if self.tree.enabled:
             step = selfspec.skip_layer_step(runner, state.cache, weights=self.weights)
-            return self.tree.draft(step, state, max_depth=kmax, draft_cost=self._draft_cost(runner)).draft(owner=self)
+            return self.tree.draft(step, state, max_depth=kmax, draft_cost=self.draft_cost).draft(owner=self)
         base = state.length - 1
         out = selfspec.skip_layer_draft(runner, state.cache, state.tokens[base : base + 1], base, max_tokens=kmax,
                                         exit_below=self.exit, pick=state.pick, weights=self.weights)
