@@ -21,6 +21,7 @@ from selfspec._engine.calibration import (
 )
 from selfspec._engine.machine import cpu_capability
 from selfspec._engine.runner.layout import packing_unsupported
+from selfspec._engine.runner.native import native_unsupported
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128)
@@ -164,7 +165,8 @@ def test_a_real_measurement_is_saved_reused_and_reported_in_the_stats(capsys):
     assert "measuring which weight layout is fastest here" in err and "weight layout" in err
     choice = dec.runner.choices["weight_layout"]
     assert choice.how == "measured" or choice.how.startswith("static:")
-    assert set(choice.seconds) == {"model", "transposed", "packed"}
+    native = {"native"} if native_unsupported() is None else set()
+    assert set(choice.seconds) == {"model", "transposed", "packed"} | native
     assert all(s > 0 for ws in choice.seconds.values() for s in ws.values())
     assert dec.runner.weight_layout == choice.chosen
     saved = list(calibration.STORE.path("x").parent.glob("weight_layout-*.json"))
@@ -176,6 +178,22 @@ def test_a_real_measurement_is_saved_reused_and_reported_in_the_stats(capsys):
     again = Decoder(model, "vanilla").runner.choices["weight_layout"]
     assert again.how.startswith("cached") and again.chosen == choice.chosen
     assert "measuring" not in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not PACKS or native_unsupported() is not None, reason="packed or native cannot run here")
+@pytest.mark.parametrize("switched_off", [False, True])
+def test_auto_measures_the_native_layout_where_it_runs_and_picks_it_when_fastest(monkeypatch, switched_off):
+    from selfspec._engine.runner import Runner, native
+
+    if switched_off:
+        monkeypatch.setenv(native.ENV, "0")
+    fake = _fake({"model": 3.0, "transposed": 2.0, "packed": 1.0, "native": 0.5})
+    real = calibration.choose_weight_layout
+    monkeypatch.setattr(calibration, "choose_weight_layout", lambda *a, **k: real(*a, **k, measure=fake))
+    r = Runner(_model())
+    choice = r.choices["weight_layout"]
+    assert set(choice.seconds) == {"model", "transposed", "packed"} | (set() if switched_off else {"native"})
+    assert r.weight_layout == choice.chosen == ("packed" if switched_off else "native")
 
 
 def test_an_explicit_layout_is_never_measured(capsys):

@@ -117,7 +117,12 @@ def choose_weight_layout(model: nn.Module, layers: Sequence[nn.Module], lm_head:
     def build(layout: str) -> list[nn.Module]:
         return [layout_copy(m, layout) for m in (*sample, head)]
 
-    key = _key("weight_layout", model, layers, lm_head, "")
+    extra = ",".join(sorted(candidates))
+    if "native" in candidates:  # a rebuilt kernel is measured again
+        from selfspec._engine.runner.native import kernel_key
+
+        extra += f"-native{kernel_key()}"
+    key = _key("weight_layout", model, layers, lm_head, extra)
     return _choose("weight_layout", key, candidates, static, build, (scale_layers, scale_head),
                    (1, BLOCK), measure, refresh, store)
 
@@ -169,16 +174,18 @@ def choose_one_row_width(model: nn.Module, layers: Sequence[nn.Module], lm_head:
 
 
 def decide(seconds: Mapping[str, Mapping[int, float]], spread: Mapping[str, float], static: str) -> tuple[str, str]:
-    """``(chosen, how)`` from each candidate's seconds per width and the relative spread of its
-    rounds (median over fastest, minus one). The lowest sum over widths wins when it beats the
-    runner-up by more than both spreads and :data:`MIN_MARGIN`; otherwise, when ``static`` is
-    one of the close ones, ``static`` (``how`` says by how much and why)."""
+    """``(chosen, how)`` from each candidate's seconds per width (its fastest round) and the
+    relative spread of its score (the sum over widths of its median rounds over the sum of its
+    fastest, minus one). The lowest sum over widths wins over ``static`` when it beats
+    ``static``'s fastest by more than :data:`MIN_MARGIN` and by more than its own spread (so
+    even its median rounds are faster: a noisy ``static`` only makes its fastest round an
+    optimistic figure); otherwise ``static`` (``how`` says by how much and why)."""
     scores = {c: sum(ws.values()) for c, ws in seconds.items()}
     ranked = sorted(scores, key=scores.__getitem__)
     best = ranked[0]
     if len(ranked) == 1 or best == static:
         return best, "measured"
-    tol = max(MIN_MARGIN, spread.get(best, 0.0), spread.get(static, 0.0))
+    tol = max(MIN_MARGIN, spread.get(best, 0.0))
     if static in scores and scores[static] <= scores[best] * (1 + tol):
         gap = scores[static] / scores[best] - 1
         return static, f"static: {best} was {gap:.0%} faster, within the measurement's spread ({tol:.0%})"
@@ -245,7 +252,8 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
     runs = {c: _runner_of(build(c), scales) for c in candidates}
     raw = (measure or measure_candidates)(runs, widths)
     seconds = {c: {w: min(ts) for w, ts in raw[c].items()} for c in candidates}
-    spread = {c: max(statistics.median(ts) / min(ts) - 1 for ts in raw[c].values()) for c in candidates}
+    spread = {c: sum(statistics.median(ts) for ts in raw[c].values()) / sum(seconds[c].values()) - 1
+              for c in candidates}
     chosen, how = decide(seconds, spread, static)
     choice = Choice(what, chosen, how, seconds, key)
     if measure is None:

@@ -1,8 +1,10 @@
 """Weight layouts the runner can execute the model's own modules with.
 
-* ``"auto"`` (the default): ``"packed"`` where oneDNN can prepack this dtype on this CPU
-  (float32 on any x86 CPU; bfloat16/float16 only where the CPU has oneDNN's low-precision
-  kernels, see :func:`packing_unsupported`), else ``"model"``. Never an error.
+* ``"auto"`` (the default): before measuring, ``"packed"`` where oneDNN can prepack this dtype
+  on this CPU (float32 on any x86 CPU; bfloat16/float16 only where the CPU has oneDNN's
+  low-precision kernels, see :func:`packing_unsupported`), else ``"model"``; the runner then
+  measures which of the layouts that can run here is fastest
+  (:func:`selfspec._engine.calibration.choose_weight_layout`). Never an error.
 * ``"model"``: the model's weights as they are. The runner's logits are
   bitwise those of the model's own forward, in every dtype.
 * ``"transposed"``: the runner keeps its own copy of every ``nn.Linear`` weight of the decoder
@@ -19,6 +21,11 @@
   are :class:`PackedLinear` modules. On CPU MKL runs a single-row product on one thread
   whatever ``torch.set_num_threads`` says; oneDNN uses them all. Same rounding caveat and
   memory cost as ``"transposed"``.
+* ``"native"`` (CPU, float32): like ``"packed"``, but the copies are panels for a small
+  product kernel compiled for this CPU at first use (:mod:`.native`), which reads the weights
+  for one row or a few at the memory's speed. Needs a C compiler; where it cannot run,
+  ``"auto"`` leaves it out and asking for it is an error saying why. Same rounding caveat and
+  memory cost as ``"packed"``; a row's result does not depend on the rows beside it.
 
 The layout is applied to *copies* of the layer modules that share every other parameter and
 buffer with the model; the model itself is never modified, and each copy runs its own
@@ -49,9 +56,10 @@ import torch
 from torch import nn
 
 from selfspec._engine.machine import CpuCapability, cpu_capability
+from selfspec._engine.runner.native import NativeLinear
 from selfspec._engine.runner.placement import is_offloaded, share_hooks, tensor_key
 
-LAYOUTS: tuple[str, ...] = ("auto", "model", "transposed", "packed")
+LAYOUTS: tuple[str, ...] = ("auto", "model", "transposed", "packed", "native")
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -78,38 +86,49 @@ def packing_unsupported(device_type: str, dtype: torch.dtype, cpu: CpuCapability
     return None
 
 
-def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCapability | None) -> str:
-    """Resolve a requested weight layout to the one that runs (a pure function).
+def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCapability | None,
+                  native_why: str | None = "not probed") -> str:
+    """Resolve a requested weight layout to the one that runs before anything is measured (a
+    pure function: ``native_why`` is :func:`.native.native_unsupported`'s answer).
 
     ``"auto"`` is ``"packed"`` where oneDNN can prepack for this device, dtype and CPU
     (:func:`packing_unsupported` says ``None``), and ``"model"`` everywhere else: float64,
     GPUs, bf16/fp16 on a CPU without oneDNN's low-precision kernels. It never raises for a
-    capability. An explicit ``"packed"`` that cannot run raises :class:`WeightLayoutError`
-    saying why; ``"model"`` and ``"transposed"`` run everywhere.
+    capability. An explicit ``"packed"`` or ``"native"`` that cannot run raises
+    :class:`WeightLayoutError` saying why; ``"model"`` and ``"transposed"`` run everywhere.
     """
     if layout not in LAYOUTS:
         raise WeightLayoutError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     why = packing_unsupported(device_type, dtype, cpu) if layout in ("auto", "packed") else None
+    if layout == "native":
+        why = native_why
     if layout == "auto":
         return "model" if why else "packed"
-    if layout == "packed" and why:
-        raise WeightLayoutError(f"weight layout 'packed' cannot run here: {why}; use 'auto', "
+    if layout in ("packed", "native") and why:
+        raise WeightLayoutError(f"weight layout {layout!r} cannot run here: {why}; use 'auto', "
                                 f"'transposed' or 'model'")
     return layout
 
 
 def check_layout(layout: str, device: torch.device, dtype: torch.dtype) -> str:
-    """:func:`choose_layout` with this process's CPU capability."""
+    """:func:`choose_layout` with this process's CPU capability (and, for ``"native"``, whether
+    its kernel builds here)."""
     cpu = cpu_capability() if device.type == "cpu" else None
-    return choose_layout(layout, device.type, dtype, cpu)
+    native_why = None
+    if layout == "native":
+        from selfspec._engine.runner.native import native_unsupported
+
+        native_why = native_unsupported(device.type, dtype)
+    return choose_layout(layout, device.type, dtype, cpu, native_why)
 
 
 def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, layout: str) -> nn.Module:
     """Apply ``layout`` to ``model`` itself: no copy, the original weights are released.
 
-    ``"packed"``: every ``nn.Linear`` inside ``layers``, and ``lm_head``, is replaced in its
-    parent module by a :class:`PackedLinear` (which still answers ``.weight``, unpacked on
-    demand, so code that reads a weight once keeps working). ``"transposed"``: each such
+    ``"packed"`` / ``"native"``: every ``nn.Linear`` inside ``layers``, and ``lm_head``, is
+    replaced in its parent module by a :class:`PackedLinear` / :class:`.native.NativeLinear`
+    (which still answers ``.weight``, rebuilt on demand, so code that reads a weight once
+    keeps working). ``"transposed"``: each such
     weight is replaced by its ``[in, out]``-contiguous version. ``"model"``: nothing. Returns
     the LM head module now in the model. Idempotent. Tied weights (an LM head that is the
     embedding matrix) are not released: the embedding still holds them. Offloaded modules
@@ -122,19 +141,20 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
     if layout == "transposed":
         for module in [*layers, *([lm_head] if layout_head else [])]:
             for sub in module.modules():
-                if isinstance(sub, nn.Linear) and not isinstance(sub, PackedLinear) and not is_transposed(sub.weight):
+                if _is_plain_linear(sub) and not is_transposed(sub.weight):
                     sub.weight = nn.Parameter(sub.weight.detach().t().contiguous().t(), requires_grad=False)
         return lm_head
+    cls = _linear_class(layout)
     mapped = _file_mappings()
     for layer in layers:
         for sub in list(layer.modules()):
             for name, child in list(sub.named_children()):
-                if isinstance(child, nn.Linear) and not isinstance(child, PackedLinear):
-                    setattr(sub, name, PackedLinear(child))
+                if _is_plain_linear(child):
+                    setattr(sub, name, cls(child))
                     _release_file_pages(child.weight, mapped)
-    if isinstance(lm_head, PackedLinear) or not layout_head:
+    if not _is_plain_linear(lm_head) or not layout_head:
         return lm_head
-    packed_head = PackedLinear(lm_head)
+    packed_head = cls(lm_head)
     for parent in model.modules():
         for name, child in list(parent.named_children()):
             if child is lm_head:
@@ -192,7 +212,17 @@ def layout_copy(module: nn.Module, layout: str) -> nn.Module:
         return module
     if layout == "transposed":
         return transposed_copy(module)
-    return packed_copy(module)
+    return replace_linears(module, _linear_class(layout))
+
+
+def _linear_class(layout: str) -> type[nn.Module]:
+    """The product module a layout replaces ``nn.Linear`` by (``"packed"``, ``"native"``)."""
+    return NativeLinear if layout == "native" else PackedLinear
+
+
+def _is_plain_linear(module: nn.Module) -> bool:
+    """An ``nn.Linear`` not yet laid out (not a packed or native product module)."""
+    return isinstance(module, nn.Linear) and not isinstance(module, (PackedLinear, NativeLinear))
 
 
 #: Layout copies already made, per model: every Runner over one model shares them, so ten
@@ -242,7 +272,7 @@ def transposed_copy(module: nn.Module) -> nn.Module:
     """
     memo = _shared_memo(module)
     for sub in module.modules():
-        if isinstance(sub, nn.Linear) and not isinstance(sub, PackedLinear):
+        if _is_plain_linear(sub):
             w = sub.weight.detach()
             # w_t: [out, in] with strides (1, out), a view of a contiguous [in, out] matrix
             w_t = w.t().contiguous().t()
@@ -254,15 +284,20 @@ def packed_copy(module: nn.Module) -> nn.Module:
     """A copy of ``module`` (sharing every parameter and buffer) whose ``nn.Linear``
     submodules are replaced by :class:`PackedLinear` (a plain ``nn.Linear`` module itself
     becomes one)."""
-    if isinstance(module, PackedLinear):
-        return module
+    return replace_linears(module, PackedLinear)
+
+
+def replace_linears(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
+    """A copy of ``module`` (sharing every parameter and buffer) whose plain ``nn.Linear``
+    submodules are ``cls(linear)``; a plain ``nn.Linear`` itself becomes one, any other
+    product module (already laid out) is returned as it is."""
     if isinstance(module, nn.Linear):
-        return PackedLinear(module)
+        return cls(module) if _is_plain_linear(module) else module
     twin = copy.deepcopy(module, _shared_memo(module))
     for sub in list(twin.modules()):
         for child_name, child in list(sub.named_children()):
-            if isinstance(child, nn.Linear) and not isinstance(child, PackedLinear):
-                setattr(sub, child_name, PackedLinear(child))
+            if _is_plain_linear(child):
+                setattr(sub, child_name, cls(child))
     return twin
 
 

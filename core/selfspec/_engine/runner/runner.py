@@ -50,9 +50,9 @@ class ForwardOut:
 class Runner:
     """Drives ``model`` layer by layer through its :class:`Adapter`. Batch size 1.
 
-    ``weight_layout``: ``"auto"`` (default: ``"packed"`` on CPU in float32/bf16/fp16, else
-    ``"model"``), ``"model"`` (bitwise the model's own forward), or
-    ``"transposed"`` / ``"packed"`` (runner-side copies of the linear weights laid out for
+    ``weight_layout``: ``"auto"`` (default: the fastest layout measured here, see
+    :meth:`_measured_layout`), ``"model"`` (bitwise the model's own forward), or
+    ``"transposed"`` / ``"packed"`` / ``"native"`` (runner-side copies of the linear weights laid out for
     faster CPU products: equal up to rounding, one extra copy of those weights; see
     :mod:`.layout`). ``layers`` stays the model's own modules whatever the layout.
     ``adopt=True`` applies the layout to the model in place instead of to copies
@@ -112,8 +112,9 @@ class Runner:
 
     def _measured_layout(self, model: nn.Module) -> str:
         """``auto``: the fastest layout measured here among those that can run (the model's own,
-        and the transposed and packed copies where oneDNN can pack this dtype), the static
-        rule's choice when the measurement cannot tell them apart."""
+        the transposed and packed copies where oneDNN can pack this dtype, the native kernel's
+        panels where it builds here), the static rule's choice when the measurement cannot
+        tell them apart."""
         from selfspec._engine.calibration import Choice, choose_weight_layout
 
         static = self.weight_layout
@@ -121,6 +122,10 @@ class Runner:
             self.choices["weight_layout"] = Choice("weight_layout", static, "static: a model accelerate dispatched")
             return static
         candidates = ["model", "transposed", "packed"] if static == "packed" else [static]
+        from selfspec._engine.runner.native import native_unsupported
+
+        if native_unsupported(self.device.type, self.dtype) is None:
+            candidates.append("native")
         choice = choose_weight_layout(model, list(self.layers), self.adapter.lm_head, static=static,
                                       candidates=candidates)
         self.choices["weight_layout"] = choice

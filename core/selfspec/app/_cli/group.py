@@ -38,11 +38,13 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "needs one); implies --device-map auto."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="Torch CPU threads (default: physical cores)."),
-        click.option("--weight-layout", type=click.Choice(["auto", "model", "transposed", "packed"]), default=None,
-                     help="How the runner holds the linear weights: auto (default: oneDNN-prepacked copies "
-                          "where this CPU can run them for the dtype, the model's own otherwise; "
-                          "`specdec plugins` says which), model (bitwise the model's forward), "
-                          "transposed, packed. See docs/performance.md."),
+        click.option("--weight-layout", type=click.Choice(["auto", "model", "transposed", "packed", "native"]),
+                     default=None,
+                     help="How the runner holds the linear weights: auto (default: the fastest of those "
+                          "that run here, measured once per model shape and machine; `specdec plugins` "
+                          "says which), model (bitwise the model's forward), transposed, packed (oneDNN), "
+                          "native (float32: a kernel compiled for this CPU at first use; needs a C "
+                          "compiler). See docs/performance.md."),
         click.option("--exact", is_flag=True, default=None,
                      help="Exact mode: every forward's rows bitwise equal one-token forwards, so the "
                           "output equals `vanilla --exact` bit for bit in every dtype (slower; "

@@ -65,8 +65,12 @@ def host_line() -> str:
         layout = choose_layout("auto", "cpu", dtype, cpu)
         why = packing_unsupported("cpu", dtype, cpu) if layout != "packed" else None
         parts.append(f"{name}: {layout}" + (f" ({why})" if why and dtype != torch.float64 else ""))
+    from selfspec._engine.runner.native import native_unsupported
+
+    why_not = native_unsupported("cpu", torch.float32)
+    native = "auto also measures it" if why_not is None else f"unavailable: {why_not}"
     line = (f"host: {cpu_model()} [{cpu.label}]; before measuring, --weight-layout auto on CPU runs "
-            + "; ".join(parts))
+            + "; ".join(parts) + f"; the native float32 layout: {native}")
     return "\n".join([line, *measured_lines()])
 
 

@@ -1,0 +1,229 @@
+"""The ``"native"`` weight layout: float32 products by a kernel compiled for this CPU.
+
+torch's float32 products for a handful of rows (one decoded token, a draft to verify) read the
+weights well below the memory's speed on some CPUs: MKL's one-row product runs on one thread,
+and oneDNN's prepacked kernel is tuned for wider blocks. ``native_kernel.c`` (beside this
+module) is a small product kernel over weights cut into panels (:func:`to_panels`) that streams
+each weight once per block of up to :func:`block_rows` rows. It is compiled at first use by
+the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) with ``-O3 -march=native``
+and OpenMP, kept in ``<cache dir>/kernels/`` under a key of its source, compiler and CPU, and
+checked against a float64 product before it is used. :class:`NativeLinear` calls it.
+
+Where it cannot run (no compiler, a failed build or self-check, not CPU float32,
+``SELFSPEC_NATIVE=0``), :func:`native_unsupported` says why; ``auto`` then leaves it out of
+the layouts it measures, and asking for ``"native"`` is a :class:`~.layout.WeightLayoutError`.
+
+Exactness: each output is summed in input order with one fused multiply-add per weight,
+whatever the block's width, the row's place in it or the thread count, so a row's result is
+bitwise the same computed alone or in any block (the exact mode then needs no per-row
+products). Against the model's own layout it differs by rounding, like ``"packed"``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+#: Set to ``0`` to never build or use the native kernel.
+ENV = "SELFSPEC_NATIVE"
+SOURCE = Path(__file__).with_name("native_kernel.c")
+#: Rows of a weight rearranged into panels at once (bounds the temporaries while building).
+CHUNK_ROWS = 4096
+#: Seconds a build may take before it counts as failed.
+BUILD_TIMEOUT = 180
+
+_STATE: dict[str, object] = {}
+
+
+# ------------------------------------------------------------------------------ the kernel
+def native_unsupported(device_type: str = "cpu", dtype: torch.dtype = torch.float32) -> str | None:
+    """Why the native kernel cannot run products of ``dtype`` on ``device_type``, or ``None``
+    when it can. Builds the kernel (once per process; seconds, at first use on a machine) to
+    find out."""
+    if device_type != "cpu":
+        return f"it runs on CPU only, not {device_type}"
+    if dtype != torch.float32:
+        return f"it computes in float32 only, not {str(dtype).removeprefix('torch.')}"
+    if os.environ.get(ENV, "1").strip() in ("0", "false", "no"):
+        return f"{ENV}=0"
+    _load()
+    why = _STATE.get("why")
+    return str(why) if why else None
+
+
+def kernel_key() -> str:
+    """The built kernel's key (its source, compiler and CPU), for records of what it measured."""
+    _library()
+    return str(_STATE["key"])
+
+
+def tile() -> int:
+    """Output rows per panel of the compiled kernel (its vector width times two)."""
+    return int(_library().selfspec_native_tile())
+
+
+def block_rows() -> int:
+    """Rows the kernel computes per pass over a panel."""
+    return int(_library().selfspec_native_rows())
+
+
+def native_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """``x [n, in] @ W.T + bias`` -> ``[n, out_features]``, float32 on CPU, ``W`` as
+    :func:`to_panels` laid it out. ``x`` must be contiguous."""
+    n, in_features = x.shape
+    y = torch.empty(n, out_features, dtype=torch.float32)
+    _library().selfspec_native_linear(
+        x.data_ptr(), panels.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+        n, out_features, in_features, torch.get_num_threads())
+    return y
+
+
+def to_panels(weight: torch.Tensor, width: int) -> torch.Tensor:
+    """A ``[out, in]`` weight as ``[ceil(out / width), in, width]`` float32 panels (the last
+    padded with zero rows), built :data:`CHUNK_ROWS` rows at a time."""
+    out_f, in_f = weight.shape
+    tiles = -(-out_f // width)
+    panels = torch.empty(tiles, in_f, width, dtype=torch.float32)
+    step = max(1, CHUNK_ROWS // width) * width
+    for r in range(0, out_f, step):
+        w = weight[r : r + step].detach().float()
+        if w.shape[0] % width:
+            w = torch.cat([w, w.new_zeros(width - w.shape[0] % width, in_f)])
+        panels[r // width : r // width + w.shape[0] // width] = w.view(-1, width, in_f).transpose(1, 2)
+    return panels
+
+
+def from_panels(panels: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The ``[out, in]`` weight :func:`to_panels` was given (exactly: a rearrangement)."""
+    tiles, in_f, width = panels.shape
+    return panels.transpose(1, 2).reshape(tiles * width, in_f)[:out_features].contiguous()
+
+
+class NativeLinear(nn.Linear):
+    """``nn.Linear`` computed by the native kernel on its own panel copy of the weight. Inputs
+    ``[..., in]`` -> ``[..., out]``.
+
+    Like :class:`~.layout.PackedLinear` it holds the panels only (a non-persistent buffer) and
+    ``.weight`` rebuilds the ``[out, in]`` weight on demand (exactly; a temporary for code
+    that reads a weight once). An input that is not float32 on CPU, or that needs a gradient,
+    runs ``F.linear`` on that rebuilt weight instead: correct, not fast."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a weight
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("panels", to_panels(linear.weight, tile()), persistent=False)
+        self.bias = linear.bias
+
+    @property
+    def weight(self) -> torch.Tensor:  # type: ignore[override]
+        """The ``[out, in]`` weight, rebuilt from the panels (a new tensor on every access)."""
+        return from_panels(self.panels, self.out_features)
+
+    def nbytes(self) -> int:
+        """Bytes of weights a product reads (the padding rows excluded)."""
+        return self.in_features * self.out_features * 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return nn.functional.linear(x, self.weight.to(x.dtype), bias)
+        bias = self.bias
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            bias = bias.float().contiguous()
+        y = native_linear(x.reshape(-1, self.in_features).contiguous(), self.panels, bias, self.out_features)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, native panels"
+
+
+# ------------------------------------------------------------------------------ helpers
+def _library() -> ctypes.CDLL:
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the native kernel cannot run here: {_STATE.get('why')}")
+    return lib
+
+
+def _load() -> ctypes.CDLL | None:
+    """The compiled kernel (built or read from the cache), or ``None`` with ``_STATE["why"]``."""
+    if "lib" in _STATE:
+        return _STATE["lib"]  # type: ignore[return-value]
+    lib, why = None, None
+    try:
+        path = _build()
+        lib = ctypes.CDLL(str(path))
+        lib.selfspec_native_linear.restype = None
+        lib.selfspec_native_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+        why = _self_check(lib)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if why:
+        lib = None
+    _STATE.update(lib=lib, why=why)
+    return lib
+
+
+def _compiler() -> str:
+    for name in [os.environ.get("CC", ""), "cc", "gcc", "clang"]:
+        found = shutil.which(name) if name else None
+        if found:
+            return found
+    raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
+
+
+def _build() -> Path:
+    """The kernel's shared library in the cache, compiled first if it is not there."""
+    from selfspec._engine.machine import cpu_capability, cpu_model
+    from selfspec._engine.paths import cache_dir
+
+    cc = _compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, cc.encode(), version.encode(), cpu_model().encode(),
+                                     cpu_capability().label.encode()])).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"native-{key}.so"
+    _STATE["key"] = key
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print("selfspec: compiling the native float32 kernel for this CPU (once per machine)...",
+          file=sys.stderr, flush=True)
+    base = [cc, "-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC", str(SOURCE)]
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        errors = ""
+        for flags in (["-fopenmp"], []):  # without OpenMP: one thread
+            done = subprocess.run([*base, *flags, "-o", str(out)], capture_output=True, text=True,
+                                  timeout=BUILD_TIMEOUT)
+            if done.returncode == 0:
+                os.replace(out, target)
+                return target
+            errors = done.stderr.strip()
+    raise RuntimeError(f"compiling the native kernel with {cc} failed: {errors[-300:]}")
+
+
+def _self_check(lib: ctypes.CDLL) -> str | None:
+    """Why the kernel's products disagree with a float64 product, or ``None``."""
+    gen = torch.Generator().manual_seed(0)
+    width = int(lib.selfspec_native_tile())
+    for rows, out_f, in_f in ((1, 3 * width + 5, 77), (lib.selfspec_native_rows() + 3, width, 130)):
+        x = torch.randn(rows, in_f, generator=gen)
+        w = torch.randn(out_f, in_f, generator=gen)
+        b = torch.randn(out_f, generator=gen)
+        y = torch.empty(rows, out_f)
+        panels = to_panels(w, width)  # held: the kernel reads it through a raw pointer
+        lib.selfspec_native_linear(x.data_ptr(), panels.data_ptr(), b.data_ptr(), y.data_ptr(), rows, out_f, in_f, 2)
+        ref = x.double() @ w.double().T + b.double()
+        if not torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4):
+            return f"the compiled kernel's self-check failed (error {(y.double() - ref).abs().max():.3g})"
+    return None

@@ -1,0 +1,92 @@
+/* The float32 product of the runner's "native" weight layout, compiled for the CPU it runs on.
+
+   y[m, o] = sum_i x[m, i] * W[o, i] (+ bias[o]) for a block of M rows, W held as panels:
+   the output rows cut into tiles of T (the last one padded with zero rows), each tile stored
+   input-major, [n_tiles, I, T]. One pass over a tile streams it once from memory and updates
+   T outputs of up to MB rows, so a one-row product reads the weights sequentially at the
+   memory's speed and a block of rows reuses each weight load MB times.
+
+   Every output element is summed in the same order (i = 0, 1, ..., I-1, one fused multiply-add
+   each) whatever M, the row's place in the block, or the number of threads: a row's result is
+   bitwise the same computed alone or in any block. Threads split the tiles (OpenMP; without
+   it, one thread). The vector width and the block sizes follow the instruction set the
+   compiler targets (-march=native); T is reported by selfspec_native_tile(). */
+
+#include <stddef.h>
+
+#define SPLAT8(s) s, s, s, s, s, s, s, s
+#if defined(__AVX512F__)
+#define VW 16
+#define MB 12
+#define SPLAT(s) ((vf){SPLAT8(s), SPLAT8(s)})
+#elif defined(__AVX__)
+#define VW 8
+#define MB 6
+#define SPLAT(s) ((vf){SPLAT8(s)})
+#else
+#define VW 8
+#define MB 4
+#define SPLAT(s) ((vf){SPLAT8(s)})
+#endif
+#define NV 2
+#define T (VW * NV)
+
+typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
+
+static inline vf load(const float *p) { vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
+static inline void store(float *p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+
+int selfspec_native_tile(void) { return T; }
+int selfspec_native_rows(void) { return MB; }
+
+/* mb (<= MB) rows of x [.., I] against one tile [I, T]; writes nout (<= T) columns of y. */
+static inline __attribute__((always_inline)) void tile_rows(const float *x, const float *w, const float *bias,
+                                                             float *y, int mb, int I, int O, int nout) {
+    vf acc[MB][NV];
+    for (int m = 0; m < MB; m++)
+        for (int v = 0; v < NV; v++) acc[m][v] = (vf){0};
+    for (int i = 0; i < I; i++) {
+        vf wv[NV];
+        for (int v = 0; v < NV; v++) wv[v] = load(w + (size_t)i * T + v * VW);
+        for (int m = 0; m < MB; m++) {
+            if (m < mb) {
+                float s = x[(size_t)m * I + i];
+                vf xb = SPLAT(s);
+                for (int v = 0; v < NV; v++) acc[m][v] += wv[v] * xb;
+            }
+        }
+    }
+    float out[T];
+    for (int m = 0; m < mb; m++) {
+        for (int v = 0; v < NV; v++) store(out + v * VW, acc[m][v]);
+        for (int j = 0; j < nout; j++) y[(size_t)m * O + j] = bias ? out[j] + bias[j] : out[j];
+    }
+}
+
+#define ROWS(n) case n: tile_rows(xm, wt, bt, yt, n, I, O, nout); break;
+
+void selfspec_native_linear(const float *x, const float *panels, const float *bias, float *y,
+                            int M, int O, int I, int threads) {
+    int tiles = (O + T - 1) / T;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        int nout = O - t * T < T ? O - t * T : T;
+        const float *wt = panels + (size_t)t * I * T;
+        const float *bt = bias ? bias + (size_t)t * T : NULL;
+        for (int m0 = 0; m0 < M; m0 += MB) {
+            const float *xm = x + (size_t)m0 * I;
+            float *yt = y + (size_t)m0 * O + (size_t)t * T;
+            switch (M - m0 < MB ? M - m0 : MB) {
+                ROWS(1) ROWS(2) ROWS(3) ROWS(4)
+#if MB > 4
+                ROWS(5) ROWS(6)
+#endif
+#if MB > 6
+                ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+#endif
+                default: break;
+            }
+        }
+    }
+}

@@ -1,0 +1,189 @@
+"""The ``native`` weight layout: a float32 product kernel compiled for this CPU at first use.
+
+What is tested: the kernel's products against a float64 product for any shape, block width and
+bias; a row's result bitwise independent of its block and of the thread count; the panel
+layout's exact round trip; the fallbacks for inputs it does not compute; why it cannot run
+(switched off, no compiler, a failing build) and what ``check_layout``/``auto`` then do; a
+runner, an adopting runner, a lossless decode and the exact mode on it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from selfspec._engine.runner import Runner, native
+from selfspec._engine.runner.layout import WeightLayoutError, check_layout, choose_layout
+from selfspec.testing import assert_lossless, tiny_model
+
+WHY = native.native_unsupported()
+needs_native = pytest.mark.skipif(WHY is not None, reason=f"the native kernel cannot run here: {WHY}")
+
+
+@pytest.fixture
+def fresh_kernel(monkeypatch, tmp_path):
+    """An empty kernel cache and no kernel loaded in this process (restored afterwards)."""
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
+    saved = dict(native._STATE)
+    native._STATE.clear()
+    yield tmp_path
+    native._STATE.clear()
+    native._STATE.update(saved)
+
+
+# ------------------------------------------------------------------------------ the kernel
+@needs_native
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 30), out_f=st.integers(1, 150), in_f=st.integers(1, 90), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_products_equal_a_float64_product_for_any_shape_width_and_bias(rows, out_f, in_f, bias, seed):
+    gen = torch.Generator().manual_seed(seed)
+    lin = nn.Linear(in_f, out_f, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(out_f, in_f, generator=gen))
+        if bias:
+            lin.bias.copy_(torch.randn(out_f, generator=gen))
+    x = torch.randn(1, rows, in_f, generator=gen)
+    y = native.NativeLinear(lin)(x)
+    ref = x.double() @ lin.weight.double().T + (lin.bias.double() if bias else 0)
+    assert y.shape == (1, rows, out_f) and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * in_f**0.5)
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [2, 7, 13, 33])
+def test_a_row_is_bitwise_the_same_alone_in_any_block_and_with_any_thread_count(rows):
+    gen = torch.Generator().manual_seed(rows)
+    lin = native.NativeLinear(nn.Linear(200, 3 * native.tile() + 9))
+    x = torch.randn(rows, 200, generator=gen)
+    block = lin(x)
+    alone = torch.cat([lin(x[i : i + 1]) for i in range(rows)])
+    assert torch.equal(block, alone)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2 if threads == 1 else 1)
+        assert torch.equal(lin(x), block)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_native
+def test_panels_hold_the_weight_exactly_and_count_its_bytes():
+    lin = nn.Linear(37, 2 * native.tile() + 3)
+    nl = native.NativeLinear(lin)
+    assert nl.panels.shape == (3, 37, native.tile())  # the last panel padded with zero rows
+    assert torch.equal(nl.weight, lin.weight.detach()) and nl.bias is lin.bias
+    assert nl.nbytes() == 37 * lin.out_features * 4
+    assert "native panels" in repr(nl)
+
+
+@needs_native
+def test_inputs_it_does_not_compute_run_the_plain_product_on_the_same_weight():
+    lin = nn.Linear(16, 24)
+    nl = native.NativeLinear(lin)
+    x64 = torch.randn(3, 16, dtype=torch.float64)
+    torch.testing.assert_close(nl(x64), nn.functional.linear(x64, lin.weight.double(), lin.bias.double()),
+                               rtol=1e-6, atol=1e-6)
+    xg = torch.randn(3, 16, requires_grad=True)
+    nl(xg).sum().backward()  # differentiable: the plain product
+    torch.testing.assert_close(xg.grad, lin.weight.detach().sum(0).expand(3, 16))
+    strided = torch.randn(16, 5).t()  # not contiguous
+    torch.testing.assert_close(nl(strided), lin(strided), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ when it cannot run
+def test_switched_off_it_says_so_and_an_explicit_native_layout_is_refused(monkeypatch, fresh_kernel):
+    monkeypatch.setenv(native.ENV, "0")
+    assert native.native_unsupported() == f"{native.ENV}=0"
+    with pytest.raises(WeightLayoutError, match=f"'native' cannot run here: {native.ENV}=0"):
+        check_layout("native", torch.device("cpu"), torch.float32)
+    assert not list(fresh_kernel.glob("kernels/*"))  # nothing was built
+
+
+def test_other_devices_and_dtypes_are_refused_without_building(fresh_kernel):
+    assert native.native_unsupported("cuda", torch.float32) == "it runs on CPU only, not cuda"
+    assert native.native_unsupported("cpu", torch.bfloat16) == "it computes in float32 only, not bfloat16"
+    with pytest.raises(WeightLayoutError, match="float32 only, not float64"):
+        check_layout("native", torch.device("cpu"), torch.float64)
+    assert "lib" not in native._STATE
+
+
+def test_without_a_compiler_it_says_so(monkeypatch, fresh_kernel):
+    monkeypatch.setenv("CC", "")
+    monkeypatch.setenv("PATH", str(fresh_kernel))  # no cc, gcc or clang on it
+    assert "no C compiler found" in native.native_unsupported()
+    with pytest.raises(RuntimeError, match="cannot run here: no C compiler"):
+        native.tile()
+
+
+def test_a_build_that_fails_says_so(monkeypatch, fresh_kernel):
+    broken = fresh_kernel / "broken-cc"
+    broken.write_text("#!/bin/sh\necho 'broken-cc: cannot compile' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    why = native.native_unsupported()
+    assert why.startswith(f"compiling the native kernel with {broken} failed") and "cannot compile" in why
+
+
+def test_the_layout_rule_is_pure_and_auto_never_picks_native_unmeasured():
+    assert choose_layout("native", "cpu", torch.float32, None, native_why=None) == "native"
+    with pytest.raises(WeightLayoutError, match="'native' cannot run here: no compiler"):
+        choose_layout("native", "cpu", torch.float32, None, native_why="no compiler")
+    assert choose_layout("auto", "cpu", torch.float64, None, native_why=None) == "model"
+
+
+@needs_native
+def test_a_built_kernel_is_kept_and_reused(monkeypatch, fresh_kernel, capsys):
+    assert native.native_unsupported() is None
+    assert "compiling the native float32 kernel" in capsys.readouterr().err
+    built = list(fresh_kernel.glob("kernels/native-*.so"))
+    assert len(built) == 1
+    native._STATE.clear()  # another process
+    assert native.native_unsupported() is None
+    assert capsys.readouterr().err == "" and list(fresh_kernel.glob("kernels/native-*.so")) == built
+
+
+# ------------------------------------------------------------------------------ in the runner
+@needs_native
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_native_runner_and_an_adopting_one_equal_the_model_up_to_rounding(arch):
+    model = tiny_model(arch, dtype=torch.float32, tie_word_embeddings=False)
+    ids = torch.tensor([[3, 5, 7, 11, 13, 17]])
+    with torch.no_grad():
+        before = model(ids).logits[0]
+    runner = Runner(model, weight_layout="native")
+    assert runner.weight_layout == "native" and runner.layer_layouts == ["native"] * runner.n_layers
+    torch.testing.assert_close(runner.forward(ids[0]).logits, before, rtol=1e-4, atol=1e-4)
+    Runner(model, weight_layout="native", adopt=True)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(isinstance(m, native.NativeLinear) for m in linears)  # LM head included
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits[0], before, rtol=1e-4, atol=1e-4)
+
+
+@needs_native
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_decoding_on_the_native_layout_is_lossless(arch):
+    from selfspec import Decoder
+
+    model = tiny_model(arch, dtype=torch.float32)
+    prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 7] * 2
+    for plugin in ("vanilla", "lookup"):
+        result = assert_lossless(model, Decoder(model, plugin, weight_layout="native"), prompt, 24)
+        assert result.stats.weight_layout == "native"
+
+
+@needs_native
+def test_the_exact_mode_on_the_native_layout_equals_one_token_forwards_bitwise():
+    torch.manual_seed(0)
+    r = Runner(tiny_model("qwen2", dtype=torch.float32), weight_layout="native", exact=True)
+    ids = torch.randint(0, r.vocab_size, (40,), generator=torch.Generator().manual_seed(1))
+    cache = r.new_cache(41)
+    r.forward(ids[:30], cache=cache, start=0, logits=None)
+    one = torch.stack([r.forward(ids[30 + i : 31 + i], cache=cache, start=30 + i).logits[-1] for i in range(10)])
+    cache = r.new_cache(41)
+    r.forward(ids[:30], cache=cache, start=0, logits=None)
+    assert torch.equal(one, r.forward(ids[30:], cache=cache, start=30).logits)
