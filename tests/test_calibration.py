@@ -208,3 +208,19 @@ def test_the_note_names_every_candidate_and_width():
     c = Choice("weight_layout", "packed", "measured", {"packed": {1: 0.02, 8: 0.03}, "model": {1: 0.04, 8: 0.05}})
     assert c.note() == ("weight layout packed (measured: packed 20.0/30.0, model 40.0/50.0 ms at 1/8 tokens)")
     assert Choice.from_dict(c.as_dict()) == c
+
+
+@pytest.mark.skipif(not PACKS, reason="oneDNN cannot prepack float32 here")
+def test_a_sample_of_laid_out_layers_takes_the_layers_and_scale_of_the_models_own(monkeypatch):
+    # the draft-weights choice times the runner's layers against compressed copies of the
+    # model's own: both samples must cover the same layers, or one is scaled wrongly
+    from selfspec._engine.runner.adapters import adapter_for
+    from selfspec._engine.runner.layout import layout_copy
+
+    model = _model()
+    ad = adapter_for(model)
+    layers = list(ad.layers)
+    monkeypatch.setattr(calibration, "SAMPLE_BYTES", calibration._weight_bytes(layers[0]) + 1)
+    own = calibration._sample(layers, ad.lm_head)
+    packed = calibration._sample([layout_copy(m, "packed") for m in layers], ad.lm_head)
+    assert len(own[0]) == len(packed[0]) == 2 and own[2] == packed[2] == len(layers) / 2

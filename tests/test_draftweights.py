@@ -22,11 +22,14 @@ import selfspec
 from selfspec import DraftWeightsError, Runner, draft_weights, skip_layer_draft
 from selfspec._engine.draftweights import built_nbytes, linears, resolve_backend, vocab
 from selfspec._engine.draftweights.layers import FusedMember, FusedProduct
+from selfspec._engine.runner.native import ENV as NATIVE_ENV
+from selfspec._engine.runner.native import native_unsupported
 from selfspec.testing import ARCHS, tiny_model
 
-CPU = ("int8", "int8wo", "bf16")
-BOUND = {"int8": 0.12, "int8wo": 0.03, "bf16": 0.02}  # see a)
-AGREE = {"int8": 0.6, "int8wo": 0.8, "bf16": 0.8}
+NATIVE = native_unsupported() is None
+CPU = ("int8", "int8wo", "bf16") + (("int8native",) if NATIVE else ())
+BOUND = {"int8": 0.12, "int8wo": 0.03, "int8native": 0.03, "bf16": 0.02}  # see a)
+AGREE = {"int8": 0.6, "int8wo": 0.8, "int8native": 0.8, "bf16": 0.8}
 
 
 def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
@@ -38,6 +41,27 @@ def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
         resolve_backend("int8", torch.device("meta"))
     with pytest.raises(DraftWeightsError, match="unknown"):
         resolve_backend("int4", torch.device("cpu"))
+
+
+def test_int8native_is_refused_where_its_kernel_cannot_run(monkeypatch):
+    with pytest.raises(DraftWeightsError, match="CPU only"):
+        resolve_backend("int8native", torch.device("meta"))
+    monkeypatch.setenv(NATIVE_ENV, "0")
+    with pytest.raises(DraftWeightsError, match=f"'int8native' cannot run here: {NATIVE_ENV}=0"):
+        resolve_backend("int8native", torch.device("cpu"))
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native kernel cannot run here")
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_int8native_computes_the_int8wo_product_in_float32(rows):
+    # the same int8 weights and scales as int8wo, the activations never quantized
+    w, b = torch.randn(70, 45), torch.randn(70)
+    x = torch.randn(2, rows, 45)
+    lin = linears.NativeInt8Linear(w, b)
+    q, scale = linears.quantize_rows(w)
+    want = (x.double() @ (q.double() * scale.double()[:, None]).T) + b.double()
+    torch.testing.assert_close(lin(x).double(), want, rtol=1e-5, atol=1e-4)
+    assert lin(x.double()).dtype == torch.float64 and lin.nbytes() == 70 * 45 + 70 * 4 + 70 * 4
 
 
 @pytest.mark.parametrize("backend", CPU)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How fast each float32 product kernel reads weights for one token, against a plain sum.
 
-    python lab/scripts/kernel_bandwidth.py [--threads 2] [--layers 8] [--json FILE]
+    python lab/scripts/kernel_bandwidth.py [--threads 2] [--layers 8] [--rows 1,8,32] [--json FILE]
 
 The roofline of ``specdec bench`` divides the streaming read bandwidth (a sum over a buffer
 larger than the caches) by the bytes of weights a token reads. A one-token step is a chain of
@@ -9,8 +9,9 @@ matrix-vector products, so how close ``vanilla`` can come to that limit is bound
 the product kernels read. This script times, on the products of ``--layers`` Qwen2.5-1.5B-shaped
 decoder layers (q, k, v, o, gate, up, down; about 140 MB each, so they stream from memory),
 each layout the runner can hold weights in: the model's own ``[out, in]`` (``F.linear``, MKL),
-a transposed copy (``x @ w``, MKL) and oneDNN's prepacked weights. Each figure is the fastest
-of several calls, in GB/s of weights read.
+a transposed copy (``x @ w``, MKL), oneDNN's prepacked weights and the native kernel's panels
+(where it builds here), for blocks of ``--rows`` rows. Each figure is the fastest of several
+calls, in GB/s of weights read.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from selfspec._engine.machine import machine_info
+from selfspec._engine.runner import native
 
 SHAPES = [(1536, 1536), (256, 1536), (256, 1536), (1536, 1536), (8960, 1536), (8960, 1536), (1536, 8960)]
 
@@ -49,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lab/scripts/kernel_bandwidth.py", description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--rows", default="1", help="comma-separated block widths (rows per product), e.g. 1,8,32")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -57,24 +61,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     sums = _sum_bandwidths(3)
     weights = [torch.randn(o, i) for _ in range(args.layers) for (o, i) in SHAPES]
     nbytes = sum(w.numel() * 4 for w in weights)
-    x = {n: torch.randn(1, n) for n in (1536, 8960)}
     transposed = [w.t().contiguous() for w in weights]
-    rows = {"sum over a 1 GiB buffer (the bench's bandwidth)": max(sums),
-            "model layout, F.linear (MKL)": gbps(lambda: [F.linear(x[w.shape[1]], w) for w in weights], nbytes),
-            "transposed copy, x @ w (MKL)": gbps(lambda: [x[w.shape[0]] @ w for w in transposed], nbytes)}
-    if torch.backends.mkldnn.is_available():
-        packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights]
-
-        def run_packed() -> None:
-            for w, p in zip(weights, packed):
-                torch.ops.mkldnn._linear_pointwise(x[w.shape[1]], p, None, "none", [], "")
-
-        rows["packed (oneDNN)"] = gbps(run_packed, nbytes)
-    out["gb_per_s"] = rows
-    out["sum_runs_gb_per_s"] = sums
-    print(f"{nbytes / 1e9:.2f} GB of float32 weights, one token, {args.threads} threads")
-    for k, v in rows.items():
-        print(f"{k:<50} {v:6.1f} GB/s")
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights] if torch.backends.mkldnn.is_available() else []
+    why = native.native_unsupported()
+    natives = [native.NativeLinear(nn.Linear(w.shape[1], w.shape[0], bias=False)) for w in weights] if why is None else []
+    for lin, w in zip(natives, weights):
+        lin.panels.copy_(native.to_panels(w, native.tile()))
+    out["gb_per_s"], out["sum_runs_gb_per_s"] = {}, sums
+    print(f"{nbytes / 1e9:.2f} GB of float32 weights, {args.threads} threads; GB/s of weights read per product call"
+          + ("" if why is None else f"; native: {why}"))
+    print(f"{'rows':>4}  sum (bench)  " + "  ".join(f"{k:>10}" for k in ("model", "transposed", "packed", "native")))
+    for r in [int(v) for v in args.rows.split(",")]:
+        x = {n: torch.randn(r, n) for n in (1536, 8960)}
+        rows = {"model": gbps(lambda x=x: [F.linear(x[w.shape[1]], w) for w in weights], nbytes),
+                "transposed": gbps(lambda x=x: [x[w.shape[0]] @ w for w in transposed], nbytes)}
+        if packed:
+            rows["packed"] = gbps(lambda x=x: [torch.ops.mkldnn._linear_pointwise(x[w.shape[1]], p, None, "none", [], "")
+                                           for w, p in zip(weights, packed)], nbytes)
+        if natives:
+            rows["native"] = gbps(lambda x=x: [lin(x[lin.in_features]) for lin in natives], nbytes)
+        out["gb_per_s"][r] = rows
+        print(f"{r:>4}  {max(sums):11.1f}  " + "  ".join(f"{rows.get(k, float('nan')):10.1f}"
+                                                      for k in ("model", "transposed", "packed", "native")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

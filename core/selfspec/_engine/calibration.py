@@ -328,7 +328,11 @@ def _sample(layers: Sequence[nn.Module], lm_head: nn.Module) -> tuple[list[nn.Mo
 
 
 def _weight_bytes(module: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters() if p.dim() == 2)
+    """Bytes of product weights ``module`` holds, in any layout (a packed or native product's
+    weights are buffers, not parameters)."""
+    from selfspec._engine.runner.traffic import product_bytes
+
+    return product_bytes(module)
 
 
 def _key(what: str, model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, extra: str) -> str:

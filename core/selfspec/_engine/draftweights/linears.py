@@ -9,6 +9,9 @@ temporary bigger than a slice of that weight (see :data:`CHUNK_ROWS`).
   channel, float activations (``aten._weight_int8pack_mm``, gpt-fast's CPU path). CPU.
 * :class:`DynamicInt8Linear` (``int8``): PyTorch's dynamic quantization (int8 weights,
   activations quantized per call, the x86/fbgemm int8 GEMM, VNNI where the CPU has it). CPU.
+* :class:`NativeInt8Linear` (``int8native``): int8 weights, one float scale per output channel,
+  float activations, in the native kernel compiled for this CPU (``selfspec._engine.runner.
+  native``). CPU, where that kernel builds.
 * :class:`Bf16Linear` (``bf16``): bfloat16 weights, prepacked for oneDNN where it has bf16
   kernels (AVX-512 BF16 / AMX), else a plain bf16 product. CPU or GPU.
 * :class:`BnbInt8Linear` (``bnb``): bitsandbytes LLM.int8 (``Linear8bitLt``, threshold 6.0). CUDA.
@@ -97,6 +100,37 @@ class DynamicInt8Linear(CompressedLinear):
         return self._bytes  # the packed weight is opaque to torch: its int8 size and scales
 
 
+class NativeInt8Linear(CompressedLinear):
+    """int8 weights (a float32 scale per output row, as ``int8wo``) in the native kernel's
+    panels (:mod:`selfspec._engine.runner.native`), float32 activations. CPU, where the native
+    kernel builds."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        from selfspec._engine.runner import native  # noqa: PLC0415 (builds the kernel)
+
+        super().__init__()
+        q, scale = quantize_rows(weight)
+        width = native.tile()
+        self.register_buffer("qpanels", native.to_panels(q, width, torch.int8))
+        del q
+        padded = torch.zeros(self.qpanels.shape[0] * width, dtype=torch.float32)
+        padded[: scale.numel()] = scale
+        self.register_buffer("scale", padded)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from selfspec._engine.runner.native import native_linear_int8  # noqa: PLC0415
+
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        y = native_linear_int8(x2, self.qpanels, self.scale, self.bias, self.out_features)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def nbytes(self) -> int:
+        n = self.out_features * self.in_features + self.out_features * 4  # the padding rows excluded
+        return n + (0 if self.bias is None else self.out_features * 4)
+
+
 def _onednn_bf16(device: torch.device) -> bool:
     if device.type != "cpu":
         return False
@@ -171,6 +205,7 @@ class BnbInt8Linear(CompressedLinear):  # pragma: no cover - needs CUDA and bits
 LINEARS: dict[str, type[CompressedLinear]] = {
     "int8": DynamicInt8Linear,
     "int8wo": Int8WeightOnlyLinear,
+    "int8native": NativeInt8Linear,
     "bf16": Bf16Linear,
     "bnb": BnbInt8Linear,
 }

@@ -41,7 +41,7 @@ from selfspec._engine.runner.placement import (
 )
 
 #: Backends of the draft weights (``auto`` resolves to one of the others).
-BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "bf16", "bnb")
+BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "bf16", "bnb")
 
 
 class DraftWeightsError(ValueError):
@@ -64,9 +64,15 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         if device.type == "cuda" and bnb_module() is not None:
             return "bnb"
         return "none"
-    if backend in ("int8", "int8wo") and device.type != "cpu":
+    if backend in ("int8", "int8wo", "int8native") and device.type != "cpu":
         raise DraftWeightsError(f"draft weights {backend!r} run on CPU only, the model is on {device}; "
                                 "use 'bnb', 'bf16' or 'none'")
+    if backend == "int8native":
+        from selfspec._engine.runner.native import native_unsupported
+
+        why = native_unsupported("cpu", torch.float32)
+        if why:
+            raise DraftWeightsError(f"draft weights 'int8native' cannot run here: {why}; use 'int8' or 'int8wo'")
     if backend == "bnb":
         if device.type != "cuda" or not torch.cuda.is_available():
             raise DraftWeightsError(f"draft weights 'bnb' (LLM.int8) need CUDA, the model is on {device}")
@@ -222,7 +228,8 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
 def measured_backend(runner) -> str:
     """``auto`` on a CPU: the draft weights fastest per draft token here, measured once per
     machine and model shape among ``int8``, ``int8wo``, ``none`` (the model's own weights in
-    the runner's layout) and ``bf16`` where oneDNN has bf16 kernels (see
+    the runner's layout), ``bf16`` where oneDNN has bf16 kernels and ``int8native`` where the
+    native kernel builds (see
     :mod:`selfspec._engine.calibration`); ``int8`` when the measurement cannot tell. The
     choice is recorded in ``runner.choices["draft_weights"]``."""
     if "draft_weights" in getattr(runner, "choices", {}):
@@ -236,7 +243,11 @@ def measured_backend(runner) -> str:
         runner.choices["draft_weights"] = choice
         return choice.chosen
 
+    from selfspec._engine.runner.native import native_unsupported
+
     candidates = ["int8", "int8wo", "none"] + (["bf16"] if cpu_capability().onednn_bf16 else [])
+    if native_unsupported("cpu", torch.float32) is None:
+        candidates.append("int8native")
     if runner.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         candidates = ["int8"]  # float64: the compressed copies only (the static rule)
     choice = choose_draft_weights(runner, static="int8", candidates=candidates)

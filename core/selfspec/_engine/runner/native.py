@@ -1,4 +1,5 @@
-"""The ``"native"`` weight layout: float32 products by a kernel compiled for this CPU.
+"""The ``"native"`` weight layout and ``"int8native"`` draft weights: products by a kernel
+compiled for this CPU.
 
 torch's float32 products for a handful of rows (one decoded token, a draft to verify) read the
 weights well below the memory's speed on some CPUs: MKL's one-row product runs on one thread,
@@ -7,7 +8,9 @@ module) is a small product kernel over weights cut into panels (:func:`to_panels
 each weight once per block of up to :func:`block_rows` rows. It is compiled at first use by
 the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) with ``-O3 -march=native``
 and OpenMP, kept in ``<cache dir>/kernels/`` under a key of its source, compiler and CPU, and
-checked against a float64 product before it is used. :class:`NativeLinear` calls it.
+checked against a float64 product before it is used. :class:`NativeLinear` calls it; so do
+the ``int8native`` draft weights (:class:`selfspec._engine.draftweights.linears.
+NativeInt8Linear`: int8 panels, a float32 scale per output row, float32 activations).
 
 Where it cannot run (no compiler, a failed build or self-check, not CPU float32,
 ``SELFSPEC_NATIVE=0``), :func:`native_unsupported` says why; ``auto`` then leaves it out of
@@ -87,15 +90,28 @@ def native_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | No
     return y
 
 
-def to_panels(weight: torch.Tensor, width: int) -> torch.Tensor:
-    """A ``[out, in]`` weight as ``[ceil(out / width), in, width]`` float32 panels (the last
-    padded with zero rows), built :data:`CHUNK_ROWS` rows at a time."""
+def native_linear_int8(x: torch.Tensor, panels: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                       out_features: int) -> torch.Tensor:
+    """:func:`native_linear` with ``W = q * scale[:, None]``: ``panels`` the int8 ``q`` as
+    :func:`to_panels` laid it out, ``scale`` float32 ``[panels.shape[0] * width]``. The
+    activations stay float32 (nothing is quantized but the weights)."""
+    n, in_features = x.shape
+    y = torch.empty(n, out_features, dtype=torch.float32)
+    _library().selfspec_native_linear_int8(
+        x.data_ptr(), panels.data_ptr(), scale.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+        n, out_features, in_features, torch.get_num_threads())
+    return y
+
+
+def to_panels(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A ``[out, in]`` weight as ``[ceil(out / width), in, width]`` panels of ``dtype`` (the
+    last padded with zero rows), built :data:`CHUNK_ROWS` rows at a time."""
     out_f, in_f = weight.shape
     tiles = -(-out_f // width)
-    panels = torch.empty(tiles, in_f, width, dtype=torch.float32)
+    panels = torch.empty(tiles, in_f, width, dtype=dtype)
     step = max(1, CHUNK_ROWS // width) * width
     for r in range(0, out_f, step):
-        w = weight[r : r + step].detach().float()
+        w = weight[r : r + step].detach().to(dtype)
         if w.shape[0] % width:
             w = torch.cat([w, w.new_zeros(width - w.shape[0] % width, in_f)])
         panels[r // width : r // width + w.shape[0] // width] = w.view(-1, width, in_f).transpose(1, 2)
@@ -164,6 +180,8 @@ def _load() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(path))
         lib.selfspec_native_linear.restype = None
         lib.selfspec_native_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+        lib.selfspec_native_linear_int8.restype = None
+        lib.selfspec_native_linear_int8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
         why = _self_check(lib)
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -226,4 +244,12 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
         ref = x.double() @ w.double().T + b.double()
         if not torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4):
             return f"the compiled kernel's self-check failed (error {(y.double() - ref).abs().max():.3g})"
+        q = torch.randint(-127, 128, (out_f, in_f), generator=gen, dtype=torch.int8)
+        scale = torch.rand(-(-out_f // width) * width, generator=gen)
+        qpanels = to_panels(q, width, torch.int8)
+        lib.selfspec_native_linear_int8(x.data_ptr(), qpanels.data_ptr(), scale.data_ptr(), b.data_ptr(),
+                                        y.data_ptr(), rows, out_f, in_f, 2)
+        ref = (x.double() @ q.double().T) * scale[:out_f].double() + b.double()
+        if not torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4 * 127):
+            return f"the compiled int8 kernel's self-check failed (error {(y.double() - ref).abs().max():.3g})"
     return None

@@ -1,4 +1,5 @@
-/* The float32 product of the runner's "native" weight layout, compiled for the CPU it runs on.
+/* The products of the runner's "native" weight layout (float32 weights) and of the "int8native"
+   draft weights (int8 weights, a float32 scale per output row), compiled for the CPU they run on.
 
    y[m, o] = sum_i x[m, i] * W[o, i] (+ bias[o]) for a block of M rows, W held as panels:
    the output rows cut into tiles of T (the last one padded with zero rows), each tile stored
@@ -32,6 +33,7 @@
 #define T (VW * NV)
 
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
+typedef signed char vq __attribute__((vector_size(VW), aligned(1)));
 
 static inline vf load(const float *p) { vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
 static inline void store(float *p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
@@ -39,15 +41,30 @@ static inline void store(float *p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
 int selfspec_native_tile(void) { return T; }
 int selfspec_native_rows(void) { return MB; }
 
-/* mb (<= MB) rows of x [.., I] against one tile [I, T]; writes nout (<= T) columns of y. */
-static inline __attribute__((always_inline)) void tile_rows(const float *x, const float *w, const float *bias,
-                                                             float *y, int mb, int I, int O, int nout) {
+/* NV vectors of the weights at element offset off: float32 panels, or int8 panels converted. */
+static inline __attribute__((always_inline)) void weights_at(const void *w, int q8, size_t off, vf out[NV]) {
+    for (int v = 0; v < NV; v++) {
+        if (q8) {
+            vq q;
+            __builtin_memcpy(&q, (const signed char *)w + off + (size_t)v * VW, sizeof q);
+            out[v] = __builtin_convertvector(q, vf);
+        } else {
+            out[v] = load((const float *)w + off + (size_t)v * VW);
+        }
+    }
+}
+
+/* mb (<= MB) rows of x [.., I] against one tile [I, T]; writes nout (<= T) columns of y,
+   each times its scale (int8 panels) and plus its bias (where given). */
+static inline __attribute__((always_inline)) void tile_rows(const float *x, const void *w, int q8, const float *scale,
+                                                             const float *bias, float *y, int mb, int I, int O,
+                                                             int nout) {
     vf acc[MB][NV];
     for (int m = 0; m < MB; m++)
         for (int v = 0; v < NV; v++) acc[m][v] = (vf){0};
     for (int i = 0; i < I; i++) {
         vf wv[NV];
-        for (int v = 0; v < NV; v++) wv[v] = load(w + (size_t)i * T + v * VW);
+        weights_at(w, q8, (size_t)i * T, wv);
         for (int m = 0; m < MB; m++) {
             if (m < mb) {
                 float s = x[(size_t)m * I + i];
@@ -59,20 +76,27 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, cons
     float out[T];
     for (int m = 0; m < mb; m++) {
         for (int v = 0; v < NV; v++) store(out + v * VW, acc[m][v]);
-        for (int j = 0; j < nout; j++) y[(size_t)m * O + j] = bias ? out[j] + bias[j] : out[j];
+        for (int j = 0; j < nout; j++) {
+            float r = scale ? out[j] * scale[j] : out[j];
+            y[(size_t)m * O + j] = bias ? r + bias[j] : r;
+        }
     }
 }
 
-#define ROWS(n) case n: tile_rows(xm, wt, bt, yt, n, I, O, nout); break;
+#define ROWS(n) case n: tile_rows(xm, wt, q8, st, bt, yt, n, I, O, nout); break;
 
-void selfspec_native_linear(const float *x, const float *panels, const float *bias, float *y,
-                            int M, int O, int I, int threads) {
+/* Threads split the tiles; each tile is read once per block of MB rows. */
+static inline __attribute__((always_inline)) void product(const float *x, const void *panels, int q8,
+                                                          const float *scale, const float *bias, float *y, int M,
+                                                          int O, int I, int threads) {
     int tiles = (O + T - 1) / T;
+    size_t elem = q8 ? 1 : sizeof(float);
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
         int nout = O - t * T < T ? O - t * T : T;
-        const float *wt = panels + (size_t)t * I * T;
+        const void *wt = (const char *)panels + (size_t)t * I * T * elem;
+        const float *st = scale ? scale + (size_t)t * T : NULL;
         const float *bt = bias ? bias + (size_t)t * T : NULL;
         for (int m0 = 0; m0 < M; m0 += MB) {
             const float *xm = x + (size_t)m0 * I;
@@ -89,4 +113,17 @@ void selfspec_native_linear(const float *x, const float *panels, const float *bi
             }
         }
     }
+}
+
+/* y [M, O] = x [M, I] @ W.T (+ bias [O]), W as float32 panels [tiles, I, T]. */
+void selfspec_native_linear(const float *x, const float *panels, const float *bias, float *y,
+                            int M, int O, int I, int threads) {
+    product(x, panels, 0, NULL, bias, y, M, O, I, threads);
+}
+
+/* The same with W = q * scale[:, None]: q as int8 panels [tiles, I, T], scale [tiles * T]
+   (one per output row, the padding rows' included). Activations stay float32. */
+void selfspec_native_linear_int8(const float *x, const signed char *panels, const float *scale, const float *bias,
+                                 float *y, int M, int O, int I, int threads) {
+    product(x, panels, 1, scale, bias, y, M, O, I, threads);
 }
