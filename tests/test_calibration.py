@@ -224,3 +224,17 @@ def test_a_sample_of_laid_out_layers_takes_the_layers_and_scale_of_the_models_ow
     own = calibration._sample(layers, ad.lm_head)
     packed = calibration._sample([layout_copy(m, "packed") for m in layers], ad.lm_head)
     assert len(own[0]) == len(packed[0]) == 2 and own[2] == packed[2] == len(layers) / 2
+
+
+def test_a_new_candidate_is_measured_again_not_answered_from_an_earlier_choice():
+    from selfspec._engine.runner.adapters import adapter_for
+
+    model = _model()
+    ad = adapter_for(model)
+    args = (model, list(ad.layers), ad.lm_head)
+    first = choose_weight_layout(*args, static="model", candidates=["model", "transposed"],
+                                 measure=_fake({"model": 1.0, "transposed": 2.0}))
+    again = choose_weight_layout(*args, static="model", candidates=["model", "transposed", "native"],
+                                 measure=_fake({"model": 1.0, "transposed": 2.0, "native": 0.5}))
+    assert first.chosen == "model" and set(again.seconds) == {"model", "transposed", "native"}
+    assert again.chosen == "native" and again.key != first.key

@@ -24,6 +24,8 @@ import torch
 
 import selfspec
 from selfspec._engine.draftweights import shadow
+from selfspec.app._data import load_task
+from selfspec.app._models.load import load
 
 
 def main() -> None:
@@ -39,7 +41,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    loaded = selfspec.load_model(a.model, dtype="float32")
+    loaded = load(a.model, dtype="float32")
     model, tok = loaded.model, loaded.tokenizer
     runner = selfspec.Runner(model, adopt=True)
     dec = selfspec.Decoder(model, "selfsd", tokenizer=tok)
@@ -50,7 +52,7 @@ def main() -> None:
 
     # dev texts for agreement; a dev prompt for timing
     texts = [s.prompt + "\n" + (s.meta.get("answer") or "") for t in ("humaneval", "gsm8k")
-             for s in selfspec.load_task(t, split="dev")[: a.texts // 2]]
+             for s in load_task(t, split="dev")[: a.texts // 2]]
     seqs = [torch.tensor(tok(t, add_special_tokens=False)["input_ids"][: a.tokens]) for t in texts]
     caches = [runner.new_cache(len(ids)) for ids in seqs]
     refs = [runner.forward(ids, cache=c).logits.argmax(-1) for ids, c in zip(seqs, caches)]  # [n] each

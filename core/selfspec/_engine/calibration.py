@@ -117,12 +117,7 @@ def choose_weight_layout(model: nn.Module, layers: Sequence[nn.Module], lm_head:
     def build(layout: str) -> list[nn.Module]:
         return [layout_copy(m, layout) for m in (*sample, head)]
 
-    extra = ",".join(sorted(candidates))
-    if "native" in candidates:  # a rebuilt kernel is measured again
-        from selfspec._engine.runner.native import kernel_key
-
-        extra += f"-native{kernel_key()}"
-    key = _key("weight_layout", model, layers, lm_head, extra)
+    key = _key("weight_layout", model, layers, lm_head, _candidates_key(candidates))
     return _choose("weight_layout", key, candidates, static, build, (scale_layers, scale_head),
                    (1, BLOCK), measure, refresh, store)
 
@@ -147,7 +142,8 @@ def choose_draft_weights(runner: Any, *, static: str, candidates: Sequence[str],
         with torch.inference_mode(False), torch.no_grad():
             return [*(compressed_layer(m, kind) for m in model_sample), compress_linear(model_head, kind)]
 
-    key = _key("draft_weights", runner.model, runner.layers, runner.lm_head, runner.weight_layout)
+    key = _key("draft_weights", runner.model, runner.layers, runner.lm_head,
+               f"{runner.weight_layout}-{_candidates_key(candidates)}")
     return _choose("draft_weights", key, candidates, static, build, (scale_layers, scale_head),
                    (1, 4), measure, refresh, store)
 
@@ -335,9 +331,21 @@ def _weight_bytes(module: nn.Module) -> int:
     return product_bytes(module)
 
 
+def _candidates_key(candidates: Sequence[str]) -> str:
+    """The candidates, sorted, and the native kernel's build where one of them runs on it (a
+    new candidate or a rebuilt kernel is measured again)."""
+    extra = ",".join(sorted(candidates))
+    if any(c.startswith("native") or c.endswith("native") for c in candidates):
+        from selfspec._engine.runner.native import kernel_key, native_unsupported
+
+        if native_unsupported() is None:
+            extra += f"-native{kernel_key()}"
+    return extra
+
+
 def _key(what: str, model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, extra: str) -> str:
-    """File-name key: what, model shape, dtype, the extra (draft weights: the runner's layout)
-    and a hash of the machine (CPU, capability, threads, forced ISA, device)."""
+    """File-name key: what, model shape, dtype, the extra (the candidates; draft weights: the
+    runner's layout too) and a hash of the machine (CPU, capability, threads, forced ISA, device)."""
     w = lm_head.weight
     cfg = getattr(model, "config", None)
     shape = f"{getattr(cfg, 'model_type', 'model')}-{len(layers)}x{w.shape[1]}x{w.shape[0]}"

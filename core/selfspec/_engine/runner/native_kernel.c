@@ -14,6 +14,9 @@
    compiler targets (-march=native); T is reported by selfspec_native_tile(). */
 
 #include <stddef.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #define SPLAT8(s) s, s, s, s, s, s, s, s
 #if defined(__AVX512F__)
@@ -41,17 +44,23 @@ static inline void store(float *p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
 int selfspec_native_tile(void) { return T; }
 int selfspec_native_rows(void) { return MB; }
 
-/* NV vectors of the weights at element offset off: float32 panels, or int8 panels converted. */
+/* VW int8 weights at p as floats (one sign-extension and one conversion where the ISA has them). */
+static inline vf widen(const signed char *p) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif defined(__AVX2__)
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#else
+    vf r;
+    for (int k = 0; k < VW; k++) r[k] = (float)p[k];
+    return r;
+#endif
+}
+
+/* NV vectors of the weights at element offset off: float32 panels, or int8 panels widened. */
 static inline __attribute__((always_inline)) void weights_at(const void *w, int q8, size_t off, vf out[NV]) {
-    for (int v = 0; v < NV; v++) {
-        if (q8) {
-            vq q;
-            __builtin_memcpy(&q, (const signed char *)w + off + (size_t)v * VW, sizeof q);
-            out[v] = __builtin_convertvector(q, vf);
-        } else {
-            out[v] = load((const float *)w + off + (size_t)v * VW);
-        }
-    }
+    for (int v = 0; v < NV; v++)
+        out[v] = q8 ? widen((const signed char *)w + off + (size_t)v * VW) : load((const float *)w + off + (size_t)v * VW);
 }
 
 /* mb (<= MB) rows of x [.., I] against one tile [I, T]; writes nout (<= T) columns of y,
@@ -85,45 +94,44 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, cons
 
 #define ROWS(n) case n: tile_rows(xm, wt, q8, st, bt, yt, n, I, O, nout); break;
 
-/* Threads split the tiles; each tile is read once per block of MB rows. */
-static inline __attribute__((always_inline)) void product(const float *x, const void *panels, int q8,
-                                                          const float *scale, const float *bias, float *y, int M,
-                                                          int O, int I, int threads) {
-    int tiles = (O + T - 1) / T;
-    size_t elem = q8 ? 1 : sizeof(float);
-    (void)threads;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        int nout = O - t * T < T ? O - t * T : T;
-        const void *wt = (const char *)panels + (size_t)t * I * T * elem;
-        const float *st = scale ? scale + (size_t)t * T : NULL;
-        const float *bt = bias ? bias + (size_t)t * T : NULL;
-        for (int m0 = 0; m0 < M; m0 += MB) {
-            const float *xm = x + (size_t)m0 * I;
-            float *yt = y + (size_t)m0 * O + (size_t)t * T;
-            switch (M - m0 < MB ? M - m0 : MB) {
-                ROWS(1) ROWS(2) ROWS(3) ROWS(4)
-#if MB > 4
-                ROWS(5) ROWS(6)
-#endif
-#if MB > 6
-                ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
-#endif
-                default: break;
-            }
-        }
+/* Threads split the tiles; each tile is read once per block of MB rows. A macro, not a function,
+   so that each product below has its own parallel region with Q8 a constant in it (OpenMP
+   outlines the region before constants are propagated into it). */
+#define PRODUCT(Q8, ELEM)                                                                          \
+    int tiles = (O + T - 1) / T;                                                                   \
+    (void)threads;                                                                                 \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)")                             \
+    for (int t = 0; t < tiles; t++) {                                                              \
+        int nout = O - t * T < T ? O - t * T : T;                                                  \
+        const void *wt = (const char *)panels + (size_t)t * I * T * (ELEM);                        \
+        const float *st = scale ? scale + (size_t)t * T : NULL;                                    \
+        const float *bt = bias ? bias + (size_t)t * T : NULL;                                      \
+        const int q8 = (Q8);                                                                       \
+        for (int m0 = 0; m0 < M; m0 += MB) {                                                       \
+            const float *xm = x + (size_t)m0 * I;                                                  \
+            float *yt = y + (size_t)m0 * O + (size_t)t * T;                                        \
+            switch (M - m0 < MB ? M - m0 : MB) { ALL_ROWS default: break; }                        \
+        }                                                                                          \
     }
-}
+
+#if MB > 6
+#define ALL_ROWS ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+#elif MB > 4
+#define ALL_ROWS ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
+#else
+#define ALL_ROWS ROWS(1) ROWS(2) ROWS(3) ROWS(4)
+#endif
 
 /* y [M, O] = x [M, I] @ W.T (+ bias [O]), W as float32 panels [tiles, I, T]. */
 void selfspec_native_linear(const float *x, const float *panels, const float *bias, float *y,
                             int M, int O, int I, int threads) {
-    product(x, panels, 0, NULL, bias, y, M, O, I, threads);
+    const float *scale = NULL;
+    PRODUCT(0, sizeof(float))
 }
 
 /* The same with W = q * scale[:, None]: q as int8 panels [tiles, I, T], scale [tiles * T]
    (one per output row, the padding rows' included). Activations stay float32. */
 void selfspec_native_linear_int8(const float *x, const signed char *panels, const float *scale, const float *bias,
                                  float *y, int M, int O, int I, int threads) {
-    product(x, panels, 1, scale, bias, y, M, O, I, threads);
+    PRODUCT(1, 1)
 }
