@@ -116,14 +116,13 @@ class Runner:
         panels where it builds here), the static rule's choice when the measurement cannot
         tell them apart."""
         from selfspec._engine.calibration import Choice, choose_weight_layout
+        from selfspec._engine.runner.native import native_unsupported
 
         static = self.weight_layout
         if placement.is_dispatched(model):  # offloaded weights are not in memory to time
             self.choices["weight_layout"] = Choice("weight_layout", static, "static: a model accelerate dispatched")
             return static
         candidates = ["model", "transposed", "packed"] if static == "packed" else [static]
-        from selfspec._engine.runner.native import native_unsupported
-
         if native_unsupported(self.device.type, self.dtype) is None:
             candidates.append("native")
         choice = choose_weight_layout(model, list(self.layers), self.adapter.lm_head, static=static,
