@@ -335,7 +335,7 @@ def _candidates_key(candidates: Sequence[str]) -> str:
     """The candidates, sorted, and the native kernel's build where one of them runs on it (a
     new candidate or a rebuilt kernel is measured again)."""
     extra = ",".join(sorted(candidates))
-    if any(c.startswith("native") or c.endswith("native") for c in candidates):
+    if any("native" in c for c in candidates):  # "native", "int8native"
         from selfspec._engine.runner.native import kernel_key, native_unsupported
 
         if native_unsupported() is None:

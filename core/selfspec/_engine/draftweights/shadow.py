@@ -245,11 +245,12 @@ def measured_backend(runner) -> str:
 
     from selfspec._engine.runner.native import native_unsupported
 
-    candidates = ["int8", "int8wo", "none"] + (["bf16"] if cpu_capability().onednn_bf16 else [])
-    if native_unsupported("cpu", torch.float32) is None:
-        candidates.append("int8native")
     if runner.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         candidates = ["int8"]  # float64: the compressed copies only (the static rule)
+    else:
+        candidates = ["int8", "int8wo", "none"] + (["bf16"] if cpu_capability().onednn_bf16 else [])
+        if native_unsupported("cpu", torch.float32) is None:  # builds the kernel: only where it can be a candidate
+            candidates.append("int8native")
     choice = choose_draft_weights(runner, static="int8", candidates=candidates)
     if hasattr(runner, "choices"):
         runner.choices["draft_weights"] = choice
