@@ -233,6 +233,7 @@ def test_sigterm_finishes_the_running_stream_and_exits_cleanly(server, client, c
     stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": CHAT_PROMPT}],
                                             max_tokens=40, stream=True)
     first = next(stream)
+    _until(lambda: server.health()["running"])  # the job is running, not still queued (queued ones get 503)
     server.proc.send_signal(signal.SIGTERM)
     rest = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in [first, *rest] if c.choices)
