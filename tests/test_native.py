@@ -3,7 +3,7 @@
 What is tested: the kernel's products against a float64 product for any shape, block width and
 bias; a row's result bitwise independent of its block and of the thread count; the panel
 layout's exact round trip; the fallbacks for inputs it does not compute; why it cannot run
-(switched off, no compiler, a failing build) and what ``check_layout``/``auto`` then do; a
+(switched off, no compiler, a failing build); every instruction-set branch of its source and what ``check_layout``/``auto`` then do; a
 runner, an adopting runner, a lossless decode and the exact mode on it.
 """
 
@@ -144,6 +144,49 @@ def test_a_built_kernel_is_kept_and_reused(monkeypatch, fresh_kernel, capsys):
     native._STATE.clear()  # another process
     assert native.native_unsupported() is None
     assert capsys.readouterr().err == "" and list(fresh_kernel.glob("kernels/native-*.so")) == built
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+#: Each instruction-set branch of the kernel's source, with the CPU flags needed to run it.
+BRANCHES = {
+    "generic vectors": (("-march=x86-64", "-U__SSE2__", "-U__SSE4_1__"), set()),
+    "SSE2": (("-march=x86-64",), {"sse2"}),
+    "SSE4.1": (("-march=x86-64-v2",), {"sse4_1"}),
+    "AVX without FMA": (("-march=x86-64", "-mavx"), {"avx"}),
+    "AVX2 + FMA": (("-march=x86-64-v3",), {"avx2", "fma"}),
+    "AVX-512": (("-march=x86-64-v4",), {"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+}
+
+
+@needs_native
+@pytest.mark.parametrize("branch", list(BRANCHES))
+def test_every_instruction_set_branch_computes_the_product_and_keeps_rows_bitwise_independent(branch, tmp_path):
+    import platform
+
+    flags, needs = BRANCHES[branch]
+    if platform.machine() not in ("x86_64", "AMD64") or not needs <= _cpu_flags():
+        pytest.skip(f"this CPU cannot run the {branch} branch")
+    lib = native._bind(native.compile_kernel(tmp_path / "k.so", native._compiler(), flags))
+    assert native._self_check(lib) is None
+    width, gen = lib.selfspec_native_tile(), torch.Generator().manual_seed(1)
+    x, w = torch.randn(17, 70, generator=gen), torch.randn(2 * width + 3, 70, generator=gen)
+    panels = native.to_panels(w, width)
+
+    def product(rows: torch.Tensor) -> torch.Tensor:
+        y = torch.empty(rows.shape[0], w.shape[0])
+        lib.selfspec_native_linear(rows.data_ptr(), panels.data_ptr(), None, y.data_ptr(), rows.shape[0],
+                                   w.shape[0], 70, 2)
+        return y
+
+    assert torch.equal(product(x), torch.cat([product(x[i : i + 1].contiguous()) for i in range(17)]))
 
 
 # ------------------------------------------------------------------------------ in the runner

@@ -176,12 +176,7 @@ def _load() -> ctypes.CDLL | None:
         return _STATE["lib"]  # type: ignore[return-value]
     lib, why = None, None
     try:
-        path = _build()
-        lib = ctypes.CDLL(str(path))
-        lib.selfspec_native_linear.restype = None
-        lib.selfspec_native_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-        lib.selfspec_native_linear_int8.restype = None
-        lib.selfspec_native_linear_int8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
+        lib = _bind(_build())
         why = _self_check(lib)
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -216,18 +211,33 @@ def _build() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     print("selfspec: compiling the native float32 kernel for this CPU (once per machine)...",
           file=sys.stderr, flush=True)
-    base = [cc, "-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC", str(SOURCE)]
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        errors = ""
-        for flags in (["-fopenmp"], []):  # without OpenMP: one thread
-            done = subprocess.run([*base, *flags, "-o", str(out)], capture_output=True, text=True,
-                                  timeout=BUILD_TIMEOUT)
-            if done.returncode == 0:
-                os.replace(out, target)
-                return target
-            errors = done.stderr.strip()
+        os.replace(compile_kernel(Path(tmp) / target.name, cc), target)
+    return target
+
+
+def compile_kernel(out: Path, cc: str, flags: tuple[str, ...] = ("-march=native",)) -> Path:
+    """Compile ``native_kernel.c`` into the shared library ``out`` with OpenMP (else without:
+    one thread); ``flags`` pick the target (tests build every instruction-set branch)."""
+    base = [cc, "-O3", *flags, "-std=gnu11", "-shared", "-fPIC", str(SOURCE)]
+    errors = ""
+    for extra in (["-fopenmp"], []):
+        done = subprocess.run([*base, *extra, "-o", str(out)], capture_output=True, text=True,
+                              timeout=BUILD_TIMEOUT)
+        if done.returncode == 0:
+            return out
+        errors = done.stderr.strip()
     raise RuntimeError(f"compiling the native kernel with {cc} failed: {errors[-300:]}")
+
+
+def _bind(path: Path) -> ctypes.CDLL:
+    """The compiled library at ``path`` with its products' argument types declared."""
+    lib = ctypes.CDLL(str(path))
+    lib.selfspec_native_linear.restype = None
+    lib.selfspec_native_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    lib.selfspec_native_linear_int8.restype = None
+    lib.selfspec_native_linear_int8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
+    return lib
 
 
 def _self_check(lib: ctypes.CDLL) -> str | None:

@@ -14,32 +14,60 @@
    compiler targets (-march=native); T is reported by selfspec_native_tile(). */
 
 #include <stddef.h>
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
-#define SPLAT8(s) s, s, s, s, s, s, s, s
+/* The vector type and its operations per instruction set. Loads, stores and fused multiply-adds
+   are intrinsics so that the code does not hang on the compiler's tuning: under some -march
+   tunings a generic vector copied by memcpy is split into narrow loads and its accumulators
+   are spilled to the stack, several times slower. */
 #if defined(__AVX512F__)
 #define VW 16
 #define MB 12
-#define SPLAT(s) ((vf){SPLAT8(s), SPLAT8(s)})
+typedef __m512 vf;
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps((p), (v))
+#define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define VSPLAT(s) _mm512_set1_ps(s)
+#define VZERO() _mm512_setzero_ps()
 #elif defined(__AVX__)
 #define VW 8
 #define MB 6
-#define SPLAT(s) ((vf){SPLAT8(s)})
+typedef __m256 vf;
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps((p), (v))
+#if defined(__FMA__)
+#define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#else
+#define VFMA(a, b, c) _mm256_add_ps(_mm256_mul_ps((a), (b)), (c)) /* no FMA: a rounded product, then the sum */
+#endif
+#define VSPLAT(s) _mm256_set1_ps(s)
+#define VZERO() _mm256_setzero_ps()
+#elif defined(__SSE2__) && !defined(__AVX__)
+#define VW 4
+#define MB 4
+typedef __m128 vf;
+#define VLOAD(p) _mm_loadu_ps(p)
+#define VSTORE(p, v) _mm_storeu_ps((p), (v))
+#define VFMA(a, b, c) _mm_add_ps(_mm_mul_ps((a), (b)), (c)) /* no FMA: a rounded product, then the sum */
+#define VSPLAT(s) _mm_set1_ps(s)
+#define VZERO() _mm_setzero_ps()
 #else
 #define VW 8
 #define MB 4
-#define SPLAT(s) ((vf){SPLAT8(s)})
+typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
+#define SPLAT8(s) s, s, s, s, s, s, s, s
+static inline vf generic_load(const float *p) { vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
+#define VLOAD(p) generic_load(p)
+static inline void generic_store(float *p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+#define VSTORE(p, v) generic_store((p), (v))
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#define VSPLAT(s) ((vf){SPLAT8(s)})
+#define VZERO() ((vf){0})
 #endif
 #define NV 2
 #define T (VW * NV)
-
-typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
-typedef signed char vq __attribute__((vector_size(VW), aligned(1)));
-
-static inline vf load(const float *p) { vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
-static inline void store(float *p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
 
 int selfspec_native_tile(void) { return T; }
 int selfspec_native_rows(void) { return MB; }
@@ -50,6 +78,10 @@ static inline vf widen(const signed char *p) {
     return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 #elif defined(__AVX2__)
     return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+#elif defined(__SSE4_1__) && !defined(__AVX__)
+    int four;
+    __builtin_memcpy(&four, p, sizeof four);
+    return _mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(four)));
 #else
     vf r;
     for (int k = 0; k < VW; k++) r[k] = (float)p[k];
@@ -60,7 +92,7 @@ static inline vf widen(const signed char *p) {
 /* NV vectors of the weights at element offset off: float32 panels, or int8 panels widened. */
 static inline __attribute__((always_inline)) void weights_at(const void *w, int q8, size_t off, vf out[NV]) {
     for (int v = 0; v < NV; v++)
-        out[v] = q8 ? widen((const signed char *)w + off + (size_t)v * VW) : load((const float *)w + off + (size_t)v * VW);
+        out[v] = q8 ? widen((const signed char *)w + off + (size_t)v * VW) : VLOAD((const float *)w + off + (size_t)v * VW);
 }
 
 /* mb (<= MB) rows of x [.., I] against one tile [I, T]; writes nout (<= T) columns of y,
@@ -70,21 +102,21 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, cons
                                                              int nout) {
     vf acc[MB][NV];
     for (int m = 0; m < MB; m++)
-        for (int v = 0; v < NV; v++) acc[m][v] = (vf){0};
+        for (int v = 0; v < NV; v++) acc[m][v] = VZERO();
     for (int i = 0; i < I; i++) {
         vf wv[NV];
         weights_at(w, q8, (size_t)i * T, wv);
         for (int m = 0; m < MB; m++) {
             if (m < mb) {
                 float s = x[(size_t)m * I + i];
-                vf xb = SPLAT(s);
-                for (int v = 0; v < NV; v++) acc[m][v] += wv[v] * xb;
+                vf xb = VSPLAT(s);
+                for (int v = 0; v < NV; v++) acc[m][v] = VFMA(wv[v], xb, acc[m][v]);
             }
         }
     }
     float out[T];
     for (int m = 0; m < mb; m++) {
-        for (int v = 0; v < NV; v++) store(out + v * VW, acc[m][v]);
+        for (int v = 0; v < NV; v++) VSTORE(out + v * VW, acc[m][v]);
         for (int j = 0; j < nout; j++) {
             float r = scale ? out[j] * scale[j] : out[j];
             y[(size_t)m * O + j] = bias ? r + bias[j] : r;
