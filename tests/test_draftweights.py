@@ -3,7 +3,8 @@
 Set-up, and why:
 a) float32 for the compressed backends, as they run on CPU: a small per-layer relative error
    and most greedy tokens kept (bounds measured on the tiny random model, whose outliers make
-   dynamic int8 coarse; the real model's agreement is in lab/results/logs/draftweights.md).
+   dynamic int8 and 4-bit groups coarse; the real model's agreement is in
+   lab/results/logs/draftweights.md).
 b) float64 for the ``none`` backend: it reads the model's own weights, so its draft pass must
    equal a plain forward exactly, and its head over a vocabulary must equal those rows.
 c) a draft vocabulary keeps the logits ``[.., V]`` with ``-inf`` outside it: a token outside
@@ -27,9 +28,9 @@ from selfspec._engine.runner.native import native_unsupported
 from selfspec.testing import ARCHS, tiny_model
 
 NATIVE = native_unsupported() is None
-CPU = ("int8", "int8wo", "bf16") + (("int8native",) if NATIVE else ())
-BOUND = {"int8": 0.12, "int8wo": 0.03, "int8native": 0.03, "bf16": 0.02}  # see a)
-AGREE = {"int8": 0.6, "int8wo": 0.8, "int8native": 0.8, "bf16": 0.8}
+CPU = ("int8", "int8wo", "bf16") + (("int8native", "int4native") if NATIVE else ())
+BOUND = {"int8": 0.12, "int8wo": 0.03, "int8native": 0.03, "int4native": 0.45, "bf16": 0.02}  # see a)
+AGREE = {"int8": 0.6, "int8wo": 0.8, "int8native": 0.8, "int4native": 0.2, "bf16": 0.8}
 
 
 def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
@@ -43,12 +44,59 @@ def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
         resolve_backend("int4", torch.device("cpu"))
 
 
-def test_int8native_is_refused_where_its_kernel_cannot_run(monkeypatch):
+@pytest.mark.parametrize("backend", ["int8native", "int4native"])
+def test_native_backends_are_refused_where_their_kernel_cannot_run(monkeypatch, backend):
     with pytest.raises(DraftWeightsError, match="CPU only"):
-        resolve_backend("int8native", torch.device("meta"))
+        resolve_backend(backend, torch.device("meta"))
     monkeypatch.setenv(NATIVE_ENV, "0")
-    with pytest.raises(DraftWeightsError, match=f"'int8native' cannot run here: {NATIVE_ENV}=0"):
-        resolve_backend("int8native", torch.device("cpu"))
+    with pytest.raises(DraftWeightsError, match=f"'{backend}' cannot run here: {NATIVE_ENV}=0"):
+        resolve_backend(backend, torch.device("cpu"))
+
+
+@settings(max_examples=30, deadline=None)
+@given(out_f=st.integers(1, 40), in_f=st.integers(1, 100), group=st.sampled_from([4, 32, 64]),
+       seed=st.integers(0, 2**16))
+def test_4bit_groups_hold_codes_0_to_15_within_half_a_step_of_the_weight(out_f, in_f, group, seed):
+    w = torch.randn(out_f, in_f, generator=torch.Generator().manual_seed(seed)) * 3
+    codes, scale, offset = linears.quantize_groups(w, group)
+    assert codes.dtype == torch.uint8 and codes.shape == w.shape and int(codes.max()) <= 15
+    assert scale.shape == offset.shape == (out_f, -(-in_f // group))
+    g = torch.arange(in_f) // group
+    back = codes.float() * scale[:, g] + offset[:, g]
+    assert ((back - w).abs() <= scale[:, g] / 2 + 1e-5).all()
+    assert torch.allclose(offset[:, g].amin(1), w.amin(1))  # each group's minimum is exact
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native kernel cannot run here")
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_int4native_computes_the_product_of_its_dequantized_weights_in_float32(rows):
+    n_in = linears.INT4_GROUP + 13  # a whole group and a partial one
+    w, b = torch.randn(70, n_in), torch.randn(70)
+    x = torch.randn(2, rows, n_in)
+    lin = linears.NativeInt4Linear(w, b)
+    codes, scale, offset = linears.quantize_groups(w, linears.INT4_GROUP)
+    g = torch.arange(n_in) // linears.INT4_GROUP
+    want = x.double() @ (codes.double() * scale.double()[:, g] + offset.double()[:, g]).T + b.double()
+    torch.testing.assert_close(lin(x).double(), want, rtol=1e-5, atol=1e-4)
+    assert lin(x.double()).dtype == torch.float64
+    # 4-bit codes, a scale and an offset per group, the bias
+    assert lin.nbytes() == 70 * (-(-n_in // 2)) + 70 * 2 * 8 + 70 * 4
+
+
+def test_auto_measures_the_int8_copies_and_never_the_4bit_one(monkeypatch):
+    from selfspec._engine import calibration
+    from selfspec._engine.draftweights import shadow
+
+    seen = {}
+
+    def fake_choose(runner, static, candidates):
+        seen["candidates"] = list(candidates)
+        return calibration.Choice("draft_weights", static, "injected")
+
+    monkeypatch.setattr(calibration, "choose_draft_weights", fake_choose)
+    runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
+    assert shadow.measured_backend(runner) == "int8"
+    assert "int8" in seen["candidates"] and "int4native" not in seen["candidates"]
 
 
 @pytest.mark.skipif(not NATIVE, reason="the native kernel cannot run here")

@@ -54,6 +54,25 @@ def test_products_equal_a_float64_product_for_any_shape_width_and_bias(rows, out
 
 
 @needs_native
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 20), out_f=st.integers(1, 100), in_f=st.integers(1, 150),
+       group=st.sampled_from([4, 32, 64]), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_4bit_products_equal_a_float64_product_of_the_dequantized_weights(rows, out_f, in_f, group, bias, seed):
+    gen = torch.Generator().manual_seed(seed)
+    width, groups = native.tile(), -(-in_f // group)
+    codes = torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8)
+    scale, offset = torch.rand(out_f, groups, generator=gen), torch.randn(out_f, groups, generator=gen)
+    b = torch.randn(out_f, generator=gen) if bias else None
+    x = torch.randn(rows, in_f, generator=gen)
+    y = native.native_linear_int4(x, native.to_int4_panels(codes, width), native.to_group_panels(scale, width),
+                                  native.to_group_panels(offset, width), group, b, out_f)
+    g = torch.arange(in_f) // group
+    ref = x.double() @ (codes.double() * scale.double()[:, g] + offset.double()[:, g]).T
+    ref = ref + (b.double() if bias else 0)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4 * in_f**0.5)
+
+
+@needs_native
 @pytest.mark.parametrize("rows", [2, 7, 13, 33])
 def test_a_row_is_bitwise_the_same_alone_in_any_block_and_with_any_thread_count(rows):
     gen = torch.Generator().manual_seed(rows)

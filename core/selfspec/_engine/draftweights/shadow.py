@@ -41,7 +41,7 @@ from selfspec._engine.runner.placement import (
 )
 
 #: Backends of the draft weights (``auto`` resolves to one of the others).
-BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "bf16", "bnb")
+BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "int4native", "bf16", "bnb")
 
 
 class DraftWeightsError(ValueError):
@@ -54,7 +54,9 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     ``auto``: ``int8`` on CPU (dynamic int8 measured fastest per draft token at 1.5B on
     AVX-512 with VNNI, see ``lab/results/logs/draftweights.md``), ``bnb`` on CUDA with bitsandbytes
     installed, else ``none``. Raises :class:`DraftWeightsError` for an explicit backend that
-    cannot run here: ``int8``/``int8wo`` off the CPU, ``bnb`` without CUDA or bitsandbytes.
+    cannot run here: ``int8``/``int8wo`` off the CPU, ``bnb`` without CUDA or bitsandbytes,
+    ``int8native``/``int4native`` where the native kernel cannot run. ``auto`` never picks
+    ``int4native``: it measures speed only, and the 4-bit copy trades agreement for it.
     """
     if backend not in BACKENDS:
         raise DraftWeightsError(f"unknown draft weights {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -64,15 +66,15 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         if device.type == "cuda" and bnb_module() is not None:
             return "bnb"
         return "none"
-    if backend in ("int8", "int8wo", "int8native") and device.type != "cpu":
+    if backend in ("int8", "int8wo", "int8native", "int4native") and device.type != "cpu":
         raise DraftWeightsError(f"draft weights {backend!r} run on CPU only, the model is on {device}; "
                                 "use 'bnb', 'bf16' or 'none'")
-    if backend == "int8native":
+    if backend in ("int8native", "int4native"):
         from selfspec._engine.runner.native import native_unsupported
 
         why = native_unsupported("cpu", torch.float32)
         if why:
-            raise DraftWeightsError(f"draft weights 'int8native' cannot run here: {why}; use 'int8' or 'int8wo'")
+            raise DraftWeightsError(f"draft weights {backend!r} cannot run here: {why}; use 'int8' or 'int8wo'")
     if backend == "bnb":
         if device.type != "cuda" or not torch.cuda.is_available():
             raise DraftWeightsError(f"draft weights 'bnb' (LLM.int8) need CUDA, the model is on {device}")

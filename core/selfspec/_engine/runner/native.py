@@ -103,6 +103,49 @@ def native_linear_int8(x: torch.Tensor, panels: torch.Tensor, scale: torch.Tenso
     return y
 
 
+def native_linear_int4(x: torch.Tensor, panels: torch.Tensor, gscale: torch.Tensor, gzero: torch.Tensor,
+                       group: int, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """:func:`native_linear` with 4-bit weights in groups of ``group`` inputs,
+    ``W[o, i] = code[o, i] * gscale[o, i // group] + gzero[o, i // group]``: ``panels`` the codes
+    as :func:`to_int4_panels` laid them out, ``gscale``/``gzero`` as :func:`to_group_panels` laid
+    them out. The activations stay float32."""
+    n, in_features = x.shape
+    y = torch.empty(n, out_features, dtype=torch.float32)
+    xsum = torch.empty(n, -(-in_features // group), dtype=torch.float32)  # the kernel's scratch
+    _library().selfspec_native_linear_int4(
+        x.data_ptr(), panels.data_ptr(), gscale.data_ptr(), gzero.data_ptr(), group,
+        None if bias is None else bias.data_ptr(), y.data_ptr(), xsum.data_ptr(), n, out_features, in_features,
+        torch.get_num_threads())
+    return y
+
+
+def to_int4_panels(codes: torch.Tensor, width: int) -> torch.Tensor:
+    """4-bit codes ``[out, in]`` (uint8, each 0..15) as ``[ceil(out / width), in, width // 2]``
+    bytes: in each tile, byte ``j`` of input ``i`` holds output ``j``'s code in its low nibble
+    and output ``j + width // 2``'s in its high one (padding rows: code 0)."""
+    out_f, in_f = codes.shape
+    tiles, half = -(-out_f // width), width // 2
+    panels = torch.empty(tiles, in_f, half, dtype=torch.uint8)
+    step = max(1, CHUNK_ROWS // width) * width
+    for r in range(0, out_f, step):
+        c = codes[r : r + step]
+        if c.shape[0] % width:
+            c = torch.cat([c, c.new_zeros(width - c.shape[0] % width, in_f)])
+        c = c.view(-1, width, in_f)
+        panels[r // width : r // width + c.shape[0]] = (c[:, :half] | (c[:, half:] << 4)).transpose(1, 2)
+    return panels
+
+
+def to_group_panels(values: torch.Tensor, width: int) -> torch.Tensor:
+    """Per-row, per-group values ``[out, groups]`` as ``[ceil(out / width), groups, width]``
+    float32 (padding rows: 0), the layout :func:`native_linear_int4` reads scales and offsets in."""
+    out_f, groups = values.shape
+    tiles = -(-out_f // width)
+    padded = values.new_zeros(tiles * width, groups, dtype=torch.float32)
+    padded[:out_f] = values
+    return padded.view(tiles, width, groups).transpose(1, 2).contiguous()
+
+
 def to_panels(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A ``[out, in]`` weight as ``[ceil(out / width), in, width]`` panels of ``dtype`` (the
     last padded with zero rows), built :data:`CHUNK_ROWS` rows at a time."""
@@ -237,6 +280,9 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.selfspec_native_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     lib.selfspec_native_linear_int8.restype = None
     lib.selfspec_native_linear_int8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
+    lib.selfspec_native_linear_int4.restype = None
+    lib.selfspec_native_linear_int4.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 3
+                                                + [ctypes.c_int] * 4)
     return lib
 
 
@@ -262,4 +308,17 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
         ref = (x.double() @ q.double().T) * scale[:out_f].double() + b.double()
         if not torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4 * 127):
             return f"the compiled int8 kernel's self-check failed (error {(y.double() - ref).abs().max():.3g})"
+        group = 32
+        codes = torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8)
+        gs = torch.rand(out_f, -(-in_f // group), generator=gen)
+        gz = torch.randn(out_f, -(-in_f // group), generator=gen)
+        q4, gsp, gzp = to_int4_panels(codes, width), to_group_panels(gs, width), to_group_panels(gz, width)
+        xsum = torch.empty(rows, gs.shape[1])
+        lib.selfspec_native_linear_int4(x.data_ptr(), q4.data_ptr(), gsp.data_ptr(), gzp.data_ptr(), group,
+                                        b.data_ptr(), y.data_ptr(), xsum.data_ptr(), rows, out_f, in_f, 2)
+        w4 = codes.double() * gs.double().repeat_interleave(group, 1)[:, :in_f] \
+            + gz.double().repeat_interleave(group, 1)[:, :in_f]
+        ref = x.double() @ w4.T + b.double()
+        if not torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4 * 15):
+            return f"the compiled int4 kernel's self-check failed (error {(y.double() - ref).abs().max():.3g})"
     return None

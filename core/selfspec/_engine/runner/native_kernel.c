@@ -1,5 +1,7 @@
-/* The products of the runner's "native" weight layout (float32 weights) and of the "int8native"
-   draft weights (int8 weights, a float32 scale per output row), compiled for the CPU they run on.
+/* The products of the runner's "native" weight layout (float32 weights), of the "int8native"
+   draft weights (int8 weights, a float32 scale per output row) and of the "int4native" draft
+   weights (4-bit codes, a scale and an offset per group of inputs and output row), compiled for
+   the CPU they run on.
 
    y[m, o] = sum_i x[m, i] * W[o, i] (+ bias[o]) for a block of M rows, W held as panels:
    the output rows cut into tiles of T (the last one padded with zero rows), each tile stored
@@ -89,10 +91,11 @@ static inline vf widen(const signed char *p) {
 #endif
 }
 
-/* NV vectors of the weights at element offset off: float32 panels, or int8 panels widened. */
-static inline __attribute__((always_inline)) void weights_at(const void *w, int q8, size_t off, vf out[NV]) {
+/* NV vectors of the tile's weights for input i: float32 panels, or int8 panels widened. */
+static inline __attribute__((always_inline)) void weights_at(const void *w, int q8, int i, vf out[NV]) {
     for (int v = 0; v < NV; v++)
-        out[v] = q8 ? widen((const signed char *)w + off + (size_t)v * VW) : VLOAD((const float *)w + off + (size_t)v * VW);
+        out[v] = q8 ? widen((const signed char *)w + (size_t)i * T + (size_t)v * VW)
+                    : VLOAD((const float *)w + (size_t)i * T + (size_t)v * VW);
 }
 
 /* mb (<= MB) rows of x [.., I] against one tile [I, T]; writes nout (<= T) columns of y,
@@ -105,7 +108,7 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, cons
         for (int v = 0; v < NV; v++) acc[m][v] = VZERO();
     for (int i = 0; i < I; i++) {
         vf wv[NV];
-        weights_at(w, q8, (size_t)i * T, wv);
+        weights_at(w, q8, i, wv);
         for (int m = 0; m < MB; m++) {
             if (m < mb) {
                 float s = x[(size_t)m * I + i];
@@ -166,4 +169,115 @@ void selfspec_native_linear(const float *x, const float *panels, const float *bi
 void selfspec_native_linear_int8(const float *x, const signed char *panels, const float *scale, const float *bias,
                                  float *y, int M, int O, int I, int threads) {
     PRODUCT(1, 1)
+}
+
+/* ---- 4-bit weights: W[o, i] = code[o, i] * gscale[o, g] + gzero[o, g], g = i / G ----------
+   A 4-bit tile row holds the T codes (0..15) of one input in T / 2 bytes, byte j holding
+   output j's code in its low nibble and output j + VW's in its high one. Each group is summed
+   over the codes themselves, sum_i code * x, and then scaled: acc += gsum * s + z * sum_i x
+   (the x sums precomputed per row and group), so a weight costs its conversion and one
+   multiply-add per row. Twice the accumulators: blocks of MB / 2 rows. */
+#define MB4 (MB / 2)
+
+/* The codes of one tile row at p as floats: out[0] the low nibbles, out[1] the high ones. */
+static inline __attribute__((always_inline)) void codes_at(const unsigned char *p, vf out[NV]) {
+#if defined(__AVX512F__)
+    __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    out[0] = _mm512_cvtepi32_ps(_mm512_and_si512(d, _mm512_set1_epi32(15)));
+    out[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(d, 4));
+#elif defined(__AVX2__)
+    __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    out[0] = _mm256_cvtepi32_ps(_mm256_and_si256(d, _mm256_set1_epi32(15)));
+    out[1] = _mm256_cvtepi32_ps(_mm256_srli_epi32(d, 4));
+#elif defined(__SSE4_1__) && !defined(__AVX__)
+    int four;
+    __builtin_memcpy(&four, p, sizeof four);
+    __m128i d = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(four));
+    out[0] = _mm_cvtepi32_ps(_mm_and_si128(d, _mm_set1_epi32(15)));
+    out[1] = _mm_cvtepi32_ps(_mm_srli_epi32(d, 4));
+#else
+    for (int k = 0; k < VW; k++) {
+        out[0][k] = (float)(p[k] & 15);
+        out[1][k] = (float)(p[k] >> 4);
+    }
+#endif
+}
+
+/* mb (<= MB4) rows of x [.., I] against one 4-bit tile; gs, gz [groups, T] the tile's scales
+   and offsets, xs [rows, groups] the x sums of the block's rows. */
+static inline __attribute__((always_inline)) void tile_rows_q4(const float *x, const unsigned char *w,
+                                                                const float *gs, const float *gz, const float *xs,
+                                                                int G, int groups, const float *bias, float *y,
+                                                                int mb, int I, int O, int nout) {
+    vf acc[MB4][NV];
+    for (int m = 0; m < MB4; m++)
+        for (int v = 0; v < NV; v++) acc[m][v] = VZERO();
+    for (int g = 0; g < groups; g++) {
+        vf gacc[MB4][NV];
+        for (int m = 0; m < MB4; m++)
+            for (int v = 0; v < NV; v++) gacc[m][v] = VZERO();
+        int i1 = I - g * G < G ? I : (g + 1) * G;
+        for (int i = g * G; i < i1; i++) {
+            vf c[NV];
+            codes_at(w + (size_t)i * (T / 2), c);
+            for (int m = 0; m < MB4; m++) {
+                if (m < mb) {
+                    vf xb = VSPLAT(x[(size_t)m * I + i]);
+                    for (int v = 0; v < NV; v++) gacc[m][v] = VFMA(c[v], xb, gacc[m][v]);
+                }
+            }
+        }
+        for (int v = 0; v < NV; v++) {
+            vf sv = VLOAD(gs + (size_t)g * T + (size_t)v * VW), zv = VLOAD(gz + (size_t)g * T + (size_t)v * VW);
+            for (int m = 0; m < MB4; m++) {
+                if (m < mb) {
+                    acc[m][v] = VFMA(gacc[m][v], sv, acc[m][v]);
+                    acc[m][v] = VFMA(zv, VSPLAT(xs[(size_t)m * groups + g]), acc[m][v]);
+                }
+            }
+        }
+    }
+    float out[T];
+    for (int m = 0; m < mb; m++) {
+        for (int v = 0; v < NV; v++) VSTORE(out + v * VW, acc[m][v]);
+        for (int j = 0; j < nout; j++) y[(size_t)m * O + j] = bias ? out[j] + bias[j] : out[j];
+    }
+}
+
+#define ROWS4(n) case n: tile_rows_q4(xm, wt, gst, gzt, xsm, G, groups, bt, yt, n, I, O, nout); break;
+#if MB4 > 3
+#define ALL_ROWS4 ROWS4(1) ROWS4(2) ROWS4(3) ROWS4(4) ROWS4(5) ROWS4(6)
+#elif MB4 > 2
+#define ALL_ROWS4 ROWS4(1) ROWS4(2) ROWS4(3)
+#else
+#define ALL_ROWS4 ROWS4(1) ROWS4(2)
+#endif
+
+/* y [M, O] = x [M, I] @ W.T (+ bias [O]) with 4-bit W in groups of G inputs: the codes as
+   panels [tiles, I, T / 2] bytes, gscale and gzero [tiles, groups, T] (the padding rows'
+   included), xsum [M, groups] scratch for the x sums. Activations stay float32. */
+void selfspec_native_linear_int4(const float *x, const unsigned char *panels, const float *gscale,
+                                 const float *gzero, int G, const float *bias, float *y, float *xsum, int M,
+                                 int O, int I, int threads) {
+    int tiles = (O + T - 1) / T, groups = (I + G - 1) / G;
+    for (int m = 0; m < M; m++)
+        for (int g = 0; g < groups; g++) {
+            float sum = 0.0f;
+            int i1 = I - g * G < G ? I : (g + 1) * G;
+            for (int i = g * G; i < i1; i++) sum += x[(size_t)m * I + i];
+            xsum[(size_t)m * groups + g] = sum;
+        }
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        int nout = O - t * T < T ? O - t * T : T;
+        const unsigned char *wt = panels + (size_t)t * I * (T / 2);
+        const float *gst = gscale + (size_t)t * groups * T, *gzt = gzero + (size_t)t * groups * T;
+        const float *bt = bias ? bias + (size_t)t * T : NULL;
+        for (int m0 = 0; m0 < M; m0 += MB4) {
+            const float *xm = x + (size_t)m0 * I, *xsm = xsum + (size_t)m0 * groups;
+            float *yt = y + (size_t)m0 * O + (size_t)t * T;
+            switch (M - m0 < MB4 ? M - m0 : MB4) { ALL_ROWS4 default: break; }
+        }
+    }
 }
