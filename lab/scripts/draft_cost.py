@@ -121,10 +121,12 @@ def main() -> None:
     lines = [f"Model {a.model}, float32; {info['machine']['cpu']} [{info['machine']['cpu_capability']}], "
              f"{a.threads} threads; shared machine: ratios interleaved in one loop.", "",
              f"selfsd skip set: attention {selfspec.format_layers(skip['attn'])}, MLP {selfspec.format_layers(skip['mlp'])}",
-             "", "| draft weights | vocab | layers | one draft token (vanilla steps) | agreement | model's token in vocab | "
-             "draft weights GB |", "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
-    for r in rows:
+             "", "| draft weights | vocab | layers | one draft token (vanilla steps) | draft token ms | "
+             "vanilla step ms | agreement | model's token in vocab | draft weights GB |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:  # the ms beside the ratio: a compute-bound draft's ratio moves with the memory's speed
         lines.append(f"| {r['backend']} | {r['vocab']} | {r['depth']} | {r['cost_vs_vanilla']:.2f} | "
+                     f"{r['cost_vs_vanilla'] * r['vanilla_ms']:.1f} | {r['vanilla_ms']:.1f} | "
                      f"{r['agreement']:.3f} | {r['ref_in_vocab']:.3f} | {r['draft_weights_gb']:.2f} |")
     (out / "draft_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
