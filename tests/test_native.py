@@ -208,6 +208,24 @@ def test_every_instruction_set_branch_computes_the_product_and_keeps_rows_bitwis
     assert torch.equal(product(x), torch.cat([product(x[i : i + 1].contiguous()) for i in range(17)]))
 
 
+@needs_native
+def test_the_flags_variable_picks_the_target_and_is_part_of_the_build_key(monkeypatch, fresh_kernel):
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the flags below name x86-64 targets")
+    assert native.native_unsupported() is None
+    default_key = native.kernel_key()
+    native._STATE.clear()
+    monkeypatch.setenv(native.FLAGS_ENV, "-march=x86-64")  # the SSE branch: tiles of 8
+    assert native.native_unsupported() is None
+    assert native.kernel_key() != default_key and native.tile() == 8
+    assert len(list(fresh_kernel.glob("kernels/native-*.so"))) == 2
+    native._STATE.clear()
+    monkeypatch.setenv(native.FLAGS_ENV, "-march=no-such-cpu")
+    assert native.native_unsupported().startswith("compiling the native kernel with")
+
+
 # ------------------------------------------------------------------------------ in the runner
 @needs_native
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -7,8 +7,9 @@ and oneDNN's prepacked kernel is tuned for wider blocks. ``native_kernel.c`` (be
 module) is a small product kernel over weights cut into panels (:func:`to_panels`) that streams
 each weight once per block of up to :func:`block_rows` rows. It is compiled at first use by
 the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) with ``-O3 -march=native``
-and OpenMP, kept in ``<cache dir>/kernels/`` under a key of its source, compiler and CPU, and
-checked against a float64 product before it is used. :class:`NativeLinear` calls it; so do
+(or the flags in ``SELFSPEC_NATIVE_FLAGS``) and OpenMP, kept in ``<cache dir>/kernels/`` under a
+key of its source, compiler, flags and CPU, and checked against a float64 product before it is
+used. :class:`NativeLinear` calls it; so do
 the ``int8native`` draft weights (:class:`selfspec._engine.draftweights.linears.
 NativeInt8Linear`: int8 panels, a float32 scale per output row, float32 activations).
 
@@ -38,6 +39,9 @@ from torch import nn
 
 #: Set to ``0`` to never build or use the native kernel.
 ENV = "SELFSPEC_NATIVE"
+#: The compiler flags that pick the kernel's target (default ``-march=native``), e.g.
+#: ``-march=x86-64-v3`` to build and measure the AVX2 branch on an AVX-512 machine.
+FLAGS_ENV = "SELFSPEC_NATIVE_FLAGS"
 SOURCE = Path(__file__).with_name("native_kernel.c")
 #: Rows of a weight rearranged into panels at once (bounds the temporaries while building).
 CHUNK_ROWS = 4096
@@ -243,10 +247,11 @@ def _build() -> Path:
     from selfspec._engine.paths import cache_dir
 
     cc = _compiler()
+    flags = tuple(os.environ.get(FLAGS_ENV, "").split()) or ("-march=native",)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, cc.encode(), version.encode(), cpu_model().encode(),
-                                     cpu_capability().label.encode()])).hexdigest()[:16]
+                                     cpu_capability().label.encode(), " ".join(flags).encode()])).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"native-{key}.so"
     _STATE["key"] = key
     if target.is_file():
@@ -255,7 +260,7 @@ def _build() -> Path:
     print("selfspec: compiling the native float32 kernel for this CPU (once per machine)...",
           file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        os.replace(compile_kernel(Path(tmp) / target.name, cc), target)
+        os.replace(compile_kernel(Path(tmp) / target.name, cc, flags), target)
     return target
 
 
