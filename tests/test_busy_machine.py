@@ -88,7 +88,7 @@ def test_the_cli_says_so_in_one_line_and_records_it(monkeypatch, tmp_path):
     monkeypatch.setattr(machine, "load_average", lambda: 7.5)
     run = CliRunner().invoke(cli, ["-m", str(model_dir), "-n", "3", "hello"])
     assert run.exit_code == 0, run.output
-    notes = [line for line in run.stderr.splitlines() if "busy" in line]
+    notes = [line for line in run.stderr.splitlines() if line.startswith("specdec:") and "busy" in line]
     assert notes == ["specdec: the machine is busy (load average 7.5 on 2 cores): running on 1 thread "
                      "(--threads N to override)"]  # torch is loaded here already: one thread
     assert torch.get_num_threads() == 1

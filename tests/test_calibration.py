@@ -1,6 +1,7 @@
 """Measured choices (``weight_layout="auto"``, ``draft_weights="auto"``): the decision from
 injected timings in both orders of preference, the fallback to the static rule when the
-measurement cannot tell, the cache, explicit choices never overridden, and a real measurement
+measurement cannot tell, the cache (and a busy machine's measurement taken again once it is
+quiet), explicit choices never overridden, and a real measurement
 on a tiny model that lands in the decode's stats. No timing is asserted."""
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def _fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(calibration, "_MEMO", {})
     monkeypatch.setattr(calibration, "STORE", ArtefactStore("calibration", root=tmp_path))
     monkeypatch.delenv(calibration.ENV, raising=False)
+    monkeypatch.setattr(calibration, "_busy_load", lambda: None)  # a quiet machine unless a test says not
 
 
 @pytest.mark.parametrize("faster", ["model", "packed"])
@@ -178,6 +180,31 @@ def test_a_real_measurement_is_saved_reused_and_reported_in_the_stats(capsys):
     again = Decoder(model, "vanilla").runner.choices["weight_layout"]
     assert again.how.startswith("cached") and again.chosen == choice.chosen
     assert "measuring" not in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not PACKS, reason="oneDNN cannot prepack float32 here")
+def test_a_choice_measured_on_a_busy_machine_is_kept_while_busy_and_measured_again_when_quiet(monkeypatch, capsys):
+    from selfspec import Decoder
+
+    def saved() -> dict:
+        (path,) = calibration.STORE.path("x").parent.glob("weight_layout-*.json")
+        return json.loads(path.read_text())
+
+    model = _model()
+    monkeypatch.setattr(calibration, "_busy_load", lambda: 3.5)
+    busy = Decoder(model, "vanilla").runner.choices["weight_layout"]
+    assert "on a busy machine (load 3.5)" in busy.how and saved()["busy_load"] == 3.5
+    calibration._MEMO.clear()  # another process, still busy: the cached choice
+    assert Decoder(model, "vanilla").runner.choices["weight_layout"].how.startswith("cached")
+    capsys.readouterr()
+    calibration._MEMO.clear()  # another process, the machine quiet: measured again, saved as quiet
+    monkeypatch.setattr(calibration, "_busy_load", lambda: None)
+    quiet = Decoder(model, "vanilla").runner.choices["weight_layout"]
+    err = capsys.readouterr().err
+    assert "was measured on a busy machine (load 3.5)" in err and "measuring which weight layout" in err
+    assert "busy" not in quiet.how and saved()["busy_load"] is None
+    calibration._MEMO.clear()
+    assert Decoder(model, "vanilla").runner.choices["weight_layout"].how.startswith("cached")
 
 
 @pytest.mark.skipif(not PACKS or native_unsupported() is not None, reason="packed or native cannot run here")

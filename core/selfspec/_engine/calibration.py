@@ -21,7 +21,9 @@ the *static* rule (the one used before anything is measured: :func:`selfspec._en
 layout.choose_layout`'s capability rule, ``int8`` draft weights on CPU) and the record says
 why. ``SELFSPEC_CALIBRATE=0`` skips measuring and takes the static rule too. The result, with
 every candidate's seconds, is a JSON artefact in ``<cache dir>/calibration/``; later processes
-read it (``refresh=True`` measures again). An explicit layout or backend is never overridden.
+read it (``refresh=True`` measures again). A choice measured while the machine was busy (load
+average at least its physical cores) is kept until the first process that finds it quiet
+measures again. An explicit layout or backend is never overridden.
 """
 
 from __future__ import annotations
@@ -238,11 +240,15 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
         try:
             blob = json.loads(path.read_text(encoding="utf-8"))
             if blob.get("version") == VERSION and blob["chosen"] in candidates:
-                choice = Choice.from_dict({**blob, "how": f"cached, {blob['how']}"})
-                _MEMO[key] = choice
-                return choice
+                if blob.get("busy_load") is None or _busy_load() is not None:
+                    choice = Choice.from_dict({**blob, "how": f"cached, {blob['how']}"})
+                    _MEMO[key] = choice
+                    return choice
+                print(f"selfspec: the cached {what.replace('_', ' ')} was measured on a busy machine "
+                      f"(load {blob['busy_load']:.1f}); the machine is quiet now", file=sys.stderr, flush=True)
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
+    busy = _busy_load() if measure is None else None
     print(f"selfspec: measuring which {what.replace('_', ' ')} is fastest here "
           f"({', '.join(candidates)}; once per model shape and machine)...", file=sys.stderr, flush=True)
     runs = {c: _runner_of(build(c), scales) for c in candidates}
@@ -251,10 +257,12 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
     spread = {c: sum(statistics.median(ts) for ts in raw[c].values()) / sum(seconds[c].values()) - 1
               for c in candidates}
     chosen, how = decide(seconds, spread, static)
+    if busy is not None:
+        how += f"; on a busy machine (load {busy:.1f}): measured again once it is quiet"
     choice = Choice(what, chosen, how, seconds, key)
     if measure is None:
-        store.save_text(path, json.dumps({**choice.as_dict(), "version": VERSION,
-                                          "spread": spread, "machine": _machine()}, indent=1) + "\n")
+        store.save_text(path, json.dumps({**choice.as_dict(), "version": VERSION, "spread": spread,
+                                          "machine": _machine(), "busy_load": busy}, indent=1) + "\n")
     _MEMO[key] = choice
     print(f"selfspec: {choice.note()}", file=sys.stderr, flush=True)
     return choice
@@ -321,6 +329,16 @@ def _sample(layers: Sequence[nn.Module], lm_head: nn.Module) -> tuple[list[nn.Mo
             head.bias.copy_(lm_head.bias[:rows])
     head.requires_grad_(False)
     return picked, head, n / take, weight.shape[0] / rows
+
+
+def _busy_load() -> float | None:
+    """The load average when the machine is busy (:func:`selfspec._engine.machine.is_busy`), else
+    ``None``. A choice measured while busy is cached, and measured again by the first process
+    that finds the machine quiet."""
+    from selfspec._engine.machine import is_busy, load_average, physical_cores
+
+    load = load_average()
+    return load if is_busy(load, physical_cores()) else None
 
 
 def _weight_bytes(module: nn.Module) -> int:
