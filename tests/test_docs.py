@@ -110,3 +110,16 @@ def test_the_kits_tools_are_one_extra_away_and_the_docs_say_so():
         assert "pip install -e '.[test]'" in (ROOT / page).read_text(encoding="utf-8"), page
     extras = re.search(r"-e '\.\[([a-z,]+)\]'", (ROOT / "scripts" / "demo.sh").read_text(encoding="utf-8"))
     assert extras and {"bench", "serve", "test"} <= set(extras[1].split(","))  # the demo installs these
+
+
+def _environment_table() -> set[str]:
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = text.split("## Environment", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(SELFSPEC_[A-Z_]+)", section, flags=re.M))
+
+
+def test_every_environment_variable_the_code_reads_is_in_the_cli_pages_table():
+    code = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "core" / "selfspec").rglob("*.py"))
+    read = set(re.findall(r"[\"'](SELFSPEC_[A-Z_]+)[\"']", code))
+    assert read, "no SELFSPEC_* variable found: the pattern is wrong"
+    assert read <= _environment_table(), f"missing from docs/cli.md's Environment table: {read - _environment_table()}"
