@@ -62,11 +62,11 @@ def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
     offset = torch.empty(out_f, groups, dtype=torch.float32)
     for r in range(0, out_f, CHUNK_ROWS):
         w = weight[r : r + CHUNK_ROWS].detach().float().cpu()
-        padded = torch.nn.functional.pad(w, (0, groups * group - in_f), value=float("nan")).view(-1, groups, group)
-        lo = torch.nan_to_num(padded, nan=float("inf")).amin(-1)
-        hi = torch.nan_to_num(padded, nan=float("-inf")).amax(-1)
+        # a partial last group is padded with its own last input: its minimum and range stay its own
+        padded = torch.cat([w, w[:, -1:].expand(-1, groups * group - in_f)], 1).view(-1, groups, group)
+        lo, hi = padded.amin(-1), padded.amax(-1)
         s = ((hi - lo) / 15.0).clamp_min(1e-12)
-        c = torch.round((padded - lo[..., None]) / s[..., None]).clamp_(0, 15).nan_to_num_(0)
+        c = torch.round((padded - lo[..., None]) / s[..., None]).clamp_(0, 15)
         codes[r : r + CHUNK_ROWS] = c.view(-1, groups * group)[:, :in_f].to(torch.uint8)
         scale[r : r + CHUNK_ROWS], offset[r : r + CHUNK_ROWS] = s, lo
     return codes, scale, offset
@@ -130,7 +130,19 @@ class DynamicInt8Linear(CompressedLinear):
         return self._bytes  # the packed weight is opaque to torch: its int8 size and scales
 
 
-class NativeInt8Linear(CompressedLinear):
+class _NativeCompressed(CompressedLinear):
+    """Base of the linears the native kernel computes: inputs of any dtype and leading shape,
+    computed as float32 rows by :meth:`_product` (``[n, in]`` -> ``[n, out]``)."""
+
+    def _product(self, x2: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._product(x.reshape(-1, self.in_features).float().contiguous())
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class NativeInt8Linear(_NativeCompressed):
     """int8 weights (a float32 scale per output row, as ``int8wo``) in the native kernel's
     panels (:mod:`selfspec._engine.runner.native`), float32 activations. CPU, where the native
     kernel builds."""
@@ -149,19 +161,17 @@ class NativeInt8Linear(CompressedLinear):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.out_features, self.in_features = weight.shape
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _product(self, x2: torch.Tensor) -> torch.Tensor:
         from selfspec._engine.runner.native import native_linear_int8  # noqa: PLC0415
 
-        x2 = x.reshape(-1, self.in_features).float().contiguous()
-        y = native_linear_int8(x2, self.qpanels, self.scale, self.bias, self.out_features)
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return native_linear_int8(x2, self.qpanels, self.scale, self.bias, self.out_features)
 
     def nbytes(self) -> int:
         n = self.out_features * self.in_features + self.out_features * 4  # the padding rows excluded
         return n + (0 if self.bias is None else self.out_features * 4)
 
 
-class NativeInt4Linear(CompressedLinear):
+class NativeInt4Linear(_NativeCompressed):
     """4-bit weights in groups of :data:`INT4_GROUP` inputs, each group with a float32 scale and
     offset per output row (:func:`quantize_groups`), in the native kernel's 4-bit panels, float32
     activations. Half the bytes of the int8 copies and a larger error. CPU, where the native
@@ -180,12 +190,10 @@ class NativeInt4Linear(CompressedLinear):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.out_features, self.in_features = weight.shape
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _product(self, x2: torch.Tensor) -> torch.Tensor:
         from selfspec._engine.runner.native import native_linear_int4  # noqa: PLC0415
 
-        x2 = x.reshape(-1, self.in_features).float().contiguous()
-        y = native_linear_int4(x2, self.panels, self.gscale, self.gzero, INT4_GROUP, self.bias, self.out_features)
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return native_linear_int4(x2, self.panels, self.gscale, self.gzero, INT4_GROUP, self.bias, self.out_features)
 
     def nbytes(self) -> int:
         groups = -(-self.in_features // INT4_GROUP)

@@ -42,6 +42,8 @@ from selfspec._engine.runner.placement import (
 
 #: Backends of the draft weights (``auto`` resolves to one of the others).
 BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "int4native", "bf16", "bnb")
+#: The backends the native kernel computes (they run where it builds).
+NATIVE_BACKENDS: tuple[str, ...] = ("int8native", "int4native")
 
 
 class DraftWeightsError(ValueError):
@@ -66,10 +68,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         if device.type == "cuda" and bnb_module() is not None:
             return "bnb"
         return "none"
-    if backend in ("int8", "int8wo", "int8native", "int4native") and device.type != "cpu":
+    if (backend in ("int8", "int8wo") or backend in NATIVE_BACKENDS) and device.type != "cpu":
         raise DraftWeightsError(f"draft weights {backend!r} run on CPU only, the model is on {device}; "
                                 "use 'bnb', 'bf16' or 'none'")
-    if backend in ("int8native", "int4native"):
+    if backend in NATIVE_BACKENDS:
         from selfspec._engine.runner.native import native_unsupported
 
         why = native_unsupported("cpu", torch.float32)

@@ -1,5 +1,5 @@
-"""The ``"native"`` weight layout and ``"int8native"`` draft weights: products by a kernel
-compiled for this CPU.
+"""The ``"native"`` weight layout and the ``"int8native"``/``"int4native"`` draft weights:
+products by a kernel compiled for this CPU.
 
 torch's float32 products for a handful of rows (one decoded token, a draft to verify) read the
 weights well below the memory's speed on some CPUs: MKL's one-row product runs on one thread,
@@ -9,9 +9,9 @@ each weight once per block of up to :func:`block_rows` rows. It is compiled at f
 the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) with ``-O3 -march=native``
 (or the flags in ``SELFSPEC_NATIVE_FLAGS``) and OpenMP, kept in ``<cache dir>/kernels/`` under a
 key of its source, compiler, flags and CPU, and checked against a float64 product before it is
-used. :class:`NativeLinear` calls it; so do
-the ``int8native`` draft weights (:class:`selfspec._engine.draftweights.linears.
-NativeInt8Linear`: int8 panels, a float32 scale per output row, float32 activations).
+used. :class:`NativeLinear` calls it; so do the ``int8native`` and ``int4native`` draft weights
+(:mod:`selfspec._engine.draftweights.linears`: int8 panels with a float32 scale per output row,
+or 4-bit panels with a scale and offset per row and group of inputs; float32 activations).
 
 Where it cannot run (no compiler, a failed build or self-check, not CPU float32,
 ``SELFSPEC_NATIVE=0``), :func:`native_unsupported` says why; ``auto`` then leaves it out of
