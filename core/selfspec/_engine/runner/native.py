@@ -275,7 +275,8 @@ def compile_kernel(out: Path, cc: str, flags: tuple[str, ...] = ("-march=native"
         if done.returncode == 0:
             return out
         errors = done.stderr.strip()
-    raise RuntimeError(f"compiling the native kernel with {cc} failed: {errors[-300:]}")
+    first = next((line.strip() for line in errors.splitlines() if "error" in line.lower()), "")
+    raise RuntimeError(f"compiling the native kernel with {cc} failed: {first[:300] or errors[-300:]}")
 
 
 def _bind(path: Path) -> ctypes.CDLL:
