@@ -204,6 +204,25 @@ def test_option_strategy_fixed(values):
     assert values["k"] == 2
 
 
+DRAFTING = {"draft_weights": Option("draft_weights", str, "auto", "weights", choices=selfspec.DRAFT_WEIGHTS)}
+
+
+@settings(max_examples=30)
+@given(data=st.data())
+def test_an_option_strategy_may_depend_on_the_model(data):
+    """A callable option strategy is called with the model; ``draft_weights`` draws only the
+    backends that run on the model's device (on a CPU never ``bnb``)."""
+    model = tiny_model("llama", dtype=torch.float32)
+    drawn = data.draw(sst.options(DRAFTING, strategies={"draft_weights": lambda m: sst.draft_weights(m, ("int8", "bnb"))},
+                                  model=model))
+    assert drawn.get("draft_weights", "int8") == "int8"
+
+
+def test_draft_weights_strategy_refuses_when_nothing_runs():
+    with pytest.raises(ValueError, match="runs on cpu"):
+        sst.draft_weights(tiny_model("llama", dtype=torch.float32), ("bnb",))
+
+
 @given(draft=sst.drafts(max_nodes=6), prompt=sst.prompts(min_len=2, max_len=5), n=sst.lengths(3, 9))
 def test_draft_and_prompt_strategies(draft, prompt, n):
     assert isinstance(draft, Draft) and draft.tokens.dtype == torch.long and len(draft) <= 6

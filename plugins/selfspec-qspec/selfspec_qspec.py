@@ -44,11 +44,13 @@ class QSpec:
     def selfspec_setup(self, runner, options: dict[str, Any], tokenizer: Any = None) -> None:
         if options["draft_weights"] == "none":
             raise ValueError("qspec drafts on compressed weights: draft_weights=none would draft with the "
-                             "full model itself (choose auto, int8, int8wo or bf16)")
+                             "full model itself (choose auto, int8, int8wo or bf16 on a CPU; bf16 or bnb on CUDA)")
         self.num_draft = options["num_draft"]
         self.exit = options["exit"]
         vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
         self.weights = selfspec.draft_weights(runner, options["draft_weights"], vocab)
+        if self.weights.backend == "none":  # auto where the host has no compressed copy (CUDA without bnb)
+            self.weights = selfspec.draft_weights(runner, "bf16", vocab)
         self.tree = TreeConfig.from_options(options, runner, weights=self.weights)  # with the draft passes' curve
         self.draft_cost = self._draft_cost(runner)  # fixed by the weights: computed once, not every step
 

@@ -68,7 +68,7 @@ class ComposedSuite(PluginSuite):
         from selfspec.testing import strategies as sst
 
         drawn = {k: v for k, v in declared.items() if "." not in k or k in self.option_strategies}
-        return sst.options(drawn, fixed=self.fixed_options, strategies=self.option_strategies)
+        return sst.options(drawn, fixed=self.fixed_options, strategies=self.option_strategies, model=model)
 
 
 # ---------------------------------------------------------------- a member of a composition

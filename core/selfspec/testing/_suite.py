@@ -92,8 +92,8 @@ class PluginSuite:
     Args:
         plugin: the plugin's entry-point name (or the name ``plugin_object`` registers).
         plugin_object: a class, instance or module to test instead of an installed plugin.
-        option_strategies: Hypothesis strategies for some options (``{"k": st.integers(1, 8)}``);
-            :meth:`options_strategy` may build them from the model and the declaration.
+        option_strategies: Hypothesis strategies for some options (``{"k": st.integers(1, 8)}``),
+            or callables taking the model and returning one (``strategies.draft_weights``).
         reach_options, coverage_exempt, dtypes and the other class attributes below: optional,
             each documented where it is declared.
 
@@ -114,7 +114,7 @@ class PluginSuite:
     archs: ClassVar[tuple[str, ...]] = ARCHS
     #: Options pinned in every example.
     fixed_options: ClassVar[dict[str, Any]] = {}
-    #: ``{option: strategy}`` replacing how some options are drawn (to constrain them).
+    #: ``{option: strategy or (model -> strategy)}`` replacing how some options are drawn.
     option_strategies: ClassVar[dict[str, Any]] = {}
     #: Options of the fixed reach examples: the ones that draft deepest.
     reach_options: ClassVar[dict[str, Any]] = {}
@@ -210,7 +210,8 @@ class PluginSuite:
         the model (its number of layers, say)."""
         from selfspec.testing import strategies as sst
 
-        return sst.options(declared, fixed=self.fixed_options, strategies=self.option_strategies)
+        return sst.options(declared, fixed=self.fixed_options, strategies=self.option_strategies,
+                           model=model)
 
     def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
         from hypothesis import Phase, example, given, seed, settings

@@ -119,19 +119,46 @@ def option_values(opt: Option) -> st.SearchStrategy[Any]:
 
 
 def options(declared: Mapping[str, Option], *, fixed: Mapping[str, Any] | None = None,
-            strategies: Mapping[str, st.SearchStrategy[Any]] | None = None) -> st.SearchStrategy[dict[str, Any]]:
+            strategies: Mapping[str, Any] | None = None, model: Any = None) -> st.SearchStrategy[dict[str, Any]]:
     """A dict of valid values for some of a plugin's declared options (the rest keep defaults).
 
     ``declared`` is what :func:`selfspec._engine.plugins.declared_options` returns; ``fixed`` pins
     some options to given values; ``strategies`` replaces the drawing of some (to constrain
-    them: ``{"num_draft": st.integers(1, 8)}``).
+    them: ``{"num_draft": st.integers(1, 8)}``). A value of ``strategies`` may also be a callable
+    taking ``model`` and returning the strategy, for options whose valid values depend on the
+    model (its device, its number of layers): :func:`draft_weights` is one.
     """
     fixed = dict(fixed or {})
-    given = dict(strategies or {})
+    given = {k: v if isinstance(v, st.SearchStrategy) else v(model) for k, v in (strategies or {}).items()}
     free = {name: given.get(name, option_values(opt)) for name, opt in declared.items() if name not in fixed}
     if not free:
         return st.just(fixed)
     return st.fixed_dictionaries({}, optional=free).map(lambda d: {**d, **fixed})
+
+
+def draft_weights(model: Any, choices: Sequence[str] | None = None) -> st.SearchStrategy[str]:
+    """The draft-weights backends (the ``draft_weights`` option) among ``choices`` (default:
+    every one) that run for ``model`` on this machine: ``int8``, ``int8wo`` and the native
+    kernel's only on the CPU (the native ones where the kernel builds), ``bnb`` only on CUDA
+    with bitsandbytes installed. Give it as an option strategy that takes the model:
+    ``option_strategies = {"draft_weights": lambda m: sst.draft_weights(m, ("int8", "bf16"))}``.
+    Raises ``ValueError`` when none of ``choices`` runs there."""
+    import torch
+
+    from selfspec._engine.draftweights import BACKENDS, DraftWeightsError
+    from selfspec._engine.draftweights.shadow import resolve_backend
+
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    runs = []
+    for backend in choices if choices is not None else BACKENDS:
+        try:
+            resolve_backend(backend, device)
+        except DraftWeightsError:
+            continue
+        runs.append(backend)
+    if not runs:
+        raise ValueError(f"none of the draft weights {list(choices or BACKENDS)} runs on {device} here")
+    return st.sampled_from(runs)
 
 
 def samplings(max_temperature: float = 2.0) -> st.SearchStrategy[Any]:

@@ -8,6 +8,7 @@ from selfspec_clasp.search import initial_skip
 import selfspec
 from selfspec import Decoder, PluginError
 from selfspec.testing import PluginSuite, assert_lossless, tiny_model
+from selfspec.testing import strategies as sst
 
 
 class TestCLaSp(PluginSuite):
@@ -21,7 +22,7 @@ class TestCLaSp(PluginSuite):
         "backoff": st.sampled_from([0, 1, 4]),
         "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
         "tree_topk": st.integers(1, 4),
-        "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),  # the CPU's backends
+        "draft_weights": lambda m: sst.draft_weights(m, ("auto", "none", "int8", "int8wo", "bf16", "bnb")),  # those that run on m's device
         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     # no exit threshold and a fresh layer set every step: deep chain drafts every step (a tree's

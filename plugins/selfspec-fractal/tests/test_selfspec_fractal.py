@@ -7,15 +7,16 @@ from selfspec_fractal.draft import draft_pass, evenly_spaced
 
 from selfspec import Decoder, OptionError, PluginError, Runner, draft_weights
 from selfspec.testing import ARCHS, PluginSuite, assert_lossless, tiny_model
+from selfspec.testing import strategies as sst
 
-CPU_BACKENDS = ("auto", "int8", "int8wo", "bf16", "none")
+BACKENDS = ("auto", "int8", "int8wo", "bf16", "none", "bnb")  # drawn where they run
 
 
 class TestFractal(PluginSuite):
     """The kit's standard suite: installed, valid options, lossless (with coverage)."""
 
     plugin = "fractal"
-    option_strategies = {"w": st.integers(0, 4), "draft_weights": st.sampled_from(CPU_BACKENDS),
+    option_strategies = {"w": st.integers(0, 4), "draft_weights": lambda m: sst.draft_weights(m, BACKENDS),
                          "draft_vocab": st.sampled_from((0, 16, 48)), "kv": st.sampled_from(("shared", "none"))}
     reach_options = {"draft_weights": "none", "n": 2, "w": 4}  # see b): drafts accepted, deep windows
     coverage_exempt = {  # c) the kit's longest output (520 tokens) takes fractal fewer steps

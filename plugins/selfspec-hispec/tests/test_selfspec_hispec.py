@@ -27,6 +27,7 @@ from selfspec_hispec.heads import ExitHeads, default_profile_path, load_profile,
 import selfspec
 from selfspec import Decoder, PluginError, Runner, model_identity, reference_generate
 from selfspec.testing import ARCHS, PluginSuite, assert_lossless, tiny_model
+from selfspec.testing import strategies as sst
 
 PROMPT = [5, 17, 3, 99, 42, 7, 7, 1]
 _PROFILES = Path(tempfile.mkdtemp(prefix="hispec-test-"))
@@ -55,7 +56,7 @@ class TestHiSpec(PluginSuite):
         "num_draft": st.integers(1, 8),
         "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
         "tree_topk": st.integers(1, 4),
-        "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),
+        "draft_weights": lambda m: sst.draft_weights(m, ("auto", "none", "int8", "int8wo", "bf16", "bnb")),
         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     reach_options = {"round_size": 4, "num_draft": 8, "profile": "none", "draft_weights": "none",

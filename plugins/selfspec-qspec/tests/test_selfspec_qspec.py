@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from selfspec import Decoder, PluginError
 from selfspec.testing import PluginSuite, tiny_model
+from selfspec.testing import strategies as sst
 
 
 class TestQSpec(PluginSuite):
@@ -14,7 +15,7 @@ class TestQSpec(PluginSuite):
 
     plugin = "qspec"
     option_strategies = {"num_draft": st.integers(1, 10), "tree": st.booleans(),
-                         "draft_weights": st.sampled_from(["int8", "int8wo"])}
+                         "draft_weights": lambda m: sst.draft_weights(m, ("int8", "int8wo", "bf16", "bnb"))}  # on m's device
     reach_options = {"num_draft": 10, "tree": False, "exit": 0.0}  # deep chains reach the deep buckets
     coverage_exempt = {  # the int8 copy of a tiny model agrees with it on most tokens
         "steps>=128": "qspec accepts several tokens a step here: the kit's 520 tokens take under 128 steps",
@@ -33,3 +34,15 @@ def test_the_draft_reads_the_compressed_copy_and_agrees_often():
 def test_the_models_own_weights_are_refused():
     with pytest.raises(PluginError, match="draft_weights=none"):
         Decoder(tiny_model("llama", dtype=torch.float32), "qspec", {"draft_weights": "none"})
+
+
+def test_auto_without_a_compressed_copy_drafts_on_bf16(monkeypatch):
+    """Where the host's auto gives no compressed copy (CUDA without bitsandbytes), qspec drafts on
+    the bf16 copy, never on the full model's own weights."""
+    import selfspec
+
+    real = selfspec.draft_weights
+    monkeypatch.setattr(selfspec, "draft_weights",
+                        lambda runner, backend="auto", vocab=None: real(runner, "none" if backend == "auto" else backend, vocab))
+    dec = Decoder(tiny_model("llama", dtype=torch.float32), "qspec", {"tree": False})
+    assert dec.plugin.weights.backend == "bf16"

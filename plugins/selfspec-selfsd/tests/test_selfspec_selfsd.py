@@ -12,6 +12,7 @@ from selfspec_selfsd.costmodel import BlockCosts
 import selfspec
 from selfspec import Decoder, Layers, PluginError, format_layers, model_identity
 from selfspec.testing import PluginSuite, assert_lossless, tiny_model
+from selfspec.testing import strategies as sst
 
 PROMPT = [5, 17, 3, 99, 42, 7, 7, 1]
 
@@ -26,7 +27,7 @@ class TestSelfSD(PluginSuite):
         "alpha": st.sampled_from([0.5, 0.9]),
         "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
         "tree_topk": st.integers(1, 4),
-        "draft_weights": st.sampled_from(("auto", "none", "int8", "int8wo", "bf16")),  # the CPU's backends
+        "draft_weights": lambda m: sst.draft_weights(m, ("auto", "none", "int8", "int8wo", "bf16", "bnb")),  # those that run on m's device
         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     # see b): one late MLP skipped, no exit threshold: drafts every step, many accepted
