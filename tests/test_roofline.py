@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from selfspec.app._bench.roofline import markdown, model_bytes, read_bandwidth, roofline
+from selfspec.app._bench.roofline import (
+    markdown,
+    model_bytes,
+    read_bandwidth,
+    read_bandwidths,
+    roofline,
+)
 from selfspec.app._bench.vanilla import same_output
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -86,6 +92,21 @@ def test_plugin_records_without_byte_counts_are_left_out():
 
 def test_the_bandwidth_is_a_positive_rate(selfspec_device):
     assert read_bandwidth(nbytes=1 << 22, repeats=2, device=selfspec_device) > 0
+
+
+def test_every_streaming_read_gives_a_rate_on_every_device(selfspec_device):
+    rates = read_bandwidths(nbytes=1 << 22, repeats=2, device=selfspec_device)
+    assert set(rates) == {"sum", "mv"} and all(r > 0 for r in rates.values())
+
+
+@pytest.mark.parametrize("rates", [{"sum": 2e9, "mv": 3e9}, {"sum": 3e9, "mv": 2e9}])
+def test_the_limit_is_the_fastest_streaming_read(monkeypatch, rates):
+    """A product kernel that reads faster than a sum raises the limit (the limit is never one
+    that a kernel beats), in either order."""
+    from selfspec.app._bench import roofline as rl
+
+    monkeypatch.setattr(rl, "read_bandwidths", lambda *a, **k: dict(rates))
+    assert rl.read_bandwidth() == 3e9
 
 
 def test_the_limit_reads_the_bandwidth_of_the_memory_the_model_lives_on(monkeypatch):

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""How fast each float32 product kernel reads weights for one token, against a plain sum.
+"""How fast each float32 product kernel reads weights for one token, against the bench's streaming read.
 
     python lab/scripts/kernel_bandwidth.py [--threads 2] [--layers 8] [--rows 1,8,32] [--json FILE]
 
-The roofline of ``specdec bench`` divides the streaming read bandwidth (a sum over a buffer
-larger than the caches) by the bytes of weights a token reads. A one-token step is a chain of
-matrix-vector products, so how close ``vanilla`` can come to that limit is bounded by how fast
+The roofline of ``specdec bench`` divides the streaming read bandwidth (the faster of a sum and
+a matrix-vector product over a buffer larger than the caches) by the bytes of weights a token
+reads. A one-token step is a chain of matrix-vector products, so how close ``vanilla`` can come to that limit is bounded by how fast
 the product kernels read. This script times, on the products of ``--layers`` Qwen2.5-1.5B-shaped
 decoder layers (q, k, v, o, gate, up, down; about 140 MB each, so they stream from memory),
 each layout the runner can hold weights in: the model's own ``[out, in]`` (``F.linear``, MKL),
@@ -28,6 +28,7 @@ from torch import nn
 
 from selfspec._engine.machine import machine_info
 from selfspec._engine.runner import native
+from selfspec.app._bench.roofline import read_bandwidths
 
 SHAPES = [(1536, 1536), (256, 1536), (256, 1536), (1536, 1536), (8960, 1536), (8960, 1536), (1536, 8960)]
 
@@ -42,10 +43,10 @@ def gbps(fn: Callable[[], object], nbytes: int, repeats: int = 7) -> float:
     return nbytes / best / 1e9
 
 
-def _sum_bandwidths(times: int) -> list[float]:
-    """GB/s of ``times`` sums over a 1 GiB float32 buffer (what ``bench`` measures)."""
-    buf = torch.ones(1 << 28)
-    return [gbps(buf.sum, buf.numel() * 4) for _ in range(times)]
+def _limit_bandwidths(times: int) -> list[dict[str, float]]:
+    """GB/s of each of ``bench``'s streaming reads (a sum, a matrix-vector product) over a 1 GiB
+    float32 buffer, ``times`` times; ``bench``'s limit is the fastest."""
+    return [{k: v / 1e9 for k, v in read_bandwidths().items()} for _ in range(times)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     out: dict[str, object] = {"machine": {**machine_info(), "threads": args.threads}, "layers": args.layers}
-    sums = _sum_bandwidths(3)
+    reads = _limit_bandwidths(3)
+    limit = {k: max(r[k] for r in reads) for k in reads[0]}
     weights = [torch.randn(o, i) for _ in range(args.layers) for (o, i) in SHAPES]
     nbytes = sum(w.numel() * 4 for w in weights)
     transposed = [w.t().contiguous() for w in weights]
@@ -67,10 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     natives = [native.NativeLinear(nn.Linear(w.shape[1], w.shape[0], bias=False)) for w in weights] if why is None else []
     for lin, w in zip(natives, weights):
         lin.panels.copy_(native.to_panels(w, native.tile()))
-    out["gb_per_s"], out["sum_runs_gb_per_s"] = {}, sums
+    out["gb_per_s"], out["limit_runs_gb_per_s"] = {}, reads
     print(f"{nbytes / 1e9:.2f} GB of float32 weights, {args.threads} threads; GB/s of weights read per product call"
           + ("" if why is None else f"; native: {why}"))
-    print(f"{'rows':>4}  sum (bench)  " + "  ".join(f"{k:>10}" for k in ("model", "transposed", "packed", "native")))
+    print(f"limit (bench's roofline): sum {limit['sum']:.1f}, mv {limit['mv']:.1f} GB/s")
+    print(f"{'rows':>4}  limit  " + "  ".join(f"{k:>10}" for k in ("model", "transposed", "packed", "native")))
     for r in [int(v) for v in args.rows.split(",")]:
         x = {n: torch.randn(r, n) for n in (1536, 8960)}
         rows = {"model": gbps(lambda x=x: [F.linear(x[w.shape[1]], w) for w in weights], nbytes),
@@ -81,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if natives:
             rows["native"] = gbps(lambda x=x: [lin(x[lin.in_features]) for lin in natives], nbytes)
         out["gb_per_s"][r] = rows
-        print(f"{r:>4}  {max(sums):11.1f}  " + "  ".join(f"{rows.get(k, float('nan')):10.1f}"
+        print(f"{r:>4}  {max(limit.values()):5.1f}  " + "  ".join(f"{rows.get(k, float('nan')):10.1f}"
                                                       for k in ("model", "transposed", "packed", "native")))
     if args.json:
         with open(args.json, "w") as f:

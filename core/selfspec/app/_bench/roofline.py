@@ -27,25 +27,44 @@ import torch
 BUFFER_BYTES = 1 << 30
 
 
+#: Columns of the matrix view the matrix-vector read uses (a product's input width).
+_MV_COLUMNS = 4096
+
+
 def read_bandwidth(nbytes: int = BUFFER_BYTES, repeats: int = 5, device: torch.device | str = "cpu") -> float:
-    """The streaming read bandwidth of ``device``'s memory in bytes/s: the fastest of ``repeats``
-    sums over a float32 buffer of ``nbytes`` on that device (a sum does one addition per 4
-    bytes read: bound by memory, not arithmetic). On the CPU the sum runs with the process's
-    torch threads; on an accelerator the device is synchronised around each timed sum, so the
-    figure is the model's own memory (a GPU's, not the host's)."""
+    """The streaming read bandwidth of ``device``'s memory in bytes/s: the fastest of
+    :func:`read_bandwidths`' kernels. A limit that a product kernel beats is no limit, and
+    which read is fastest depends on the machine (on an Intel Xeon the BLAS matrix-vector
+    product reads half again as fast as a sum with two threads; on a Zen 4 they tie)."""
+    return max(read_bandwidths(nbytes, repeats, device).values())
+
+
+def read_bandwidths(nbytes: int = BUFFER_BYTES, repeats: int = 5,
+                    device: torch.device | str = "cpu") -> dict[str, float]:
+    """Bytes/s of each way of streaming a float32 buffer of ``nbytes`` on ``device``, the
+    fastest of ``repeats`` calls each: ``sum`` (one addition per 4 bytes read) and ``mv`` (the
+    buffer as a ``[n, 4096]`` matrix times a vector: the library's matrix-vector kernel, the
+    one a one-token product runs). Both are bound by memory, not arithmetic. On the CPU they
+    run with the process's torch threads; on an accelerator the device is synchronised around
+    each timed call, so the figure is the model's own memory (a GPU's, not the host's)."""
     device = torch.device(device)
     sync = _synchronize(device)
-    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    buf.sum()  # warm-up: pages touched, threads or kernels started
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        buf.sum()
+    cols = _MV_COLUMNS if nbytes >= 4 * _MV_COLUMNS else 1
+    buf = torch.ones(nbytes // 4 // cols, cols, dtype=torch.float32, device=device)
+    ones = torch.ones(cols, dtype=torch.float32, device=device)
+    kernels = {"sum": buf.sum, "mv": lambda: torch.mv(buf, ones)}
+    out = {}
+    for name, fn in kernels.items():
+        fn()  # warm-up: pages touched, threads or kernels started
         sync()
-        best = min(best, time.perf_counter() - t0)
-    del buf
-    return nbytes / best
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            best = min(best, time.perf_counter() - t0)
+        out[name] = buf.numel() * 4 / best
+    return out
 
 
 def model_bytes(model: torch.nn.Module) -> int:
