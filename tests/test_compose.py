@@ -127,6 +127,15 @@ def test_cheap_first_skips_a_costly_member_when_the_free_draft_covers_its_gain()
     assert worth_calling(MemberStats(), covered=9.0, nodes=9, spent=0.0, cost=curve)  # never observed: call
 
 
+def test_proposing_time_is_counted_in_mean_forwards():
+    """A member's proposing seconds enter the cut and the cheap-first rule in one-token forwards:
+    over the mean forward time of the verify phases so far, not over their sum."""
+    comp = Composer("x+y", [])
+    assert comp.forwards(0.6) == 0.0  # no forward measured yet
+    comp.forward_s, comp.forward_w = 3.0, 10.0  # ten verify phases of 0.3 s per forward
+    assert comp.forwards(0.6) == pytest.approx(2.0)
+
+
 def test_a_member_skipped_for_long_is_called_again():
     # its evidence ages with every skipped step, and the optimistic prior (one step at its
     # deepest accepted length) takes over: the rule calls it again after enough skips

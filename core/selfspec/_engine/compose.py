@@ -246,7 +246,7 @@ class Composer:
             probs = draft.probs.tolist() if draft.probs is not None else None
             self._step.append(_Proposal(m, tokens, parents, trie.add(tokens, parents, m.index, probs), seconds))
             m.counters["proposed"] += 1
-            spent += seconds / self.forward_s if self.forward_s else 0.0
+            spent += self.forwards(seconds)
         state.capture_layers = tuple(sorted(capture)) or None
         keep = cut(node_values(trie, stats), self.curve if self.budget is None else None, spent, self.budget)
         tokens, parents, self._remap = trie.subtree(keep)
@@ -263,7 +263,6 @@ class Composer:
         if self.curve is not None:
             self.forward_s += seconds / self.curve(self._width)
             self.forward_w += 1.0
-        one = self.forward_s / self.forward_w if self.forward_w else 0.0
         step, self._step = self._step, []
         mine = [self.member_verdict(p, verdict) for p in step]
         longest = max((len(v.accepted) for v in mine), default=0)
@@ -277,8 +276,8 @@ class Composer:
                 depths.append(1 if par < 0 else depths[par] + 1)
             depth = max((depths[i] for i in kept), default=0)
             m.stats.observe(depth, len(v.accepted), len(kept))
-            if one:
-                m.stats.observe_cost(p.seconds * self.forward_w / self.forward_s)
+            if self.forward_s:
+                m.stats.observe_cost(self.forwards(p.seconds))
             m.counters["drafted"] += len(kept)
             m.counters["accepted"] += len(v.accepted)
             m.counters["longest"] += bool(v.accepted) and len(v.accepted) == longest
@@ -286,6 +285,11 @@ class Composer:
             self._watch(state, m.name, "selfspec_update_policy")
 
     # ------------------------------------------------------------------------------ helpers
+    def forwards(self, seconds: float) -> float:
+        """``seconds`` in one-token full forwards: over the mean one-forward time measured from
+        the verify phases so far (0 before any was measured)."""
+        return seconds * self.forward_w / self.forward_s if self.forward_s else 0.0
+
     def order(self) -> list[Member]:
         """Members in proposing order: by measured proposing cost, cheapest first (a member not
         measured yet counts as free); ties in the order given."""
