@@ -17,7 +17,14 @@ import torch
 import selfspec
 from selfspec import Decoder, Draft, PluginError, Verdict
 from selfspec._engine.compose import Composer, _Proposal, member_names
-from selfspec._engine.composetree import MemberStats, Trie, cut, node_values, worth_calling
+from selfspec._engine.composetree import (
+    CallOutcomes,
+    MemberStats,
+    Trie,
+    cut,
+    node_values,
+    worth_calling,
+)
 from selfspec._engine.costcurve import CostCurve
 from selfspec.testing import assert_lossless
 from selfspec.testing._mutants import Echo
@@ -125,6 +132,42 @@ def test_cheap_first_skips_a_costly_member_when_the_free_draft_covers_its_gain()
     cheap = _stats([0.9, 0.8], lengths={0: 2, 1: 3, 2: 5}, cost=0.01, size=2)
     assert worth_calling(cheap, covered=1.0, nodes=6, spent=0.0, cost=curve)  # nearly free: worth it
     assert worth_calling(MemberStats(), covered=9.0, nodes=9, spent=0.0, cost=curve)  # never observed: call
+
+
+def test_cheap_first_follows_the_prediction_until_both_choices_are_measured():
+    out = CallOutcomes()
+    assert out.choose(predicted=False) is False and out.choose(predicted=True) is True
+    for _ in range(3):
+        out.observe(False, tokens=2, forwards=1.0)  # skipped steps measured, calling not yet
+    assert out.choose(predicted=False) is True  # the unmeasured choice is explored
+
+
+@pytest.mark.parametrize("call_rate,skip_rate", [(3.0, 2.0), (2.0, 3.0)])
+def test_cheap_first_takes_the_faster_measured_choice(call_rate, skip_rate):
+    """Once both are measured, the choice whose steps committed more tokens per forward wins,
+    whatever the prediction says (both orders)."""
+    out = CallOutcomes()
+    for _ in range(4):
+        out.observe(True, tokens=int(call_rate * 2), forwards=2.0)
+        out.observe(False, tokens=int(skip_rate), forwards=1.0)
+    assert out.rate(True) == pytest.approx(call_rate) and out.rate(False) == pytest.approx(skip_rate)
+    for predicted in (True, False):
+        assert out.choose(predicted) is (call_rate > skip_rate)
+
+
+def test_a_choice_not_taken_for_long_is_measured_again():
+    # the slower choice's evidence ages while the faster one is taken; below MIN_OUTCOMES it is
+    # explored again, so the rule follows a text that changes
+    out = CallOutcomes()
+    for _ in range(3):
+        out.observe(True, tokens=6, forwards=2.0)
+        out.observe(False, tokens=2, forwards=1.0)
+    steps = 0
+    while out.choose(predicted=True):
+        out.observe(True, tokens=6, forwards=2.0)
+        steps += 1
+        assert steps < 500
+    assert out.rate(False) is None and steps > 10
 
 
 def test_proposing_time_is_counted_in_mean_forwards():

@@ -7,8 +7,10 @@ and each step:
 
 1. asks the members to propose, cheapest first (:meth:`Composer.order`), each from the same
    cache state (the cache is cropped back to the committed prefix after every member), skipping
-   a member the cheap-first rule (:func:`~selfspec._engine.composetree.worth_calling`) finds not
-   worth its cost once a draft exists; a member sees the draft merged so far as
+   a member the cheap-first rule finds not worth its cost once a draft exists (predicted by
+   :func:`~selfspec._engine.composetree.worth_calling` until the tokens per forward of the steps
+   that called it and of those that skipped it are measured,
+   :class:`~selfspec._engine.composetree.CallOutcomes`); a member sees the draft merged so far as
    ``state.prior`` (valued by :func:`~selfspec._engine.composetree.node_values`), which it may
    extend; every member draft is checked and cut like a single plugin's and any error names
    the member;
@@ -38,7 +40,14 @@ import pluggy
 import torch
 
 from selfspec._engine import hookspecs, plugins
-from selfspec._engine.composetree import MemberStats, Trie, cut, node_values, worth_calling
+from selfspec._engine.composetree import (
+    CallOutcomes,
+    MemberStats,
+    Trie,
+    cut,
+    node_values,
+    worth_calling,
+)
 from selfspec._engine.draftcheck import (
     check_draft,  # the host's own draft checks, blamed on the member
 )
@@ -98,6 +107,7 @@ class Member:
     pm: pluggy.PluginManager
     plugin: Any
     stats: MemberStats = field(default_factory=MemberStats)
+    outcomes: CallOutcomes = field(default_factory=CallOutcomes)  # the cheap-first rule's measured choices
     counters: dict[str, int] = field(default_factory=dict)
 
     def call(self, hook: str, **kwargs: Any) -> Any:
@@ -160,6 +170,8 @@ class Composer:
         self.forward_w = 0.0
         self.observers: list[Any] = []  # the decoder's observers (the audit), told of each member's hooks
         self._step: list[_Proposal] = []
+        self._judged: list[tuple[Member, bool]] = []  # (member, called) where the cheap-first rule chose
+        self._t_start = 0.0
         self._remap: dict[int, int] = {}
         self._width = 1
         self._t_proposed = 0.0
@@ -218,14 +230,17 @@ class Composer:
         base = state.length - 1
         dev = state.runner.device
         trie = Trie()
-        self._step = []
+        self._step, self._judged = [], []
+        self._t_start = time.perf_counter()
         capture: set[int] = set()
         spent = 0.0  # proposing cost so far, in one-token forwards
         stats = [m.stats for m in self.members]
         for m in self.order():
             values = node_values(trie, stats) if len(trie) else []
             if self.cheap_first and values and self.curve is not None and self.forward_w:
-                if not worth_calling(m.stats, sum(values), len(trie), spent, self.curve):
+                called = m.outcomes.choose(worth_calling(m.stats, sum(values), len(trie), spent, self.curve))
+                self._judged.append((m, called))
+                if not called:
                     m.stats.skipped()
                     m.counters["skipped"] += 1
                     continue
@@ -264,6 +279,8 @@ class Composer:
             self.forward_s += seconds / self.curve(self._width)
             self.forward_w += 1.0
         step, self._step = self._step, []
+        for m, called in self._judged:  # the cheap-first choices of this step, and what it gave
+            m.outcomes.observe(called, len(verdict.committed), self.forwards(time.perf_counter() - self._t_start))
         mine = [self.member_verdict(p, verdict) for p in step]
         longest = max((len(v.accepted) for v in mine), default=0)
         for p, v in zip(step, mine):

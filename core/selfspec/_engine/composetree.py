@@ -12,8 +12,13 @@ Pure functions and small records, no model: :mod:`selfspec._engine.compose` call
   (from the proposing members' per-depth acceptance); :func:`cut` keeps the nodes that
   maximise expected committed tokens per unit of cost on the machine's cost-per-width curve
   (the same rule as ``draft_tree``'s ``choose_size``).
-* :func:`worth_calling` is the cheap-first rule: call a member only when its expected extra
-  accepted tokens pay for its proposing cost and its nodes' verify cost.
+* :func:`worth_calling` is the cheap-first rule's prediction: call a member only when its
+  expected extra accepted tokens pay for its proposing cost and its nodes' verify cost.
+  :class:`CallOutcomes` then measures the rule's two choices: tokens committed per forward of
+  the steps in which the member was called after a cheaper draft, and of those in which it
+  was skipped. Once both are measured the faster one decides (the member's own statistics are
+  gathered only on the steps it is called, which the rule picks: they cannot say what it
+  would have given on the steps it skipped).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from selfspec._engine.treecost import choose_size
 #: ``1 / (1 - DECAY)`` = 50 of its steps. A step in which it was skipped ages its
 #: accepted-length histogram by the same factor (:meth:`MemberStats.skipped`).
 DECAY = 0.98
+#: Decayed steps of evidence each of :class:`CallOutcomes`' two choices needs before the
+#: measured rates decide; a choice whose evidence aged below it is taken again (explored).
+MIN_OUTCOMES = 2.0
 #: Pseudo-steps of the optimistic prior in :meth:`MemberStats.expected_gain`: beside a member's
 #: observed accepted lengths, one step in which it reached its deepest accepted length so far.
 #: Negligible while the member is called (about 1 in 50), it takes over as skipped steps age
@@ -215,3 +223,41 @@ def worth_calling(stats: MemberStats, covered: float, nodes: int, spent: float,
     without = (1.0 + covered) / (spent + cost(nodes + 1))
     with_it = (1.0 + covered + gain) / (spent + own + cost(nodes + 1 + round(stats.mean_size())))
     return with_it >= without
+
+
+@dataclass
+class CallOutcomes:
+    """What the cheap-first choice gave for one member, measured: per choice (``True``: called
+    after a cheaper member's draft, ``False``: skipped), the tokens committed and the step's
+    time in one-token forwards (propose to commit), exponentially weighted by :data:`DECAY` per
+    judged step of either choice, so the choice not taken ages."""
+
+    tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+    forwards: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+    weight: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+
+    def observe(self, called: bool, tokens: int, forwards: float) -> None:
+        """One judged step: the member was ``called`` or not; the step committed ``tokens`` in
+        ``forwards``."""
+        for xs in (self.tokens, self.forwards, self.weight):
+            for k in xs:
+                xs[k] *= DECAY
+        self.tokens[called] += tokens
+        self.forwards[called] += forwards
+        self.weight[called] += 1.0
+
+    def rate(self, called: bool) -> float | None:
+        """Tokens per forward of the steps with that choice; None below :data:`MIN_OUTCOMES`."""
+        if self.weight[called] < MIN_OUTCOMES or self.forwards[called] <= 0:
+            return None
+        return self.tokens[called] / self.forwards[called]
+
+    def choose(self, predicted: bool) -> bool:
+        """Call the member or not: ``predicted`` (:func:`worth_calling`) while neither choice
+        is measured; the unmeasured (or aged) choice while one is; then the faster one."""
+        call, skip = self.rate(True), self.rate(False)
+        if call is None and skip is None:
+            return predicted
+        if call is None or skip is None:
+            return call is None
+        return call >= skip
