@@ -170,6 +170,19 @@ def test_a_choice_not_taken_for_long_is_measured_again():
     assert out.rate(False) is None and steps > 10
 
 
+def test_the_measured_choices_start_afresh_in_every_decode():
+    """A decode's cheap-first outcomes are its own: what an earlier prompt measured (a prompt
+    that copies, say) does not decide for the next."""
+    from selfspec.testing import tiny_model
+
+    dec = Decoder(tiny_model("llama", dtype=torch.float32), "lookup+qspec")
+    earlier = dec.plugin.members[1].outcomes
+    earlier.observe(False, tokens=1000, forwards=1.0)
+    dec.generate([5, 9, 17, 3, 5, 9, 17, 3], 8)
+    assert dec.plugin.members[1].outcomes is not earlier
+    assert dec.plugin.members[1].outcomes.tokens[False] < 1000 * 0.5
+
+
 def test_proposing_time_is_counted_in_mean_forwards():
     """A member's proposing seconds enter the cut and the cheap-first rule in one-token forwards:
     over the mean forward time of the verify phases so far, not over their sum."""

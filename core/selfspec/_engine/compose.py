@@ -215,6 +215,7 @@ class Composer:
     def selfspec_start(self, state: DecodeState) -> None:
         for m in self.members:
             m.counters = {"proposed": 0, "skipped": 0, "drafted": 0, "accepted": 0, "longest": 0}
+            m.outcomes = CallOutcomes()  # each decode's text decides its own: measured afresh
             m.call("selfspec_start", state=state)
         state.stats.members = {m.name: m.counters for m in self.members}
 

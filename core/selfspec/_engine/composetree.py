@@ -227,7 +227,7 @@ def worth_calling(stats: MemberStats, covered: float, nodes: int, spent: float,
 
 @dataclass
 class CallOutcomes:
-    """What the cheap-first choice gave for one member, measured: per choice (``True``: called
+    """What the cheap-first choice gave for one member in one decode, measured: per choice (``True``: called
     after a cheaper member's draft, ``False``: skipped), the tokens committed and the step's
     time in one-token forwards (propose to commit), exponentially weighted by :data:`DECAY` per
     judged step of either choice, so the choice not taken ages."""
