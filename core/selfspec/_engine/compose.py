@@ -280,8 +280,10 @@ class Composer:
             self.forward_s += seconds / self.curve(self._width)
             self.forward_w += 1.0
         step, self._step = self._step, []
-        for m, called in self._judged:  # the cheap-first choices of this step, and what it gave
-            m.outcomes.observe(called, len(verdict.committed), self.forwards(time.perf_counter() - self._t_start))
+        if self._judged:  # the cheap-first choices of this step, and what the step gave
+            took = self.forwards(time.perf_counter() - self._t_start)
+            for m, called in self._judged:
+                m.outcomes.observe(called, len(verdict.committed), took)
         mine = [self.member_verdict(p, verdict) for p in step]
         longest = max((len(v.accepted) for v in mine), default=0)
         for p, v in zip(step, mine):

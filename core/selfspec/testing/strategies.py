@@ -143,12 +143,11 @@ def draft_weights(model: Any, choices: Sequence[str] | None = None) -> st.Search
     with bitsandbytes installed. Give it as an option strategy that takes the model:
     ``option_strategies = {"draft_weights": lambda m: sst.draft_weights(m, ("int8", "bf16"))}``.
     Raises ``ValueError`` when none of ``choices`` runs there."""
-    import torch
-
     from selfspec._engine.draftweights import BACKENDS, DraftWeightsError
     from selfspec._engine.draftweights.shadow import resolve_backend
+    from selfspec._engine.runner.placement import model_device
 
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    device = model_device(model)  # where its inputs go (an offloaded model's execution device)
     runs = []
     for backend in choices if choices is not None else BACKENDS:
         try:

@@ -34,8 +34,9 @@ _MV_COLUMNS = 4096
 def read_bandwidth(nbytes: int = BUFFER_BYTES, repeats: int = 5, device: torch.device | str = "cpu") -> float:
     """The streaming read bandwidth of ``device``'s memory in bytes/s: the fastest of
     :func:`read_bandwidths`' kernels. A limit that a product kernel beats is no limit, and
-    which read is fastest depends on the machine (on an Intel Xeon the BLAS matrix-vector
-    product reads half again as fast as a sum with two threads; on a Zen 4 they tie)."""
+    which read is fastest depends on the machine (on an Intel Xeon host the BLAS matrix-vector
+    product read up to half again as fast as a sum with two threads; on a Zen 4 the sum is
+    the faster)."""
     return max(read_bandwidths(nbytes, repeats, device).values())
 
 
