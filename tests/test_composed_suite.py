@@ -72,3 +72,26 @@ def test_a_lossy_member_is_caught_and_blamed(mutant, tiny_model_factory):
     assert getattr(info.value, "plugin", None) == "lossy", str(info.value)
     assert mutant.hook in str(info.value)
     assert f"at step {mutant.fault_step}" in str(info.value)
+
+
+def test_the_longest_reach_example_bounds_the_merged_draft_and_runs_256_steps(tiny_model_factory):
+    seen = []
+
+    class Suite(TestTemplateHispecFractal):
+        hypothesis_profile = CI_PROFILE
+        examples_per_arch = 1
+
+        def check_example(self, model, scenario, options, cov):
+            seen.append((scenario, options))
+
+    Suite().test_lossless("mistral", "cpu", tiny_model_factory)  # the arch of the 520-token reach example
+    longest = [(sc, o) for sc, o in seen if sc.max_new_tokens == 520]
+    assert len(longest) == 1 and longest[0][1] == {**Suite.reach_options, "budget": "1"}
+    assert all(o.get("budget") != "1" for sc, o in seen if sc.max_new_tokens != 520)
+
+    from selfspec import Decoder
+
+    sc, options = longest[0]
+    model = tiny_model_factory("mistral")
+    result = Decoder(model, Suite.plugin, options, plugin_object=Suite.plugin_object).generate(list(sc.prompt), 520)
+    assert len(result.output_ids) == 520 and result.stats.steps >= 260

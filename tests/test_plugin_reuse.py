@@ -84,7 +84,7 @@ class CountingSuite(PluginSuite):  # not collected (no Test prefix): the test be
 
 
 def test_the_kit_runs_a_sequence_through_one_instance(tiny_model_factory):
-    from selfspec.testing._suite import DECODE_SEQUENCE, SAMPLED_SEEDS
+    from selfspec.testing._sequences import DECODE_SEQUENCE, SAMPLED_SEEDS
 
     CountingSuite().test_lossless_across_decodes("llama", "cpu", tiny_model_factory)
     # the warm-up, then each prompt, then the sampled decodes under each seed

@@ -56,29 +56,12 @@ import pytest
 
 from selfspec.testing._archs import ARCHS, POSITIONS
 from selfspec.testing._coverage import Coverage, coverage_for
-
-#: The seeds of the sampled decodes ``test_lossless_across_decodes`` ends with.
-SAMPLED_SEEDS: tuple[int, ...] = (11, 12)
-#: ``(prompt, max_new_tokens)`` decoded in turn by one Decoder in ``test_lossless_across_decodes``,
-#: after a warm-up on the first prompt (16 tokens, as ``specdec bench`` warms up): a repetitive
-#: prompt, the same prompt again with a longer budget, another motif, a plain ramp.
-DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
-    ((3, 4, 5) * 8, 24),
-    ((3, 4, 5) * 8, 40),
-    ((1, 2) * 20, 24),
-    (tuple(range(7, 19)), 16),
-)
-
-
-#: The prompt and budget of ``test_verify_any_draft``'s decodes (a repetitive prompt).
-ANY_DRAFT_PROMPT: tuple[int, ...] = (9, 4, 17, 4, 2) * 8
-ANY_DRAFT_NEW = 32
-#: ``(prompt, max_new_tokens)`` decoded in turn by one Decoder in ``test_lossless_offloaded``
-#: (a few fixed examples: every forward of an offloaded model reads the disk).
-OFFLOAD_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
-    ((3, 4, 5) * 8, 24),
-    ((1, 2) * 20, 24),
-    (tuple(range(7, 19)), 16),
+from selfspec.testing._sequences import (
+    ANY_DRAFT_NEW,
+    ANY_DRAFT_PROMPT,
+    DECODE_SEQUENCE,
+    OFFLOAD_SEQUENCE,
+    SAMPLED_SEEDS,
 )
 
 
@@ -118,6 +101,10 @@ class PluginSuite:
     option_strategies: ClassVar[dict[str, Any]] = {}
     #: Options of the fixed reach examples: the ones that draft deepest.
     reach_options: ClassVar[dict[str, Any]] = {}
+    #: Options over ``reach_options`` in the longest-output reach example only: bound a plugin's
+    #: tokens per step there when its deepest drafts (or the machine's timings) would finish the
+    #: 520 tokens in under 256 steps (the ``steps>=256`` bucket).
+    long_options: ClassVar[dict[str, Any]] = {}
     #: Lengths that matter to this plugin (buffer size, depth limit): drawn with +-1 as prompt
     #: and output lengths; one past the drawn limits raises them, one past the tiny models'
     #: positions fails ``test_declares_valid_options`` and ``test_lossless`` with the reason.
@@ -189,10 +176,10 @@ class PluginSuite:
         for opt in declared.values():
             if opt.default is not None:
                 opt.convert(opt.default)
-        for attr in ("fixed_options", "option_strategies", "reach_options"):
+        for attr in ("fixed_options", "option_strategies", "reach_options", "long_options"):
             unknown = sorted(set(getattr(self, attr)) - set(declared))
             assert not unknown, f"{attr} names options {self.plugin!r} does not declare: {unknown}"
-        resolve(declared, {**self.reach_options, **self.fixed_options}, self.plugin)
+        resolve(declared, {**self.reach_options, **self.long_options, **self.fixed_options}, self.plugin)
         self.limits()  # a boundary past the tiny models' positions: the reason, here too
 
     def limits(self) -> Any:
@@ -257,9 +244,10 @@ class PluginSuite:
                    last_position(suite_arch, lim.positions)):
             test = example(scenario=sc, options=fixed_opts)(test)
         test = example(scenario=sampled(suite_arch), options=fixed_opts)(test)
-        for sc in fixed:
-            if sc.arch == suite_arch:
-                test = example(scenario=sc, options={**self.reach_options, **self.fixed_options})(test)
+        longest = max(sc.max_new_tokens for sc in fixed)
+        for sc in (sc for sc in fixed if sc.arch == suite_arch):
+            extra = self.long_options if sc.max_new_tokens == longest else {}
+            test = example(scenario=sc, options={**self.reach_options, **extra, **self.fixed_options})(test)
         if base.derandomize:  # a fixed sequence per plugin and architecture, not one for all
             test = seed(zlib.crc32(f"{self.plugin}:{suite_arch}".encode()))(test)
         # not shrinking: stop at the first failing example, as drawn (no further explicit ones)
