@@ -61,3 +61,4 @@ def test_step7_check_and_suite(model_dir):
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "selfspec coverage" in run.stdout and " passed" in run.stdout
+    assert "no PluginSuite property test ran" in run.stdout  # a suite that drew no example is not reported

@@ -155,9 +155,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     from selfspec.testing._coverage import REGISTRY
 
     terminalreporter.section("selfspec coverage")
-    for cov in REGISTRY.values():
+    ran = [cov for cov in REGISTRY.values() if cov.examples]  # a suite's counters exist before it runs
+    for cov in ran:
         terminalreporter.write_line(cov.report())
-    if not REGISTRY:
+    if not ran:
         terminalreporter.write_line("no PluginSuite property test ran")
 
 
