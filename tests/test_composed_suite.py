@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from selfspec._engine.plugins import PluginError, load_file
 from selfspec.testing import ComposedSuite, LosslessError
 from selfspec.testing._composed import COMPOSED_MUTANTS
+from selfspec.testing._scenarios import LONGEST_NEW
 from selfspec.testing.pytest_plugin import CI_PROFILE
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "plugins" / "_template" / "selfspec_mymethod.py"
@@ -85,13 +86,13 @@ def test_the_longest_reach_example_bounds_the_merged_draft_and_runs_256_steps(ti
             seen.append((scenario, options))
 
     Suite().test_lossless("mistral", "cpu", tiny_model_factory)  # the arch of the 520-token reach example
-    longest = [(sc, o) for sc, o in seen if sc.max_new_tokens == 520]
+    longest = [(sc, o) for sc, o in seen if sc.max_new_tokens == LONGEST_NEW]
     assert len(longest) == 1 and longest[0][1] == {**Suite.reach_options, "budget": "1"}
-    assert all(o.get("budget") != "1" for sc, o in seen if sc.max_new_tokens != 520)
+    assert all(o.get("budget") != "1" for sc, o in seen if sc.max_new_tokens != LONGEST_NEW)
 
     from selfspec import Decoder
 
     sc, options = longest[0]
     model = tiny_model_factory("mistral")
-    result = Decoder(model, Suite.plugin, options, plugin_object=Suite.plugin_object).generate(list(sc.prompt), 520)
-    assert len(result.output_ids) == 520 and result.stats.steps >= 260
+    result = Decoder(model, Suite.plugin, options, plugin_object=Suite.plugin_object).generate(list(sc.prompt), LONGEST_NEW)
+    assert len(result.output_ids) == LONGEST_NEW and result.stats.steps >= 260

@@ -16,7 +16,6 @@ DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
     (tuple(range(7, 19)), 16),
 )
 
-
 #: The prompt and budget of ``test_verify_any_draft``'s decodes (a repetitive prompt).
 ANY_DRAFT_PROMPT: tuple[int, ...] = (9, 4, 17, 4, 2) * 8
 ANY_DRAFT_NEW = 32

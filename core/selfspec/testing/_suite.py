@@ -239,6 +239,7 @@ class PluginSuite:
         # explicit examples run last-applied first: the reach set (where most bugs live), then
         # the sampling example, then the draws
         fixed_opts = {**self.reach_options, **self.fixed_options}
+        long_opts = {**self.reach_options, **self.long_options, **self.fixed_options}
         ties = [near_tied(suite_arch)] if self.model_dtype is None else []  # exact only in float64
         for sc in (*sampled_filters(suite_arch), several_eos(suite_arch), *ties,
                    last_position(suite_arch, lim.positions)):
@@ -246,8 +247,7 @@ class PluginSuite:
         test = example(scenario=sampled(suite_arch), options=fixed_opts)(test)
         longest = max(sc.max_new_tokens for sc in fixed)
         for sc in (sc for sc in fixed if sc.arch == suite_arch):
-            extra = self.long_options if sc.max_new_tokens == longest else {}
-            test = example(scenario=sc, options={**self.reach_options, **extra, **self.fixed_options})(test)
+            test = example(scenario=sc, options=long_opts if sc.max_new_tokens == longest else fixed_opts)(test)
         if base.derandomize:  # a fixed sequence per plugin and architecture, not one for all
             test = seed(zlib.crc32(f"{self.plugin}:{suite_arch}".encode()))(test)
         # not shrinking: stop at the first failing example, as drawn (no further explicit ones)
