@@ -415,6 +415,9 @@ def test_cost_curve_is_measured_once_and_kept(tmp_path, monkeypatch):
     weights = selfspec.draft_weights(runner, "int8")
     draft = cost_curve(runner, store=store, weights=weights)
     assert calls[-1] is weights and draft.costs[0] == 1.0
+    # ... timed beside one-token forwards of the full model: a pass's cost in full forwards
+    assert draft.relative == pytest.approx(draft.meta["seconds_per_width"][0] / draft.meta["full_seconds"])
+    assert draft.relative > 0 and first.relative is None
     assert len(list(tmp_path.glob("costcurve-*-draft-int8-*.json"))) == 1
     assert cost_curve(runner, store=store, weights=weights) is draft and len(calls) == 3
     # weights that compress nothing run the model itself: the model's curve
@@ -441,6 +444,16 @@ def test_tree_config_holds_the_draft_weights_curve_and_drafts_with_it(monkeypatc
     config.draft(None, state, max_depth=2, draft_cost=0.5)
     config.draft(None, state, max_depth=2, draft_cost=0.5, draft_curve=model_curve)  # an explicit curve wins
     assert seen == [weights_curve, model_curve]
+
+
+def test_a_draft_pass_costs_its_share_of_blocks_times_the_measured_relative_cost():
+    config = selfspec.TreeConfig(draft_curve=CostCurve((1, 4), (1.0, 1.5), {"relative": 0.3}))
+    assert config.pass_cost() == pytest.approx(0.3)
+    assert config.pass_cost(0.5, default=0.9) == pytest.approx(0.15)  # measured: the estimate is unused
+    unmeasured = selfspec.TreeConfig()  # a fixed budget, or no draft weights: no draft curve
+    assert unmeasured.pass_cost(0.5) == 0.5 and unmeasured.pass_cost(0.5, default=0.25) == pytest.approx(0.125)
+    # a curve stored before passes were timed against full forwards has no relative cost
+    assert selfspec.TreeConfig(draft_curve=CostCurve((1,), (1.0,))).pass_cost(0.8) == 0.8
 
 
 # ------------------------------------------------------------------------------ lossless (see c)

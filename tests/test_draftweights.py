@@ -24,13 +24,15 @@ from selfspec import DraftWeightsError, Runner, draft_weights, skip_layer_draft
 from selfspec._engine.draftweights import built_nbytes, linears, resolve_backend, vocab
 from selfspec._engine.draftweights.layers import FusedMember, FusedProduct
 from selfspec._engine.runner.native import ENV as NATIVE_ENV
-from selfspec._engine.runner.native import native_unsupported
+from selfspec._engine.runner.native import native_unsupported, vnni_unsupported
 from selfspec.testing import ARCHS, tiny_model
 
 NATIVE = native_unsupported() is None
-CPU = ("int8", "int8wo", "bf16") + (("int8native", "int4native") if NATIVE else ())
-BOUND = {"int8": 0.12, "int8wo": 0.03, "int8native": 0.03, "int4native": 0.45, "bf16": 0.02}  # see a)
-AGREE = {"int8": 0.6, "int8wo": 0.8, "int8native": 0.8, "int4native": 0.2, "bf16": 0.8}
+VNNI = NATIVE and vnni_unsupported() is None
+CPU = ("int8", "int8wo", "bf16") + (("int8native", "int4native") if NATIVE else ()) + (("int8vnni",) if VNNI else ())
+# see a); int8vnni as int8: blocks of more than 4 rows round the activations to 8 bits
+BOUND = {"int8": 0.12, "int8wo": 0.03, "int8native": 0.03, "int8vnni": 0.12, "int4native": 0.45, "bf16": 0.02}
+AGREE = {"int8": 0.6, "int8wo": 0.8, "int8native": 0.8, "int8vnni": 0.6, "int4native": 0.2, "bf16": 0.8}
 
 
 def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
@@ -44,7 +46,34 @@ def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
         resolve_backend("int4", torch.device("cpu"))
 
 
-@pytest.mark.parametrize("backend", ["int8native", "int4native"])
+def test_int8vnni_is_refused_where_the_kernel_has_no_vnni(monkeypatch):
+    from selfspec._engine.runner import native
+
+    if NATIVE:
+        monkeypatch.setattr(native._library(), "selfspec_native_vnni", lambda: 0)
+        with pytest.raises(DraftWeightsError, match="'int8vnni' cannot run here: .*no AVX-512 VNNI"):
+            resolve_backend("int8vnni", torch.device("cpu"))
+    monkeypatch.setenv(NATIVE_ENV, "0")
+    with pytest.raises(DraftWeightsError, match=f"'int8vnni' cannot run here: {NATIVE_ENV}=0"):
+        resolve_backend("int8vnni", torch.device("cpu"))
+
+
+@pytest.mark.skipif(not VNNI, reason="the int8vnni products cannot run here")
+@pytest.mark.parametrize("rows", [1, 4, 9])
+def test_int8vnni_computes_the_int8wo_product_within_its_activations_rounding(rows):
+    from selfspec._engine.runner.native import vnni_error_bound
+
+    w, b = torch.randn(70, 45), torch.randn(70)
+    x = torch.randn(rows, 45)
+    lin = linears.NativeVnniLinear(w, b)
+    q, scale = linears.quantize_rows(w)
+    wq = q.double() * scale.double()[:, None]
+    err = (lin(x).double() - (x.double() @ wq.T + b.double())).abs()
+    assert (err <= vnni_error_bound(x, wq) + 1e-5).all()
+    assert lin(x.double()).dtype == torch.float64 and lin.nbytes() == 70 * 45 + 70 * 8 + 70 * 4
+
+
+@pytest.mark.parametrize("backend", ["int8native", "int8vnni", "int4native"])
 def test_native_backends_are_refused_where_their_kernel_cannot_run(monkeypatch, backend):
     with pytest.raises(DraftWeightsError, match="CPU only"):
         resolve_backend(backend, torch.device("meta"))
@@ -97,6 +126,7 @@ def test_auto_measures_the_int8_copies_and_never_the_4bit_one(monkeypatch):
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     assert shadow.measured_backend(runner) == "int8"
     assert "int8" in seen["candidates"] and "int4native" not in seen["candidates"]
+    assert ("int8vnni" in seen["candidates"]) == VNNI  # measured wherever it can run
 
 
 @pytest.mark.skipif(not NATIVE, reason="the native kernel cannot run here")

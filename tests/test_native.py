@@ -72,6 +72,50 @@ def test_4bit_products_equal_a_float64_product_of_the_dequantized_weights(rows, 
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4 * in_f**0.5)
 
 
+VNNI_WHY = native.vnni_unsupported() if WHY is None else WHY
+needs_vnni = pytest.mark.skipif(VNNI_WHY is not None, reason=f"the int8vnni products cannot run here: {VNNI_WHY}")
+
+
+@needs_vnni
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 20), out_f=st.integers(1, 100), in_f=st.integers(1, 150), bias=st.booleans(),
+       seed=st.integers(0, 2**16), spread=st.sampled_from([1.0, 1e-3, 1e3]))
+def test_vnni_products_stay_within_the_rounding_bound_of_their_activations(rows, out_f, in_f, bias, seed, spread):
+    # each activation is rounded to within half its row's step (16-bit up to 4 rows, 8-bit
+    # beyond); the products themselves are exact integer sums
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(-127, 128, (out_f, in_f), generator=gen, dtype=torch.int8)
+    panels, colsum = native.to_vnni_panels(q)
+    scale = torch.zeros(panels.shape[0] * native.VNNI_TILE)
+    scale[:out_f] = torch.rand(out_f, generator=gen) * spread
+    b = torch.randn(out_f, generator=gen) if bias else None
+    x = torch.randn(rows, in_f, generator=gen) * spread
+    y = native.native_linear_i8vnni(x, panels, colsum, scale, b, out_f)
+    w = q.double() * scale[:out_f].double()[:, None]
+    err = (y.double() - (x.double() @ w.T + (b.double() if bias else 0))).abs()
+    assert y.shape == (rows, out_f) and y.dtype == torch.float32
+    bound = native.vnni_error_bound(x, w) + 1e-6 * (b.double().abs() if bias else 0)
+    assert (err <= bound).all(), float((err - bound).max())
+    assert torch.equal(colsum, torch.nn.functional.pad(q.sum(1, dtype=torch.int32), (0, colsum.numel() - out_f)))
+
+
+@needs_vnni
+def test_vnni_rows_are_independent_within_each_rounding_of_the_activations():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randint(-127, 128, (2 * native.VNNI_TILE + 5, 70), generator=gen, dtype=torch.int8)
+    panels, colsum = native.to_vnni_panels(q)
+    scale = torch.rand(panels.shape[0] * native.VNNI_TILE, generator=gen)
+    x = torch.randn(19, 70, generator=gen)
+
+    def product(rows: torch.Tensor) -> torch.Tensor:
+        return native.native_linear_i8vnni(rows.contiguous(), panels, colsum, scale, None, q.shape[0])
+
+    alone = torch.cat([product(x[i : i + 1]) for i in range(4)])
+    assert torch.equal(product(x[:4]), alone)  # 16-bit activations: a row alone or in up to 4 rows
+    assert torch.equal(torch.cat([product(x[:9]), product(x[9:])]), product(x))  # 8-bit: any wider block
+    assert not torch.equal(product(x[:5])[:4], alone)  # the wider product rounds the activations coarser
+
+
 @needs_native
 @pytest.mark.parametrize("rows", [2, 7, 13, 33])
 def test_a_row_is_bitwise_the_same_alone_in_any_block_and_with_any_thread_count(rows):
@@ -182,6 +226,8 @@ BRANCHES = {
     "AVX without FMA": (("-march=x86-64", "-mavx"), {"avx"}),
     "AVX2 + FMA": (("-march=x86-64-v3",), {"avx2", "fma"}),
     "AVX-512": (("-march=x86-64-v4",), {"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    "AVX-512 VNNI": (("-march=x86-64-v4", "-mavx512vnni"), {"avx512f", "avx512bw", "avx512vl", "avx512dq",
+                                                            "avx512_vnni"}),
 }
 
 
@@ -194,7 +240,8 @@ def test_every_instruction_set_branch_computes_the_product_and_keeps_rows_bitwis
     if platform.machine() not in ("x86_64", "AMD64") or not needs <= _cpu_flags():
         pytest.skip(f"this CPU cannot run the {branch} branch")
     lib = native._bind(native.compile_kernel(tmp_path / "k.so", native._compiler(), flags))
-    assert native._self_check(lib) is None
+    assert native._self_check(lib) is None  # the int8vnni products too, where the branch has them
+    assert lib.selfspec_native_vnni() == ("VNNI" in branch)
     width, gen = lib.selfspec_native_tile(), torch.Generator().manual_seed(1)
     x, w = torch.randn(17, 70, generator=gen), torch.randn(2 * width + 3, 70, generator=gen)
     panels = native.to_panels(w, width)

@@ -52,7 +52,7 @@ class QSpec:
         if self.weights.backend == "none":  # auto where the host has no compressed copy (CUDA without bnb)
             self.weights = selfspec.draft_weights(runner, "bf16", vocab)
         self.tree = TreeConfig.from_options(options, runner, weights=self.weights)  # with the draft passes' curve
-        self.draft_cost = self._draft_cost(runner)  # fixed by the weights: computed once, not every step
+        self.draft_cost = self.tree.pass_cost(1.0, default=self._bytes_share(runner))  # measured where it can be
 
     @selfspec.hookimpl
     def selfspec_propose(self, state: selfspec.DecodeState) -> Draft:
@@ -73,9 +73,11 @@ class QSpec:
         self.tree.observe(verdict)  # tree drafts: how often nodes of each draft probability pass
 
     # ------------------------------------------------------------------------------ helpers
-    def _draft_cost(self, runner) -> float:
-        """A draft token's cost in full forwards: the draft weights' bytes over the model's (a
-        forward on a CPU is bound by the weights it reads)."""
-        full = sum(p.numel() * p.element_size() for layer in runner.layers for p in layer.parameters()
-                   if p.dim() == 2)
+    def _bytes_share(self, runner) -> float:
+        """A draft token's cost in full forwards where it is not measured (a fixed tree budget):
+        the draft weights' bytes over the model's layers' (a forward on a CPU is bound by the
+        weights it reads), the layers' weights counted in any layout (parameters, or the buffers a
+        laid-out product holds)."""
+        full = sum(t.numel() * t.element_size() for layer in runner.layers
+                   for t in [*layer.parameters(), *layer.buffers()] if t.dim() >= 2)
         return min(1.0, max(0.05, self.weights.layer_bytes / full)) if full and self.weights.layers else 1.0

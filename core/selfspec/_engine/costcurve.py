@@ -32,7 +32,7 @@ from selfspec._engine.runner import Runner
 STORE = ArtefactStore("drafttree")
 #: Block widths measured by default (a verified tree holds the pending token plus its nodes).
 WIDTHS = (1, 2, 4, 8, 16, 32)
-CURVE_VERSION = 2
+CURVE_VERSION = 3
 
 _MEMO: dict[str, CostCurve] = {}
 
@@ -43,7 +43,8 @@ class CostCurve:
 
     ``widths``: increasing, starting at 1; ``costs``: the same length, non-decreasing, ``costs[0]
     == 1``. Between widths the cost is interpolated linearly, beyond the last it grows with the
-    last segment's slope. ``meta``: how it was made (machine, raw seconds, the command).
+    last segment's slope. ``meta``: how it was made (machine, raw seconds, the command); a draft
+    pass's curve also holds ``relative``, :attr:`relative`.
     """
 
     widths: tuple[int, ...]
@@ -79,6 +80,15 @@ class CostCurve:
             costs.append(max(float(s) / base, costs[-1] if costs else 1.0))
         return cls(tuple(int(w) for w in widths), tuple(costs), dict(meta))
 
+    @property
+    def relative(self) -> float | None:
+        """A curve of draft passes (``cost_curve(runner, weights=...)``): a one-token draft pass's
+        time over a one-token forward of the full model, timed in the same rounds (``None`` for
+        the model's own curve). A draft pass of width ``w`` then costs ``relative * self(w)``
+        one-token forwards."""
+        value = self.meta.get("relative")
+        return None if value is None else float(value)
+
     def as_dict(self) -> dict[str, Any]:
         return {"version": CURVE_VERSION, "widths": list(self.widths), "costs": list(self.costs), "meta": self.meta}
 
@@ -94,23 +104,27 @@ def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix
     verification computes them) at slot ``prefix`` of a cache holding ``prefix`` tokens; the
     widths interleaved within each of ``repeats`` rounds, after one warm-up round; each width's
     fastest time counts. ``weights``: time draft passes on these draft weights
-    (:func:`selfspec.draft_weights`) instead: the curve of a draft pass's cost by width."""
+    (:func:`selfspec.draft_weights`) instead: the curve of a draft pass's cost by width, and a
+    one-token full forward in every round too, for :attr:`CostCurve.relative`."""
     widths = sorted(set(int(w) for w in widths) | {1})
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, runner.vocab_size, (prefix + max(widths),), generator=gen).to(runner.device)
     cache = runner.new_cache(prefix + max(widths))
     runner.forward(ids[:prefix], cache=cache, start=0, logits=None)
     times: dict[int, list[float]] = {w: [] for w in widths}
+    full: list[float] = []  # one-token forwards of the full model (with draft weights only)
     for r in range(repeats + 1):
-        for w in widths:
+        for w in [*widths, *([0] if weights is not None else [])]:  # 0: the full model's one token
             t0 = time.perf_counter()
-            runner.forward(ids[prefix : prefix + w], cache=cache, start=prefix, weights=weights)
+            runner.forward(ids[prefix : prefix + max(w, 1)], cache=cache, start=prefix,
+                           weights=weights if w else None)
             _sync(runner.device)
             if r:  # round 0 warms up
-                times[w].append(time.perf_counter() - t0)
+                (times[w] if w else full).append(time.perf_counter() - t0)
     seconds = [min(times[w]) for w in widths]
+    extra = {"relative": seconds[0] / min(full), "full_seconds": min(full)} if full else {}
     return CostCurve.from_times(widths, seconds, seconds_per_width=seconds, prefix=prefix, repeats=repeats,
-                                machine=_machine(runner))
+                                machine=_machine(runner), **extra)
 
 
 def cost_curve(runner: Runner, *, store: ArtefactStore | None = None, refresh: bool = False,

@@ -197,6 +197,19 @@ class TreeConfig:
         g[0], g[1] = g[0] * GUESS_DECAY + self.last.guessed, g[1] * GUESS_DECAY + self.last.agreed
         return self.last
 
+    def pass_cost(self, share: float = 1.0, default: float | None = None) -> float:
+        """A one-token draft pass's cost in one-token forwards of the full model, for
+        :meth:`draft`'s ``draft_cost``: ``share`` (the fraction of the model's blocks the draft
+        runs) times the measured :attr:`~selfspec.provisional.CostCurve.relative` of the draft
+        passes' curve (a pass on the draft weights against a full forward, timed together: what
+        a compressed copy saves, measured here). Without that measurement (no draft weights, a
+        fixed budget): ``share`` times ``default`` (the plugin's estimate; 1.0 when ``None``: the
+        model's own weights)."""
+        relative = getattr(self.draft_curve, "relative", None)
+        if relative is None:
+            relative = 1.0 if default is None else default
+        return max(0.0, float(share)) * float(relative)
+
     def paying(self, draft_cost: float) -> bool:
         """With ``pause``: whether to draft this step. A tree pays when the tokens it gets accepted
         (each saves a full forward) outweigh its first draft pass (``draft_cost`` full forwards;

@@ -104,7 +104,8 @@ class CLaSp:
             step = skip_layer_step(self.runner, state.cache, skip_attn=self.skip, skip_mlp=self.skip,
                                    weights=self.weights)
             share = 1.0 - len(self.skip) / self.runner.n_layers  # layers the draft runs
-            draft = self.tree.draft(step, state, max_depth=k, draft_cost=share).draft()
+            cost = self.tree.pass_cost(share)  # on the draft weights: as measured against a full forward
+            draft = self.tree.draft(step, state, max_depth=k, draft_cost=cost).draft()
         else:
             draft = Draft(skip_layer_draft(self.runner, state.cache, pending, slot, max_tokens=k, skip_attn=self.skip,
                                            skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit,

@@ -45,3 +45,18 @@ def test_auto_without_a_compressed_copy_drafts_on_bf16(monkeypatch):
                         lambda runner, backend="auto", vocab=None: real(runner, "none" if backend == "auto" else backend, vocab))
     dec = Decoder(tiny_model("llama", dtype=torch.float32), "qspec", {"tree": False})
     assert dec.plugin.weights.backend == "bf16"
+
+
+@pytest.mark.parametrize("budget", ["auto", "6"])
+def test_a_draft_pass_costs_less_than_a_forward_in_any_weight_layout(budget):
+    """The tree's draft cost: measured against full forwards (``tree_budget=auto``; on a tiny model
+    the int8 pass can be the slower one), else the int8 copy's bytes over the layers' own, counted
+    in whatever layout the decoder laid them out in (an adopted layout holds them as buffers)."""
+    model = tiny_model("llama", dtype=torch.float32)
+    opts = {"draft_weights": "int8", "tree": True, "tree_budget": budget}
+    for layout, adopt in (("model", False), ("packed", True)):  # packed: the weights held as buffers
+        dec = Decoder(model, "qspec", opts, weight_layout=layout, adopt_weights=adopt)
+        if budget == "auto":
+            assert dec.plugin.draft_cost == dec.plugin.tree.draft_curve.relative > 0
+        else:
+            assert 0.2 < dec.plugin.draft_cost < 0.5, (layout, dec.plugin.draft_cost)  # int8: a quarter, + scales

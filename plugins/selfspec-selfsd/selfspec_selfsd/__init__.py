@@ -133,7 +133,8 @@ class SelfSD:
             step = skip_layer_step(runner, state.cache, skip_attn=self.skip_attn, skip_mlp=self.skip_mlp,
                                    weights=self.weights)
             share = 1.0 - (len(self.skip_attn) + len(self.skip_mlp)) / (2 * L)  # blocks the draft runs
-            tree = self.tree.draft(step, state, max_depth=kmax, draft_cost=share).draft(owner=self)
+            cost = self.tree.pass_cost(share)  # on the draft weights: as measured against a full forward
+            tree = self.tree.draft(step, state, max_depth=kmax, draft_cost=cost).draft(owner=self)
             self.drafted = len(tree)  # within the depth and room the host keeps: never cut
             return tree
         f = self._first_skip

@@ -12,6 +12,10 @@ temporary bigger than a slice of that weight (see :data:`CHUNK_ROWS`).
 * :class:`NativeInt8Linear` (``int8native``): int8 weights, one float scale per output channel,
   float activations, in the native kernel compiled for this CPU (``selfspec._engine.runner.
   native``). CPU, where that kernel builds.
+* :class:`NativeVnniLinear` (``int8vnni``): the same int8 weights and scales, each row of
+  activations rounded to integers of a scale of its own (16-bit for products of up to 4 rows,
+  8-bit beyond) and multiplied by integer dot products (AVX-512 VNNI), in the native kernel. CPU,
+  where that kernel builds for a target with VNNI.
 * :class:`NativeInt4Linear` (``int4native``): 4-bit weights, a float scale and offset per output
   channel and group of 128 inputs, float activations, in the native kernel. CPU, where that
   kernel builds.
@@ -171,6 +175,36 @@ class NativeInt8Linear(_NativeCompressed):
         return n + (0 if self.bias is None else self.out_features * 4)
 
 
+class NativeVnniLinear(_NativeCompressed):
+    """int8 weights (a float32 scale per output row, as ``int8wo``) in the native kernel's VNNI
+    panels, products of integer activations (:func:`selfspec._engine.runner.native.
+    native_linear_i8vnni`). CPU, where the native kernel builds with AVX-512 VNNI."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        from selfspec._engine.runner import native  # noqa: PLC0415 (builds the kernel)
+
+        super().__init__()
+        q, scale = quantize_rows(weight)
+        panels, colsum = native.to_vnni_panels(q)
+        del q
+        self.register_buffer("qpanels", panels)
+        self.register_buffer("colsum", colsum)
+        padded = torch.zeros(colsum.numel(), dtype=torch.float32)
+        padded[: scale.numel()] = scale
+        self.register_buffer("scale", padded)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.out_features, self.in_features = weight.shape
+
+    def _product(self, x2: torch.Tensor) -> torch.Tensor:
+        from selfspec._engine.runner.native import native_linear_i8vnni  # noqa: PLC0415
+
+        return native_linear_i8vnni(x2, self.qpanels, self.colsum, self.scale, self.bias, self.out_features)
+
+    def nbytes(self) -> int:
+        n = self.out_features * self.in_features + self.out_features * 8  # q, scale and row sum per row
+        return n + (0 if self.bias is None else self.out_features * 4)
+
+
 class NativeInt4Linear(_NativeCompressed):
     """4-bit weights in groups of :data:`INT4_GROUP` inputs, each group with a float32 scale and
     offset per output row (:func:`quantize_groups`), in the native kernel's 4-bit panels, float32
@@ -276,6 +310,7 @@ LINEARS: dict[str, type[CompressedLinear]] = {
     "int8": DynamicInt8Linear,
     "int8wo": Int8WeightOnlyLinear,
     "int8native": NativeInt8Linear,
+    "int8vnni": NativeVnniLinear,
     "int4native": NativeInt4Linear,
     "bf16": Bf16Linear,
     "bnb": BnbInt8Linear,

@@ -41,9 +41,11 @@ from selfspec._engine.runner.placement import (
 )
 
 #: Backends of the draft weights (``auto`` resolves to one of the others).
-BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "int4native", "bf16", "bnb")
-#: The backends the native kernel computes (they run where it builds).
-NATIVE_BACKENDS: tuple[str, ...] = ("int8native", "int4native")
+BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "int8vnni", "int4native", "bf16",
+                             "bnb")
+#: The backends the native kernel computes (they run where it builds; ``int8vnni`` where its
+#: target has AVX-512 VNNI too).
+NATIVE_BACKENDS: tuple[str, ...] = ("int8native", "int8vnni", "int4native")
 
 
 class DraftWeightsError(ValueError):
@@ -57,7 +59,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     AVX-512 with VNNI, see ``lab/results/logs/draftweights.md``), ``bnb`` on CUDA with bitsandbytes
     installed, else ``none``. Raises :class:`DraftWeightsError` for an explicit backend that
     cannot run here: ``int8``/``int8wo`` off the CPU, ``bnb`` without CUDA or bitsandbytes,
-    ``int8native``/``int4native`` where the native kernel cannot run. ``auto`` never picks
+    the native backends where the native kernel cannot run (``int8vnni``: or has no VNNI). ``auto`` never picks
     ``int4native``: it measures speed only, and the 4-bit copy trades agreement for it.
     """
     if backend not in BACKENDS:
@@ -72,9 +74,9 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         raise DraftWeightsError(f"draft weights {backend!r} run on CPU only, the model is on {device}; "
                                 "use 'bnb', 'bf16' or 'none'")
     if backend in NATIVE_BACKENDS:
-        from selfspec._engine.runner.native import native_unsupported
+        from selfspec._engine.runner.native import native_unsupported, vnni_unsupported
 
-        why = native_unsupported("cpu", torch.float32)
+        why = vnni_unsupported() if backend == "int8vnni" else native_unsupported("cpu", torch.float32)
         if why:
             raise DraftWeightsError(f"draft weights {backend!r} cannot run here: {why}; use 'int8' or 'int8wo'")
     if backend == "bnb":
@@ -232,8 +234,8 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
 def measured_backend(runner) -> str:
     """``auto`` on a CPU: the draft weights fastest per draft token here, measured once per
     machine and model shape among ``int8``, ``int8wo``, ``none`` (the model's own weights in
-    the runner's layout), ``bf16`` where oneDNN has bf16 kernels and ``int8native`` where the
-    native kernel builds (see
+    the runner's layout), ``bf16`` where oneDNN has bf16 kernels, ``int8native`` where the
+    native kernel builds and ``int8vnni`` where it builds with AVX-512 VNNI (see
     :mod:`selfspec._engine.calibration`); ``int8`` when the measurement cannot tell. The
     choice is recorded in ``runner.choices["draft_weights"]``."""
     if "draft_weights" in getattr(runner, "choices", {}):
@@ -247,7 +249,7 @@ def measured_backend(runner) -> str:
         runner.choices["draft_weights"] = choice
         return choice.chosen
 
-    from selfspec._engine.runner.native import native_unsupported
+    from selfspec._engine.runner.native import native_unsupported, vnni_unsupported
 
     if runner.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         candidates = ["int8"]  # float64: the compressed copies only (the static rule)
@@ -255,6 +257,8 @@ def measured_backend(runner) -> str:
         candidates = ["int8", "int8wo", "none"] + (["bf16"] if cpu_capability().onednn_bf16 else [])
         if native_unsupported("cpu", torch.float32) is None:  # builds the kernel: only where it can be a candidate
             candidates.append("int8native")
+            if vnni_unsupported() is None:
+                candidates.append("int8vnni")
     choice = choose_draft_weights(runner, static="int8", candidates=candidates)
     if hasattr(runner, "choices"):
         runner.choices["draft_weights"] = choice

@@ -1,5 +1,5 @@
-"""The ``"native"`` weight layout and the ``"int8native"``/``"int4native"`` draft weights:
-products by a kernel compiled for this CPU.
+"""The ``"native"`` weight layout and the ``"int8native"``/``"int4native"``/``"int8vnni"`` draft
+weights: products by a kernel compiled for this CPU.
 
 torch's float32 products for a handful of rows (one decoded token, a draft to verify) read the
 weights well below the memory's speed on some CPUs: MKL's one-row product runs on one thread,
@@ -11,7 +11,10 @@ the machine's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) with ``-O3
 key of its source, compiler, flags and CPU, and checked against a float64 product before it is
 used. :class:`NativeLinear` calls it; so do the ``int8native`` and ``int4native`` draft weights
 (:mod:`selfspec._engine.draftweights.linears`: int8 panels with a float32 scale per output row,
-or 4-bit panels with a scale and offset per row and group of inputs; float32 activations).
+or 4-bit panels with a scale and offset per row and group of inputs; float32 activations), and
+the ``int8vnni`` draft weights where the compiler targets AVX-512 VNNI (:func:`vnni_unsupported`:
+int8 panels of four inputs per lane, the activations rounded per row to 16-bit integers for
+products of up to 4 rows and to 8-bit ones beyond, integer dot products).
 
 Where it cannot run (no compiler, a failed build or self-check, not CPU float32,
 ``SELFSPEC_NATIVE=0``), :func:`native_unsupported` says why; ``auto`` then leaves it out of
@@ -37,14 +40,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .panels import (  # noqa: F401 (the layouts the kernel reads, named here for its callers)
+    CHUNK_ROWS,
+    VNNI_TILE,
+    from_panels,
+    to_group_panels,
+    to_int4_panels,
+    to_panels,
+    to_vnni_panels,
+    vnni_error_bound,
+)
+
 #: Set to ``0`` to never build or use the native kernel.
 ENV = "SELFSPEC_NATIVE"
 #: The compiler flags that pick the kernel's target (default ``-march=native``), e.g.
 #: ``-march=x86-64-v3`` to build and measure the AVX2 branch on an AVX-512 machine.
 FLAGS_ENV = "SELFSPEC_NATIVE_FLAGS"
 SOURCE = Path(__file__).with_name("native_kernel.c")
-#: Rows of a weight rearranged into panels at once (bounds the temporaries while building).
-CHUNK_ROWS = 4096
 #: Seconds a build may take before it counts as failed.
 BUILD_TIMEOUT = 180
 
@@ -81,6 +93,35 @@ def tile() -> int:
 def block_rows() -> int:
     """Rows the kernel computes per pass over a panel."""
     return int(_library().selfspec_native_rows())
+
+
+def vnni_unsupported() -> str | None:
+    """Why the ``int8vnni`` products cannot run here, or ``None`` when they can: the native
+    kernel must build and its target must have AVX-512 VNNI (this CPU's, or the one
+    ``SELFSPEC_NATIVE_FLAGS`` names)."""
+    why = native_unsupported("cpu", torch.float32)
+    if why:
+        return why
+    if not _library().selfspec_native_vnni():
+        return "the native kernel's target has no AVX-512 VNNI (int8 dot products)"
+    return None
+
+
+def native_linear_i8vnni(x: torch.Tensor, panels: torch.Tensor, colsum: torch.Tensor, scale: torch.Tensor,
+                         bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """``x [n, in] @ (q * scale[:, None]).T + bias`` -> ``[n, out_features]`` float32, ``q`` as
+    :func:`to_vnni_panels` laid it out, ``scale`` float32 ``[tiles * 32]``; each row of ``x``
+    rounded to 16-bit integers (``n <= 4``) or 8-bit ones (wider products) of a scale of its own.
+    Only where :func:`vnni_unsupported` is ``None``."""
+    n, in_features = x.shape
+    y = torch.empty(n, out_features, dtype=torch.float32)
+    xq = torch.empty(n, 2 * -(-in_features // 4) * 4, dtype=torch.uint8)  # the kernel's scratch
+    xs = torch.empty(n, dtype=torch.float32)
+    _library().selfspec_native_linear_i8vnni(
+        x.data_ptr(), panels.data_ptr(), scale.data_ptr(), colsum.data_ptr(),
+        None if bias is None else bias.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(),
+        n, out_features, in_features, torch.get_num_threads())
+    return y
 
 
 def native_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
@@ -121,54 +162,6 @@ def native_linear_int4(x: torch.Tensor, panels: torch.Tensor, gscale: torch.Tens
         None if bias is None else bias.data_ptr(), y.data_ptr(), xsum.data_ptr(), n, out_features, in_features,
         torch.get_num_threads())
     return y
-
-
-def to_int4_panels(codes: torch.Tensor, width: int) -> torch.Tensor:
-    """4-bit codes ``[out, in]`` (uint8, each 0..15) as ``[ceil(out / width), in, width // 2]``
-    bytes: in each tile, byte ``j`` of input ``i`` holds output ``j``'s code in its low nibble
-    and output ``j + width // 2``'s in its high one (padding rows: code 0)."""
-    out_f, in_f = codes.shape
-    tiles, half = -(-out_f // width), width // 2
-    panels = torch.empty(tiles, in_f, half, dtype=torch.uint8)
-    step = max(1, CHUNK_ROWS // width) * width
-    for r in range(0, out_f, step):
-        c = codes[r : r + step]
-        if c.shape[0] % width:
-            c = torch.cat([c, c.new_zeros(width - c.shape[0] % width, in_f)])
-        c = c.view(-1, width, in_f)
-        panels[r // width : r // width + c.shape[0]] = (c[:, :half] | (c[:, half:] << 4)).transpose(1, 2)
-    return panels
-
-
-def to_group_panels(values: torch.Tensor, width: int) -> torch.Tensor:
-    """Per-row, per-group values ``[out, groups]`` as ``[ceil(out / width), groups, width]``
-    float32 (padding rows: 0), the layout :func:`native_linear_int4` reads scales and offsets in."""
-    out_f, groups = values.shape
-    tiles = -(-out_f // width)
-    padded = values.new_zeros(tiles * width, groups, dtype=torch.float32)
-    padded[:out_f] = values
-    return padded.view(tiles, width, groups).transpose(1, 2).contiguous()
-
-
-def to_panels(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A ``[out, in]`` weight as ``[ceil(out / width), in, width]`` panels of ``dtype`` (the
-    last padded with zero rows), built :data:`CHUNK_ROWS` rows at a time."""
-    out_f, in_f = weight.shape
-    tiles = -(-out_f // width)
-    panels = torch.empty(tiles, in_f, width, dtype=dtype)
-    step = max(1, CHUNK_ROWS // width) * width
-    for r in range(0, out_f, step):
-        w = weight[r : r + step].detach().to(dtype)
-        if w.shape[0] % width:
-            w = torch.cat([w, w.new_zeros(width - w.shape[0] % width, in_f)])
-        panels[r // width : r // width + w.shape[0] // width] = w.view(-1, width, in_f).transpose(1, 2)
-    return panels
-
-
-def from_panels(panels: torch.Tensor, out_features: int) -> torch.Tensor:
-    """The ``[out, in]`` weight :func:`to_panels` was given (exactly: a rearrangement)."""
-    tiles, in_f, width = panels.shape
-    return panels.transpose(1, 2).reshape(tiles * width, in_f)[:out_features].contiguous()
 
 
 class NativeLinear(nn.Linear):
@@ -289,6 +282,9 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.selfspec_native_linear_int4.restype = None
     lib.selfspec_native_linear_int4.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 3
                                                 + [ctypes.c_int] * 4)
+    lib.selfspec_native_vnni.restype = ctypes.c_int
+    lib.selfspec_native_linear_i8vnni.restype = None
+    lib.selfspec_native_linear_i8vnni.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 4
     return lib
 
 
@@ -327,4 +323,17 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
         ref = x.double() @ w4.T + b.double()
         if not torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4 * 15):
             return f"the compiled int4 kernel's self-check failed (error {(y.double() - ref).abs().max():.3g})"
+        if lib.selfspec_native_vnni():
+            vp, colsum = to_vnni_panels(q)
+            vscale = torch.rand(vp.shape[0] * VNNI_TILE, generator=gen)
+            xq, xs = torch.empty(rows, 2 * vp.shape[1] * 4, dtype=torch.uint8), torch.empty(rows)  # scratch
+            lib.selfspec_native_linear_i8vnni(x.data_ptr(), vp.data_ptr(), vscale.data_ptr(), colsum.data_ptr(),
+                                              b.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(),
+                                              rows, out_f, in_f, 2)
+            wq = q.double() * vscale[:out_f].double()[:, None]
+            err = (y.double() - (x.double() @ wq.T + b.double())).abs()
+            if not (err <= vnni_error_bound(x, wq) + 1e-4).all():
+                return f"the compiled int8 VNNI kernel's self-check failed (error {err.max():.3g})"
     return None
+
+

@@ -281,3 +281,136 @@ void selfspec_native_linear_int4(const float *x, const unsigned char *panels, co
         }
     }
 }
+
+/* ---- int8 weights by int8 products (VNNI): the "int8vnni" draft weights -------------------
+   W = q * scale[:, None] as in selfspec_native_linear_int8, but each product is an integer dot
+   product of four bytes (vpdpbusd) instead of float multiply-adds, so a block of rows costs
+   about what one row costs. The activations are rounded per row:
+   - products of up to MBW rows: to 16-bit integers, xq = round(x / s), s = max|x| / 32767,
+     split into bytes xq = 256 * hi + lo (hi + 128 and lo unsigned), two dot products per
+     weight: y = s * scale * (256 * (sum (hi + 128) q - 128 * sum q) + sum lo q);
+   - wider products (where two dot products per weight would bound the time): to 8-bit integers,
+     s = max|x| / 127, one dot product: y = s * scale * (sum (xq + 128) q - 128 * sum q).
+   Every sum is exact in int32 (|sum| <= 255 * 127 * I, below 2^31 for I < 66000), so a row's
+   result depends on its own values and on the product's width only (which of the two). The
+   panels hold four consecutive inputs of an output per 32-bit lane, [tiles, ceil(I / 4), TV, 4]
+   bytes (padding inputs and rows 0); colsum [tiles * TV] holds the sums of q per output row.
+   Compiled only where the target has AVX-512 VNNI: selfspec_native_vnni() says whether it was. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define HAS_VNNI 1
+#else
+#define HAS_VNNI 0
+#endif
+int selfspec_native_vnni(void) { return HAS_VNNI; }
+int selfspec_native_vnni_tile(void) { return 32; }
+
+#if HAS_VNNI
+#define TV 32
+#define MBW 4 /* rows computed with 16-bit activations, and their block */
+#define MBN 8 /* the block of the wider products (8-bit activations) */
+
+static inline __attribute__((always_inline)) void tile_rows_vnni(const unsigned char *xq, const signed char *w,
+                                                                  const float *xs, const float *scale,
+                                                                  const int *colsum, const float *bias, float *y,
+                                                                  int mb, int K4, int O, int nout, int two) {
+    const size_t stride = (size_t)(two ? 2 : 1) * K4 * 4; /* bytes per row of xq */
+    __m512i ah[MBN][2], al[MBW][2];
+    for (int m = 0; m < MBN; m++)
+        for (int v = 0; v < 2; v++) ah[m][v] = _mm512_setzero_si512();
+    for (int m = 0; m < MBW; m++)
+        for (int v = 0; v < 2; v++) al[m][v] = _mm512_setzero_si512();
+    for (int k = 0; k < K4; k++) {
+        __m512i w0 = _mm512_loadu_si512((const void *)(w + (size_t)k * TV * 4));
+        __m512i w1 = _mm512_loadu_si512((const void *)(w + (size_t)k * TV * 4 + 64));
+        for (int m = 0; m < MBN; m++) {
+            if (m < mb) {
+                int h4;
+                __builtin_memcpy(&h4, xq + (size_t)m * stride + (size_t)k * 4, 4);
+                __m512i hb = _mm512_set1_epi32(h4);
+                ah[m][0] = _mm512_dpbusd_epi32(ah[m][0], hb, w0);
+                ah[m][1] = _mm512_dpbusd_epi32(ah[m][1], hb, w1);
+                if (two && m < MBW) {
+                    int l4;
+                    __builtin_memcpy(&l4, xq + (size_t)m * stride + (size_t)K4 * 4 + (size_t)k * 4, 4);
+                    __m512i lb = _mm512_set1_epi32(l4);
+                    al[m][0] = _mm512_dpbusd_epi32(al[m][0], lb, w0);
+                    al[m][1] = _mm512_dpbusd_epi32(al[m][1], lb, w1);
+                }
+            }
+        }
+    }
+    float out[TV];
+    for (int m = 0; m < mb; m++) {
+        for (int v = 0; v < 2; v++) {
+            __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(colsum + v * 16)), 7);
+            __m512 r = _mm512_cvtepi32_ps(_mm512_sub_epi32(ah[m][v], corr));
+            if (two && m < MBW) r = _mm512_fmadd_ps(r, _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(al[m][v]));
+            r = _mm512_mul_ps(r, _mm512_mul_ps(_mm512_loadu_ps(scale + v * 16), _mm512_set1_ps(xs[m])));
+            _mm512_storeu_ps(out + v * 16, r);
+        }
+        for (int j = 0; j < nout; j++) y[(size_t)m * O + j] = bias ? out[j] + bias[j] : out[j];
+    }
+}
+
+#define ROWSV(n, TWO) case n: tile_rows_vnni(xm, wt, xsm, st, ct, bt, yt, n, K4, O, nout, TWO); break;
+
+/* y [M, O] = x [M, I] @ W.T (+ bias [O]) with W = q * scale[:, None], q as VNNI panels and
+   colsum as above; xq [M, 2 * ceil(I / 4) * 4] bytes and xs [M] floats are the caller's scratch. */
+void selfspec_native_linear_i8vnni(const float *x, const signed char *panels, const float *scale, const int *colsum,
+                                   const float *bias, float *y, unsigned char *xq, float *xs, int M, int O, int I,
+                                   int threads) {
+    const int K4 = (I + 3) / 4, Ip = K4 * 4, two = M <= MBW, block = two ? MBW : MBN;
+    const size_t stride = (size_t)(two ? 2 : 1) * Ip;
+    const float top = two ? 32767.0f : 127.0f;
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (size_t)m * I;
+        float amax = 0.0f;
+        for (int i = 0; i < I; i++) amax = __builtin_fabsf(xr[i]) > amax ? __builtin_fabsf(xr[i]) : amax;
+        float s = amax > 0.0f ? amax / top : 1.0f, inv = 1.0f / s;
+        unsigned char *hi = xq + (size_t)m * stride, *lo = hi + Ip;
+        for (int i = 0; i < Ip; i++) {
+            float v = i < I ? xr[i] * inv : 0.0f;
+            int q = (int)(v + (v >= 0.0f ? 0.5f : -0.5f)); /* to nearest, ties away from zero */
+            q = q > (int)top ? (int)top : (q < -(int)top ? -(int)top : q);
+            if (two) {
+                hi[i] = (unsigned char)((q >> 8) + 128);
+                lo[i] = (unsigned char)(q & 255);
+            } else {
+                hi[i] = (unsigned char)(q + 128);
+            }
+        }
+        xs[m] = s;
+    }
+    int tiles = (O + TV - 1) / TV;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        int nout = O - t * TV < TV ? O - t * TV : TV;
+        const signed char *wt = panels + (size_t)t * K4 * TV * 4;
+        const float *st = scale + (size_t)t * TV;
+        const int *ct = colsum + (size_t)t * TV;
+        const float *bt = bias ? bias + (size_t)t * TV : NULL;
+        for (int m0 = 0; m0 < M; m0 += block) {
+            const unsigned char *xm = xq + (size_t)m0 * stride;
+            const float *xsm = xs + m0;
+            float *yt = y + (size_t)m0 * O + (size_t)t * TV;
+            int mb = M - m0 < block ? M - m0 : block;
+            if (two) {
+                switch (mb) { ROWSV(1, 1) ROWSV(2, 1) ROWSV(3, 1) ROWSV(4, 1) default: break; }
+            } else {
+                switch (mb) {
+                    ROWSV(1, 0) ROWSV(2, 0) ROWSV(3, 0) ROWSV(4, 0) ROWSV(5, 0) ROWSV(6, 0) ROWSV(7, 0) ROWSV(8, 0)
+                    default: break;
+                }
+            }
+        }
+    }
+}
+#else
+void selfspec_native_linear_i8vnni(const float *x, const signed char *panels, const float *scale, const int *colsum,
+                                   const float *bias, float *y, unsigned char *xq, float *xs, int M, int O, int I,
+                                   int threads) {
+    (void)x, (void)panels, (void)scale, (void)colsum, (void)bias, (void)y, (void)xq, (void)xs, (void)M, (void)O,
+        (void)I, (void)threads; /* never called: selfspec_native_vnni() is 0 */
+}
+#endif

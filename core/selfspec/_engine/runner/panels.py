@@ -1,0 +1,91 @@
+"""The layouts of weights that the native kernel (``native_kernel.c``) reads, and the error
+bound of its ``int8vnni`` products: pure tensor rearrangements, no kernel needed."""
+
+from __future__ import annotations
+
+import torch
+
+#: Rows of a weight rearranged into panels at once (bounds the temporaries while building).
+CHUNK_ROWS = 4096
+
+
+#: Outputs per panel of the ``int8vnni`` products (two vectors of 16 lanes).
+VNNI_TILE = 32
+
+
+def to_vnni_panels(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 weights ``q [out, in]`` as the ``int8vnni`` products read them: panels
+    ``[ceil(out / 32), ceil(in / 4), 32, 4]`` (four consecutive inputs of an output per 32-bit
+    lane; padding inputs and rows 0) and each output row's sum of ``q``, int32 ``[tiles * 32]``;
+    built :data:`CHUNK_ROWS` rows at a time."""
+    out_f, in_f = q.shape
+    tiles, k4 = -(-out_f // VNNI_TILE), -(-in_f // 4)
+    panels = torch.empty(tiles, k4, VNNI_TILE, 4, dtype=torch.int8)
+    colsum = torch.zeros(tiles * VNNI_TILE, dtype=torch.int32)
+    step = max(1, CHUNK_ROWS // VNNI_TILE) * VNNI_TILE
+    for r in range(0, out_f, step):
+        c = q[r : r + step]
+        colsum[r : r + c.shape[0]] = c.sum(1, dtype=torch.int32)
+        block = c.new_zeros(-(-c.shape[0] // VNNI_TILE) * VNNI_TILE, k4 * 4)
+        block[: c.shape[0], :in_f] = c
+        t0 = r // VNNI_TILE
+        panels[t0 : t0 + block.shape[0] // VNNI_TILE] = block.view(-1, VNNI_TILE, k4, 4).transpose(1, 2)
+    return panels, colsum
+
+
+def to_int4_panels(codes: torch.Tensor, width: int) -> torch.Tensor:
+    """4-bit codes ``[out, in]`` (uint8, each 0..15) as ``[ceil(out / width), in, width // 2]``
+    bytes: in each tile, byte ``j`` of input ``i`` holds output ``j``'s code in its low nibble
+    and output ``j + width // 2``'s in its high one (padding rows: code 0)."""
+    out_f, in_f = codes.shape
+    tiles, half = -(-out_f // width), width // 2
+    panels = torch.empty(tiles, in_f, half, dtype=torch.uint8)
+    step = max(1, CHUNK_ROWS // width) * width
+    for r in range(0, out_f, step):
+        c = codes[r : r + step]
+        if c.shape[0] % width:
+            c = torch.cat([c, c.new_zeros(width - c.shape[0] % width, in_f)])
+        c = c.view(-1, width, in_f)
+        panels[r // width : r // width + c.shape[0]] = (c[:, :half] | (c[:, half:] << 4)).transpose(1, 2)
+    return panels
+
+
+def to_group_panels(values: torch.Tensor, width: int) -> torch.Tensor:
+    """Per-row, per-group values ``[out, groups]`` as ``[ceil(out / width), groups, width]``
+    float32 (padding rows: 0), the layout :func:`native_linear_int4` reads scales and offsets in."""
+    out_f, groups = values.shape
+    tiles = -(-out_f // width)
+    padded = values.new_zeros(tiles * width, groups, dtype=torch.float32)
+    padded[:out_f] = values
+    return padded.view(tiles, width, groups).transpose(1, 2).contiguous()
+
+
+def to_panels(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A ``[out, in]`` weight as ``[ceil(out / width), in, width]`` panels of ``dtype`` (the
+    last padded with zero rows), built :data:`CHUNK_ROWS` rows at a time."""
+    out_f, in_f = weight.shape
+    tiles = -(-out_f // width)
+    panels = torch.empty(tiles, in_f, width, dtype=dtype)
+    step = max(1, CHUNK_ROWS // width) * width
+    for r in range(0, out_f, step):
+        w = weight[r : r + step].detach().to(dtype)
+        if w.shape[0] % width:
+            w = torch.cat([w, w.new_zeros(width - w.shape[0] % width, in_f)])
+        panels[r // width : r // width + w.shape[0] // width] = w.view(-1, width, in_f).transpose(1, 2)
+    return panels
+
+
+def from_panels(panels: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The ``[out, in]`` weight :func:`to_panels` was given (exactly: a rearrangement)."""
+    tiles, in_f, width = panels.shape
+    return panels.transpose(1, 2).reshape(tiles * width, in_f)[:out_features].contiguous()
+
+
+def vnni_error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The most an ``int8vnni`` product of ``x [n, in]`` can differ from ``x @ w.T`` (``w`` the
+    dequantized weights ``[out, in]``), ``[n, out]``: each activation rounded to within half its
+    row's step (``max|x| / 32767`` for up to 4 rows, ``/ 127`` beyond), and the float32 roundings
+    of the sums and scales."""
+    x, w = x.double(), w.double()
+    step = x.abs().amax(1, keepdim=True) / (32767.0 if x.shape[0] <= 4 else 127.0)
+    return step / 2 * w.abs().sum(1) + 1e-6 * (x.abs() @ w.abs().T) * 4
