@@ -30,7 +30,7 @@ from selfspec.testing import ARCHS, tiny_model
 NATIVE = native_unsupported() is None
 VNNI = NATIVE and vnni_unsupported() is None
 CPU = ("int8", "int8wo", "bf16") + (("int8native", "int4native") if NATIVE else ()) + (("int8vnni",) if VNNI else ())
-# see a); int8vnni as int8: blocks of more than 4 rows round the activations to 8 bits
+# see a); int8vnni as int8: blocks of more than 2 rows round the activations to 8 bits
 BOUND = {"int8": 0.12, "int8wo": 0.03, "int8native": 0.03, "int8vnni": 0.12, "int4native": 0.45, "bf16": 0.02}
 AGREE = {"int8": 0.6, "int8wo": 0.8, "int8native": 0.8, "int8vnni": 0.6, "int4native": 0.2, "bf16": 0.8}
 

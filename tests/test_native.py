@@ -81,8 +81,8 @@ needs_vnni = pytest.mark.skipif(VNNI_WHY is not None, reason=f"the int8vnni prod
 @given(rows=st.integers(1, 20), out_f=st.integers(1, 100), in_f=st.integers(1, 150), bias=st.booleans(),
        seed=st.integers(0, 2**16), spread=st.sampled_from([1.0, 1e-3, 1e3]))
 def test_vnni_products_stay_within_the_rounding_bound_of_their_activations(rows, out_f, in_f, bias, seed, spread):
-    # each activation is rounded to within half its row's step (16-bit up to 4 rows, 8-bit
-    # beyond); the products themselves are exact integer sums
+    # each activation is rounded to within half its row's step (16-bit up to VNNI_FINE_ROWS rows,
+    # 8-bit beyond); the products themselves are exact integer sums
     gen = torch.Generator().manual_seed(seed)
     q = torch.randint(-127, 128, (out_f, in_f), generator=gen, dtype=torch.int8)
     panels, colsum = native.to_vnni_panels(q)
@@ -110,10 +110,11 @@ def test_vnni_rows_are_independent_within_each_rounding_of_the_activations():
     def product(rows: torch.Tensor) -> torch.Tensor:
         return native.native_linear_i8vnni(rows.contiguous(), panels, colsum, scale, None, q.shape[0])
 
-    alone = torch.cat([product(x[i : i + 1]) for i in range(4)])
-    assert torch.equal(product(x[:4]), alone)  # 16-bit activations: a row alone or in up to 4 rows
+    fine = native.VNNI_FINE_ROWS
+    alone = torch.cat([product(x[i : i + 1]) for i in range(fine)])
+    assert torch.equal(product(x[:fine]), alone)  # 16-bit activations: a row alone or with the fine block's
     assert torch.equal(torch.cat([product(x[:9]), product(x[9:])]), product(x))  # 8-bit: any wider block
-    assert not torch.equal(product(x[:5])[:4], alone)  # the wider product rounds the activations coarser
+    assert not torch.equal(product(x[: fine + 1])[:fine], alone)  # a wider product rounds them coarser
 
 
 @needs_native

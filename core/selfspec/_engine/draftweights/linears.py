@@ -13,7 +13,7 @@ temporary bigger than a slice of that weight (see :data:`CHUNK_ROWS`).
   float activations, in the native kernel compiled for this CPU (``selfspec._engine.runner.
   native``). CPU, where that kernel builds.
 * :class:`NativeVnniLinear` (``int8vnni``): the same int8 weights and scales, each row of
-  activations rounded to integers of a scale of its own (16-bit for products of up to 4 rows,
+  activations rounded to integers of a scale of its own (16-bit for products of up to 2 rows,
   8-bit beyond) and multiplied by integer dot products (AVX-512 VNNI), in the native kernel. CPU,
   where that kernel builds for a target with VNNI.
 * :class:`NativeInt4Linear` (``int4native``): 4-bit weights, a float scale and offset per output

@@ -14,7 +14,7 @@ used. :class:`NativeLinear` calls it; so do the ``int8native`` and ``int4native`
 or 4-bit panels with a scale and offset per row and group of inputs; float32 activations), and
 the ``int8vnni`` draft weights where the compiler targets AVX-512 VNNI (:func:`vnni_unsupported`:
 int8 panels of four inputs per lane, the activations rounded per row to 16-bit integers for
-products of up to 4 rows and to 8-bit ones beyond, integer dot products).
+products of up to 2 rows and to 8-bit ones beyond, integer dot products).
 
 Where it cannot run (no compiler, a failed build or self-check, not CPU float32,
 ``SELFSPEC_NATIVE=0``), :func:`native_unsupported` says why; ``auto`` then leaves it out of
@@ -42,6 +42,7 @@ from torch import nn
 
 from .panels import (  # noqa: F401 (the layouts the kernel reads, named here for its callers)
     CHUNK_ROWS,
+    VNNI_FINE_ROWS,
     VNNI_TILE,
     from_panels,
     to_group_panels,
@@ -111,7 +112,8 @@ def native_linear_i8vnni(x: torch.Tensor, panels: torch.Tensor, colsum: torch.Te
                          bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """``x [n, in] @ (q * scale[:, None]).T + bias`` -> ``[n, out_features]`` float32, ``q`` as
     :func:`to_vnni_panels` laid it out, ``scale`` float32 ``[tiles * 32]``; each row of ``x``
-    rounded to 16-bit integers (``n <= 4``) or 8-bit ones (wider products) of a scale of its own.
+    rounded to 16-bit integers (``n <=`` :data:`VNNI_FINE_ROWS`) or 8-bit ones (wider products) of a
+    scale of its own.
     Only where :func:`vnni_unsupported` is ``None``."""
     n, in_features = x.shape
     y = torch.empty(n, out_features, dtype=torch.float32)
@@ -324,6 +326,8 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
         if not torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4 * 15):
             return f"the compiled int4 kernel's self-check failed (error {(y.double() - ref).abs().max():.3g})"
         if lib.selfspec_native_vnni():
+            if (lib.selfspec_native_vnni_tile(), lib.selfspec_native_vnni_fine()) != (VNNI_TILE, VNNI_FINE_ROWS):
+                return "the compiled int8 VNNI kernel's panel width or 16-bit rows differ from panels.py's"
             vp, colsum = to_vnni_panels(q)
             vscale = torch.rand(vp.shape[0] * VNNI_TILE, generator=gen)
             xq, xs = torch.empty(rows, 2 * vp.shape[1] * 4, dtype=torch.uint8), torch.empty(rows)  # scratch

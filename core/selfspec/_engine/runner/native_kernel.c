@@ -286,10 +286,11 @@ void selfspec_native_linear_int4(const float *x, const unsigned char *panels, co
    W = q * scale[:, None] as in selfspec_native_linear_int8, but each product is an integer dot
    product of four bytes (vpdpbusd) instead of float multiply-adds, so a block of rows costs
    about what one row costs. The activations are rounded per row:
-   - products of up to MBW rows: to 16-bit integers, xq = round(x / s), s = max|x| / 32767,
+   - products of up to MBW (2) rows: to 16-bit integers, xq = round(x / s), s = max|x| / 32767,
      split into bytes xq = 256 * hi + lo (hi + 128 and lo unsigned), two dot products per
      weight: y = s * scale * (256 * (sum (hi + 128) q - 128 * sum q) + sum lo q);
-   - wider products (where two dot products per weight would bound the time): to 8-bit integers,
+   - wider products (where two dot products per weight and row would bound the time, as from 3
+     rows on the Zen 4 measured): to 8-bit integers,
      s = max|x| / 127, one dot product: y = s * scale * (sum (xq + 128) q - 128 * sum q).
    Every sum is exact in int32 (|sum| <= 255 * 127 * I, below 2^31 for I < 66000), so a row's
    result depends on its own values and on the product's width only (which of the two). The
@@ -302,11 +303,14 @@ void selfspec_native_linear_int4(const float *x, const unsigned char *panels, co
 #define HAS_VNNI 0
 #endif
 int selfspec_native_vnni(void) { return HAS_VNNI; }
-int selfspec_native_vnni_tile(void) { return 32; }
+#define TV 32 /* outputs per panel (VNNI_TILE in panels.py) */
+int selfspec_native_vnni_tile(void) { return TV; }
+#ifndef MBW
+#define MBW 2 /* rows computed with 16-bit activations, and their block (VNNI_FINE_ROWS in panels.py) */
+#endif
+int selfspec_native_vnni_fine(void) { return MBW; }
 
 #if HAS_VNNI
-#define TV 32
-#define MBW 4 /* rows computed with 16-bit activations, and their block */
 #define MBN 8 /* the block of the wider products (8-bit activations) */
 
 static inline __attribute__((always_inline)) void tile_rows_vnni(const unsigned char *xq, const signed char *w,

@@ -11,6 +11,8 @@ CHUNK_ROWS = 4096
 
 #: Outputs per panel of the ``int8vnni`` products (two vectors of 16 lanes).
 VNNI_TILE = 32
+#: Rows up to which an ``int8vnni`` product rounds activations to 16-bit integers (8-bit beyond).
+VNNI_FINE_ROWS = 2
 
 
 def to_vnni_panels(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +86,8 @@ def from_panels(panels: torch.Tensor, out_features: int) -> torch.Tensor:
 def vnni_error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The most an ``int8vnni`` product of ``x [n, in]`` can differ from ``x @ w.T`` (``w`` the
     dequantized weights ``[out, in]``), ``[n, out]``: each activation rounded to within half its
-    row's step (``max|x| / 32767`` for up to 4 rows, ``/ 127`` beyond), and the float32 roundings
-    of the sums and scales."""
+    row's step (``max|x| / 32767`` for up to :data:`VNNI_FINE_ROWS` rows, ``/ 127`` beyond), and the
+    float32 roundings of the sums and scales."""
     x, w = x.double(), w.double()
-    step = x.abs().amax(1, keepdim=True) / (32767.0 if x.shape[0] <= 4 else 127.0)
+    step = x.abs().amax(1, keepdim=True) / (32767.0 if x.shape[0] <= VNNI_FINE_ROWS else 127.0)
     return step / 2 * w.abs().sum(1) + 1e-6 * (x.abs() @ w.abs().T) * 4
