@@ -29,10 +29,13 @@ from selfspec.testing import ARCHS, tiny_model
 
 NATIVE = native_unsupported() is None
 VNNI = NATIVE and vnni_unsupported() is None
-CPU = ("int8", "int8wo", "bf16") + (("int8native", "int4native") if NATIVE else ()) + (("int8vnni",) if VNNI else ())
-# see a); int8vnni as int8: blocks of more than 2 rows round the activations to 8 bits
-BOUND = {"int8": 0.12, "int8wo": 0.03, "int8native": 0.03, "int8vnni": 0.12, "int4native": 0.45, "bf16": 0.02}
-AGREE = {"int8": 0.6, "int8wo": 0.8, "int8native": 0.8, "int8vnni": 0.6, "int4native": 0.2, "bf16": 0.8}
+CPU = ("int8", "int8wo", "bf16") + (("int8native", "int4native") if NATIVE else ()) + (
+    ("int8vnni", "int4vnni") if VNNI else ())
+# see a); the *vnni ones as int8: blocks of more than 2 rows round the activations to 8 bits
+BOUND = {"int8": 0.12, "int8wo": 0.03, "int8native": 0.03, "int8vnni": 0.12, "int4native": 0.45, "int4vnni": 0.5,
+         "bf16": 0.02}
+AGREE = {"int8": 0.6, "int8wo": 0.8, "int8native": 0.8, "int8vnni": 0.6, "int4native": 0.2, "int4vnni": 0.2,
+         "bf16": 0.8}
 
 
 def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
@@ -46,16 +49,35 @@ def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
         resolve_backend("int4", torch.device("cpu"))
 
 
-def test_int8vnni_is_refused_where_the_kernel_has_no_vnni(monkeypatch):
+@pytest.mark.parametrize("backend", ["int8vnni", "int4vnni"])
+def test_vnni_backends_are_refused_where_the_kernel_has_no_vnni(monkeypatch, backend):
     from selfspec._engine.runner import native
 
     if NATIVE:
         monkeypatch.setattr(native._library(), "selfspec_native_vnni", lambda: 0)
-        with pytest.raises(DraftWeightsError, match="'int8vnni' cannot run here: .*no AVX-512 VNNI"):
-            resolve_backend("int8vnni", torch.device("cpu"))
+        with pytest.raises(DraftWeightsError, match=f"'{backend}' cannot run here: .*no AVX-512 VNNI"):
+            resolve_backend(backend, torch.device("cpu"))
     monkeypatch.setenv(NATIVE_ENV, "0")
-    with pytest.raises(DraftWeightsError, match=f"'int8vnni' cannot run here: {NATIVE_ENV}=0"):
-        resolve_backend("int8vnni", torch.device("cpu"))
+    with pytest.raises(DraftWeightsError, match=f"'{backend}' cannot run here: {NATIVE_ENV}=0"):
+        resolve_backend(backend, torch.device("cpu"))
+
+
+@pytest.mark.skipif(not VNNI, reason="the VNNI products cannot run here")
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_int4vnni_computes_the_int4native_product_within_its_activations_rounding(rows):
+    n_in = linears.INT4_GROUP + 12  # a whole group and a partial one
+    w, b = torch.randn(70, n_in), torch.randn(70)
+    x = torch.randn(rows, n_in)
+    lin = linears.NativeInt4VnniLinear(w, b)
+    codes, scale, offset = linears.quantize_groups(w, linears.INT4_GROUP)
+    g = torch.arange(n_in) // linears.INT4_GROUP
+    coded = codes.double() * scale.double()[:, g]  # the part of a weight the rounded activations meet
+    want = x.double() @ (coded + offset.double()[:, g]).T + b.double()
+    step = x.double().abs().amax(1, keepdim=True) / (32767.0 if rows <= 2 else 127.0)
+    bound = step / 2 * coded.abs().sum(1) + 1e-5 * (x.double().abs() @ (coded + offset.double()[:, g]).abs().T) + 1e-5
+    assert ((lin(x).double() - want).abs() <= bound).all()
+    assert lin(x.double()).dtype == torch.float64
+    assert lin.nbytes() == 70 * (-(-n_in // 2)) + 70 * 2 * 12 + 70 * 4  # codes; scale, offset, sum per group; bias
 
 
 @pytest.mark.skipif(not VNNI, reason="the int8vnni products cannot run here")
@@ -73,7 +95,7 @@ def test_int8vnni_computes_the_int8wo_product_within_its_activations_rounding(ro
     assert lin(x.double()).dtype == torch.float64 and lin.nbytes() == 70 * 45 + 70 * 8 + 70 * 4
 
 
-@pytest.mark.parametrize("backend", ["int8native", "int8vnni", "int4native"])
+@pytest.mark.parametrize("backend", ["int8native", "int8vnni", "int4native", "int4vnni"])
 def test_native_backends_are_refused_where_their_kernel_cannot_run(monkeypatch, backend):
     with pytest.raises(DraftWeightsError, match="CPU only"):
         resolve_backend(backend, torch.device("meta"))
@@ -127,6 +149,7 @@ def test_auto_measures_the_int8_copies_and_never_the_4bit_one(monkeypatch):
     assert shadow.measured_backend(runner) == "int8"
     assert "int8" in seen["candidates"] and "int4native" not in seen["candidates"]
     assert ("int8vnni" in seen["candidates"]) == VNNI  # measured wherever it can run
+    assert "int4vnni" not in seen["candidates"]
 
 
 @pytest.mark.skipif(not NATIVE, reason="the native kernel cannot run here")

@@ -100,6 +100,34 @@ def test_vnni_products_stay_within_the_rounding_bound_of_their_activations(rows,
 
 
 @needs_vnni
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 14), out_f=st.integers(1, 80), in_f=st.integers(1, 300), group=st.sampled_from([4, 32, 128]),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_4bit_vnni_products_stay_within_the_rounding_bound_of_their_activations(rows, out_f, in_f, group, bias, seed):
+    gen = torch.Generator().manual_seed(seed)
+    groups = -(-in_f // group)
+    codes = torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8)
+    scale, offset = torch.rand(out_f, groups, generator=gen), torch.randn(out_f, groups, generator=gen)
+    b = torch.randn(out_f, generator=gen) if bias else None
+    x = torch.randn(rows, in_f, generator=gen)
+    panels, gsum = native.to_int4_vnni_panels(codes, group)
+    y = native.native_linear_i4vnni(x, panels, gsum, native.to_group_panels(scale, native.VNNI_TILE),
+                                    native.to_group_panels(offset, native.VNNI_TILE), group, b, out_f)
+    g = torch.arange(in_f) // group
+    coded = codes.double() * scale.double()[:, g]  # the offsets meet exact sums of x
+    w = coded + offset.double()[:, g]
+    err = (y.double() - (x.double() @ w.T + (b.double() if bias else 0))).abs()
+    bound = native.vnni_error_bound(x, coded) + 1e-6 * (x.double().abs() @ w.abs().T) * 4 + 1e-5
+    assert (err <= bound).all(), float((err - bound).max())
+    padded = torch.zeros(gsum.shape[0] * native.VNNI_TILE, groups * group, dtype=torch.int32)
+    padded[:out_f, :in_f] = codes.int()
+    sums = padded.view(-1, groups, group).sum(-1).view(gsum.shape[0], native.VNNI_TILE, groups).transpose(1, 2)
+    assert torch.equal(gsum, sums)  # each output row's sum of codes per group
+    with pytest.raises(ValueError, match="multiple of 4"):
+        native.to_int4_vnni_panels(codes, 6)
+
+
+@needs_vnni
 def test_vnni_rows_are_independent_within_each_rounding_of_the_activations():
     gen = torch.Generator().manual_seed(3)
     q = torch.randint(-127, 128, (2 * native.VNNI_TILE + 5, 70), generator=gen, dtype=torch.int8)

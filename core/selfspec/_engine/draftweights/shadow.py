@@ -41,11 +41,11 @@ from selfspec._engine.runner.placement import (
 )
 
 #: Backends of the draft weights (``auto`` resolves to one of the others).
-BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "int8vnni", "int4native", "bf16",
-                             "bnb")
-#: The backends the native kernel computes (they run where it builds; ``int8vnni`` where its
-#: target has AVX-512 VNNI too).
-NATIVE_BACKENDS: tuple[str, ...] = ("int8native", "int8vnni", "int4native")
+BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "int8vnni", "int4native", "int4vnni",
+                             "bf16", "bnb")
+#: The backends the native kernel computes (they run where it builds; the ``*vnni`` ones where
+#: its target has AVX-512 VNNI too).
+NATIVE_BACKENDS: tuple[str, ...] = ("int8native", "int8vnni", "int4native", "int4vnni")
 
 
 class DraftWeightsError(ValueError):
@@ -59,8 +59,9 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     AVX-512 with VNNI, see ``lab/results/logs/draftweights.md``), ``bnb`` on CUDA with bitsandbytes
     installed, else ``none``. Raises :class:`DraftWeightsError` for an explicit backend that
     cannot run here: ``int8``/``int8wo`` off the CPU, ``bnb`` without CUDA or bitsandbytes,
-    the native backends where the native kernel cannot run (``int8vnni``: or has no VNNI). ``auto`` never picks
-    ``int4native``: it measures speed only, and the 4-bit copy trades agreement for it.
+    the native backends where the native kernel cannot run (``int8vnni``, ``int4vnni``: or has no
+    VNNI). ``auto`` never picks ``int4native`` or ``int4vnni``: it measures speed only, and the
+    4-bit copies trade agreement for it.
     """
     if backend not in BACKENDS:
         raise DraftWeightsError(f"unknown draft weights {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -76,7 +77,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if backend in NATIVE_BACKENDS:
         from selfspec._engine.runner.native import native_unsupported, vnni_unsupported
 
-        why = vnni_unsupported() if backend == "int8vnni" else native_unsupported("cpu", torch.float32)
+        why = vnni_unsupported() if backend.endswith("vnni") else native_unsupported("cpu", torch.float32)
         if why:
             raise DraftWeightsError(f"draft weights {backend!r} cannot run here: {why}; use 'int8' or 'int8wo'")
     if backend == "bnb":

@@ -47,6 +47,7 @@ from .panels import (  # noqa: F401 (the layouts the kernel reads, named here fo
     from_panels,
     to_group_panels,
     to_int4_panels,
+    to_int4_vnni_panels,
     to_panels,
     to_vnni_panels,
     vnni_error_bound,
@@ -122,6 +123,24 @@ def native_linear_i8vnni(x: torch.Tensor, panels: torch.Tensor, colsum: torch.Te
     _library().selfspec_native_linear_i8vnni(
         x.data_ptr(), panels.data_ptr(), scale.data_ptr(), colsum.data_ptr(),
         None if bias is None else bias.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(),
+        n, out_features, in_features, torch.get_num_threads())
+    return y
+
+
+def native_linear_i4vnni(x: torch.Tensor, panels: torch.Tensor, gsum: torch.Tensor, gscale: torch.Tensor,
+                         gzero: torch.Tensor, group: int, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """:func:`native_linear_int4`'s product (4-bit weights in groups of ``group`` inputs) by
+    integer dot products: ``panels`` and ``gsum`` as :func:`to_int4_vnni_panels` laid them out,
+    ``gscale``/``gzero`` as :func:`to_group_panels` laid them out at width 32; the activations
+    rounded per row as :func:`native_linear_i8vnni` rounds them. Only where
+    :func:`vnni_unsupported` is ``None``."""
+    n, in_features = x.shape
+    y = torch.empty(n, out_features, dtype=torch.float32)
+    xq = torch.empty(n, 2 * -(-in_features // 4) * 4, dtype=torch.uint8)  # the kernel's scratch
+    xs, xsum = torch.empty(n, dtype=torch.float32), torch.empty(n, gsum.shape[1], dtype=torch.float32)
+    _library().selfspec_native_linear_i4vnni(
+        x.data_ptr(), panels.data_ptr(), gscale.data_ptr(), gzero.data_ptr(), gsum.data_ptr(), group,
+        None if bias is None else bias.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(),
         n, out_features, in_features, torch.get_num_threads())
     return y
 
@@ -287,6 +306,9 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.selfspec_native_vnni.restype = ctypes.c_int
     lib.selfspec_native_linear_i8vnni.restype = None
     lib.selfspec_native_linear_i8vnni.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 4
+    lib.selfspec_native_linear_i4vnni.restype = None
+    lib.selfspec_native_linear_i4vnni.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_void_p] * 5
+                                                  + [ctypes.c_int] * 4)
     return lib
 
 
@@ -338,6 +360,16 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
             err = (y.double() - (x.double() @ wq.T + b.double())).abs()
             if not (err <= vnni_error_bound(x, wq) + 1e-4).all():
                 return f"the compiled int8 VNNI kernel's self-check failed (error {err.max():.3g})"
+            p4, gsum4 = to_int4_vnni_panels(codes, group)
+            gs4, gz4 = to_group_panels(gs, VNNI_TILE), to_group_panels(gz, VNNI_TILE)
+            xsum = torch.empty(rows, gs.shape[1])
+            lib.selfspec_native_linear_i4vnni(x.data_ptr(), p4.data_ptr(), gs4.data_ptr(), gz4.data_ptr(),
+                                              gsum4.data_ptr(), group, b.data_ptr(), y.data_ptr(), xq.data_ptr(),
+                                              xs.data_ptr(), xsum.data_ptr(), rows, out_f, in_f, 2)
+            coded = codes.double() * gs.double().repeat_interleave(group, 1)[:, :in_f]
+            err = (y.double() - (x.double() @ w4.T + b.double())).abs()
+            if not (err <= vnni_error_bound(x, coded) + 1e-4 * (1 + x.double().abs() @ w4.abs().T)).all():
+                return f"the compiled int4 VNNI kernel's self-check failed (error {err.max():.3g})"
     return None
 
 

@@ -313,6 +313,33 @@ int selfspec_native_vnni_fine(void) { return MBW; }
 #if HAS_VNNI
 #define MBN 8 /* the block of the wider products (8-bit activations) */
 
+/* Each row of x [M, I] rounded to integers of its own scale xs[m] = max|x| / top: two bytes per
+   value (hi + 128, then lo; rows of 2 * Ip bytes) with two, else one (xq + 128; rows of Ip). */
+static void quantize_rows_vnni(const float *x, unsigned char *xq, float *xs, int M, int I, int two) {
+    const int Ip = (I + 3) / 4 * 4;
+    const size_t stride = (size_t)(two ? 2 : 1) * Ip;
+    const float top = two ? 32767.0f : 127.0f;
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (size_t)m * I;
+        float amax = 0.0f;
+        for (int i = 0; i < I; i++) amax = __builtin_fabsf(xr[i]) > amax ? __builtin_fabsf(xr[i]) : amax;
+        float s = amax > 0.0f ? amax / top : 1.0f, inv = 1.0f / s;
+        unsigned char *hi = xq + (size_t)m * stride, *lo = hi + Ip;
+        for (int i = 0; i < Ip; i++) {
+            float v = i < I ? xr[i] * inv : 0.0f;
+            int q = (int)(v + (v >= 0.0f ? 0.5f : -0.5f)); /* to nearest, ties away from zero */
+            q = q > (int)top ? (int)top : (q < -(int)top ? -(int)top : q);
+            if (two) {
+                hi[i] = (unsigned char)((q >> 8) + 128);
+                lo[i] = (unsigned char)(q & 255);
+            } else {
+                hi[i] = (unsigned char)(q + 128);
+            }
+        }
+        xs[m] = s;
+    }
+}
+
 static inline __attribute__((always_inline)) void tile_rows_vnni(const unsigned char *xq, const signed char *w,
                                                                   const float *xs, const float *scale,
                                                                   const int *colsum, const float *bias, float *y,
@@ -365,26 +392,7 @@ void selfspec_native_linear_i8vnni(const float *x, const signed char *panels, co
                                    int threads) {
     const int K4 = (I + 3) / 4, Ip = K4 * 4, two = M <= MBW, block = two ? MBW : MBN;
     const size_t stride = (size_t)(two ? 2 : 1) * Ip;
-    const float top = two ? 32767.0f : 127.0f;
-    for (int m = 0; m < M; m++) {
-        const float *xr = x + (size_t)m * I;
-        float amax = 0.0f;
-        for (int i = 0; i < I; i++) amax = __builtin_fabsf(xr[i]) > amax ? __builtin_fabsf(xr[i]) : amax;
-        float s = amax > 0.0f ? amax / top : 1.0f, inv = 1.0f / s;
-        unsigned char *hi = xq + (size_t)m * stride, *lo = hi + Ip;
-        for (int i = 0; i < Ip; i++) {
-            float v = i < I ? xr[i] * inv : 0.0f;
-            int q = (int)(v + (v >= 0.0f ? 0.5f : -0.5f)); /* to nearest, ties away from zero */
-            q = q > (int)top ? (int)top : (q < -(int)top ? -(int)top : q);
-            if (two) {
-                hi[i] = (unsigned char)((q >> 8) + 128);
-                lo[i] = (unsigned char)(q & 255);
-            } else {
-                hi[i] = (unsigned char)(q + 128);
-            }
-        }
-        xs[m] = s;
-    }
+    quantize_rows_vnni(x, xq, xs, M, I, two);
     int tiles = (O + TV - 1) / TV;
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -410,11 +418,127 @@ void selfspec_native_linear_i8vnni(const float *x, const signed char *panels, co
         }
     }
 }
+
+/* ---- 4-bit weights by int8 products (VNNI): the "int4vnni" draft weights ------------------
+   W[o, i] = code[o, i] * gscale[o, g] + gzero[o, g] for g = i / G (the int4native weights), the
+   activations rounded per row as above (16-bit up to MBW rows, 8-bit beyond). Per group, the
+   codes (0..15, valid signed bytes) are dotted with the activation bytes exactly in int32, then
+   scaled: y = s * sum_g gscale * sum_{i in g} code * xq + sum_g gzero * sum_{i in g} x, with
+   sum code * xq = 256 * (sum code * (hi + 128) - 128 * gsum) + sum code * lo (16-bit) or
+   sum code * (xq + 128) - 128 * gsum (8-bit), gsum the group's sum of codes per output row.
+   Panels: per tile and four consecutive inputs, 64 bytes whose low nibbles are outputs 0..15's
+   four codes (one 32-bit lane each) and whose high nibbles are outputs 16..31's:
+   [tiles, ceil(I / 4), 16, 4] bytes; gscale, gzero [tiles, groups, TV] float, gsum
+   [tiles, groups, TV] int32; G a multiple of 4. */
+#define MB4N 6 /* the block of the wider 4-bit products */
+
+static inline __attribute__((always_inline)) void tile_rows_i4vnni(const unsigned char *xq, const unsigned char *w,
+                                                                    const float *xs, const float *xsum,
+                                                                    const float *gs, const float *gz, const int *gsum,
+                                                                    const float *bias, float *y, int mb, int K4,
+                                                                    int G, int groups, int O, int nout, int two) {
+    const size_t stride = (size_t)(two ? 2 : 1) * K4 * 4;
+    const __m512i nib = _mm512_set1_epi8(15);
+    __m512 acc[MB4N][2];
+    for (int m = 0; m < MB4N; m++)
+        for (int v = 0; v < 2; v++) acc[m][v] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m512i ah[MB4N][2], al[MBW][2];
+        for (int m = 0; m < MB4N; m++)
+            for (int v = 0; v < 2; v++) ah[m][v] = _mm512_setzero_si512();
+        for (int m = 0; m < MBW; m++)
+            for (int v = 0; v < 2; v++) al[m][v] = _mm512_setzero_si512();
+        const int k1 = (g + 1) * (G / 4) < K4 ? (g + 1) * (G / 4) : K4;
+        for (int k = g * (G / 4); k < k1; k++) {
+            __m512i packed = _mm512_loadu_si512((const void *)(w + (size_t)k * 64));
+            __m512i w0 = _mm512_and_si512(packed, nib);
+            __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
+            for (int m = 0; m < MB4N; m++) {
+                if (m < mb) {
+                    int h4;
+                    __builtin_memcpy(&h4, xq + (size_t)m * stride + (size_t)k * 4, 4);
+                    __m512i hb = _mm512_set1_epi32(h4);
+                    ah[m][0] = _mm512_dpbusd_epi32(ah[m][0], hb, w0);
+                    ah[m][1] = _mm512_dpbusd_epi32(ah[m][1], hb, w1);
+                    if (two && m < MBW) {
+                        int l4;
+                        __builtin_memcpy(&l4, xq + (size_t)m * stride + (size_t)K4 * 4 + (size_t)k * 4, 4);
+                        __m512i lb = _mm512_set1_epi32(l4);
+                        al[m][0] = _mm512_dpbusd_epi32(al[m][0], lb, w0);
+                        al[m][1] = _mm512_dpbusd_epi32(al[m][1], lb, w1);
+                    }
+                }
+            }
+        }
+        for (int m = 0; m < mb; m++) {
+            for (int v = 0; v < 2; v++) {
+                __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(gsum + (size_t)g * TV + v * 16)), 7);
+                __m512 r = _mm512_cvtepi32_ps(_mm512_sub_epi32(ah[m][v], corr));
+                if (two && m < MBW) r = _mm512_fmadd_ps(r, _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(al[m][v]));
+                r = _mm512_mul_ps(r, _mm512_set1_ps(xs[m]));
+                acc[m][v] = _mm512_fmadd_ps(r, _mm512_loadu_ps(gs + (size_t)g * TV + v * 16), acc[m][v]);
+                acc[m][v] = _mm512_fmadd_ps(_mm512_loadu_ps(gz + (size_t)g * TV + v * 16),
+                                            _mm512_set1_ps(xsum[(size_t)m * groups + g]), acc[m][v]);
+            }
+        }
+    }
+    float out[TV];
+    for (int m = 0; m < mb; m++) {
+        for (int v = 0; v < 2; v++) _mm512_storeu_ps(out + v * 16, acc[m][v]);
+        for (int j = 0; j < nout; j++) y[(size_t)m * O + j] = bias ? out[j] + bias[j] : out[j];
+    }
+}
+
+#define ROWS4V(n, TWO) case n: tile_rows_i4vnni(xm, wt, xsm, xsumm, gst, gzt, gct, bt, yt, n, K4, G, groups, O, nout, TWO); break;
+
+/* y [M, O] = x [M, I] @ W.T (+ bias [O]) with the 4-bit W above; xq [M, 2 * ceil(I / 4) * 4]
+   bytes, xs [M] and xsum [M, groups] floats are the caller's scratch. */
+void selfspec_native_linear_i4vnni(const float *x, const unsigned char *panels, const float *gscale,
+                                   const float *gzero, const int *gsum, int G, const float *bias, float *y,
+                                   unsigned char *xq, float *xs, float *xsum, int M, int O, int I, int threads) {
+    const int K4 = (I + 3) / 4, two = M <= MBW, block = two ? MBW : MB4N, groups = (I + G - 1) / G;
+    const size_t stride = (size_t)(two ? 2 : 1) * K4 * 4;
+    quantize_rows_vnni(x, xq, xs, M, I, two);
+    for (int m = 0; m < M; m++)
+        for (int g = 0; g < groups; g++) {
+            float sum = 0.0f;
+            int i1 = I - g * G < G ? I : (g + 1) * G;
+            for (int i = g * G; i < i1; i++) sum += x[(size_t)m * I + i];
+            xsum[(size_t)m * groups + g] = sum;
+        }
+    int tiles = (O + TV - 1) / TV;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        int nout = O - t * TV < TV ? O - t * TV : TV;
+        const unsigned char *wt = panels + (size_t)t * K4 * 64;
+        const float *gst = gscale + (size_t)t * groups * TV, *gzt = gzero + (size_t)t * groups * TV;
+        const int *gct = gsum + (size_t)t * groups * TV;
+        const float *bt = bias ? bias + (size_t)t * TV : NULL;
+        for (int m0 = 0; m0 < M; m0 += block) {
+            const unsigned char *xm = xq + (size_t)m0 * stride;
+            const float *xsm = xs + m0, *xsumm = xsum + (size_t)m0 * groups;
+            float *yt = y + (size_t)m0 * O + (size_t)t * TV;
+            int mb = M - m0 < block ? M - m0 : block;
+            if (two) {
+                switch (mb) { ROWS4V(1, 1) ROWS4V(2, 1) default: break; }
+            } else {
+                switch (mb) { ROWS4V(1, 0) ROWS4V(2, 0) ROWS4V(3, 0) ROWS4V(4, 0) ROWS4V(5, 0) ROWS4V(6, 0) default: break; }
+            }
+        }
+    }
+}
 #else
 void selfspec_native_linear_i8vnni(const float *x, const signed char *panels, const float *scale, const int *colsum,
                                    const float *bias, float *y, unsigned char *xq, float *xs, int M, int O, int I,
                                    int threads) {
     (void)x, (void)panels, (void)scale, (void)colsum, (void)bias, (void)y, (void)xq, (void)xs, (void)M, (void)O,
         (void)I, (void)threads; /* never called: selfspec_native_vnni() is 0 */
+}
+void selfspec_native_linear_i4vnni(const float *x, const unsigned char *panels, const float *gscale,
+                                   const float *gzero, const int *gsum, int G, const float *bias, float *y,
+                                   unsigned char *xq, float *xs, float *xsum, int M, int O, int I, int threads) {
+    (void)x, (void)panels, (void)gscale, (void)gzero, (void)gsum, (void)G, (void)bias, (void)y, (void)xq, (void)xs,
+        (void)xsum, (void)M, (void)O, (void)I, (void)threads; /* never called: selfspec_native_vnni() is 0 */
 }
 #endif

@@ -35,6 +35,31 @@ def to_vnni_panels(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return panels, colsum
 
 
+def to_int4_vnni_panels(codes: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """4-bit codes ``[out, in]`` (uint8, each 0..15) as the ``int4vnni`` products read them: per
+    tile of 32 outputs and four consecutive inputs, 64 bytes whose low nibbles hold outputs
+    0..15's four codes and whose high nibbles outputs 16..31's, ``[ceil(out / 32), ceil(in / 4),
+    16, 4]`` uint8 (padding inputs and rows: code 0); and each output row's sum of codes per group
+    of ``group`` inputs (a multiple of 4), int32 ``[tiles, groups, 32]``."""
+    if group % 4:
+        raise ValueError(f"a 4-bit VNNI group must be a multiple of 4 inputs, not {group}")
+    out_f, in_f = codes.shape
+    tiles, k4, groups, half = -(-out_f // VNNI_TILE), -(-in_f // 4), -(-in_f // group), VNNI_TILE // 2
+    panels = torch.empty(tiles, k4, half, 4, dtype=torch.uint8)
+    gsum = torch.zeros(tiles, groups, VNNI_TILE, dtype=torch.int32)
+    step = max(1, CHUNK_ROWS // VNNI_TILE) * VNNI_TILE
+    for r in range(0, out_f, step):
+        c = codes[r : r + step]
+        block = c.new_zeros(-(-c.shape[0] // VNNI_TILE) * VNNI_TILE, max(k4 * 4, groups * group))
+        block[: c.shape[0], :in_f] = c
+        t0, n = r // VNNI_TILE, block.shape[0] // VNNI_TILE
+        tiled = block.view(n, VNNI_TILE, -1)
+        gsum[t0 : t0 + n] = tiled.view(n, VNNI_TILE, groups, group).sum(-1, dtype=torch.int32).transpose(1, 2)
+        quads = tiled[:, :, : k4 * 4].reshape(n, VNNI_TILE, k4, 4)
+        panels[t0 : t0 + n] = (quads[:, :half] | (quads[:, half:] << 4)).transpose(1, 2)
+    return panels, gsum
+
+
 def to_int4_panels(codes: torch.Tensor, width: int) -> torch.Tensor:
     """4-bit codes ``[out, in]`` (uint8, each 0..15) as ``[ceil(out / width), in, width // 2]``
     bytes: in each tile, byte ``j`` of input ``i`` holds output ``j``'s code in its low nibble
