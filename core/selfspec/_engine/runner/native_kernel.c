@@ -253,13 +253,9 @@ static inline __attribute__((always_inline)) void tile_rows_q4(const float *x, c
 #define ALL_ROWS4 ROWS4(1) ROWS4(2)
 #endif
 
-/* y [M, O] = x [M, I] @ W.T (+ bias [O]) with 4-bit W in groups of G inputs: the codes as
-   panels [tiles, I, T / 2] bytes, gscale and gzero [tiles, groups, T] (the padding rows'
-   included), xsum [M, groups] scratch for the x sums. Activations stay float32. */
-void selfspec_native_linear_int4(const float *x, const unsigned char *panels, const float *gscale,
-                                 const float *gzero, int G, const float *bias, float *y, float *xsum, int M,
-                                 int O, int I, int threads) {
-    int tiles = (O + T - 1) / T, groups = (I + G - 1) / G;
+/* xsum [M, groups] = the sums of each row of x [M, I] over each group of G inputs, in input order. */
+static void group_sums(const float *x, float *xsum, int M, int I, int G) {
+    const int groups = (I + G - 1) / G;
     for (int m = 0; m < M; m++)
         for (int g = 0; g < groups; g++) {
             float sum = 0.0f;
@@ -267,6 +263,16 @@ void selfspec_native_linear_int4(const float *x, const unsigned char *panels, co
             for (int i = g * G; i < i1; i++) sum += x[(size_t)m * I + i];
             xsum[(size_t)m * groups + g] = sum;
         }
+}
+
+/* y [M, O] = x [M, I] @ W.T (+ bias [O]) with 4-bit W in groups of G inputs: the codes as
+   panels [tiles, I, T / 2] bytes, gscale and gzero [tiles, groups, T] (the padding rows'
+   included), xsum [M, groups] scratch for the x sums. Activations stay float32. */
+void selfspec_native_linear_int4(const float *x, const unsigned char *panels, const float *gscale,
+                                 const float *gzero, int G, const float *bias, float *y, float *xsum, int M,
+                                 int O, int I, int threads) {
+    int tiles = (O + T - 1) / T, groups = (I + G - 1) / G;
+    group_sums(x, xsum, M, I, G);
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
@@ -340,6 +346,30 @@ static void quantize_rows_vnni(const float *x, unsigned char *xq, float *xs, int
     }
 }
 
+/* One step of four inputs for a block's mb rows (rows: the block's most): the dot products of
+   the 32 outputs' weights w0, w1 with each row's activation bytes (xq rows of stride bytes, the
+   high or only bytes first, the low bytes K4 * 4 after them), into ah and, with two, al. */
+static inline __attribute__((always_inline)) void dot_step(const unsigned char *xq, size_t stride, int K4, int k,
+                                                            __m512i w0, __m512i w1, __m512i ah[][2], __m512i al[][2],
+                                                            int mb, int rows, int two) {
+    for (int m = 0; m < rows; m++) {
+        if (m < mb) {
+            int h4;
+            __builtin_memcpy(&h4, xq + (size_t)m * stride + (size_t)k * 4, 4);
+            __m512i hb = _mm512_set1_epi32(h4);
+            ah[m][0] = _mm512_dpbusd_epi32(ah[m][0], hb, w0);
+            ah[m][1] = _mm512_dpbusd_epi32(ah[m][1], hb, w1);
+            if (two && m < MBW) {
+                int l4;
+                __builtin_memcpy(&l4, xq + (size_t)m * stride + (size_t)K4 * 4 + (size_t)k * 4, 4);
+                __m512i lb = _mm512_set1_epi32(l4);
+                al[m][0] = _mm512_dpbusd_epi32(al[m][0], lb, w0);
+                al[m][1] = _mm512_dpbusd_epi32(al[m][1], lb, w1);
+            }
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void tile_rows_vnni(const unsigned char *xq, const signed char *w,
                                                                   const float *xs, const float *scale,
                                                                   const int *colsum, const float *bias, float *y,
@@ -353,22 +383,7 @@ static inline __attribute__((always_inline)) void tile_rows_vnni(const unsigned 
     for (int k = 0; k < K4; k++) {
         __m512i w0 = _mm512_loadu_si512((const void *)(w + (size_t)k * TV * 4));
         __m512i w1 = _mm512_loadu_si512((const void *)(w + (size_t)k * TV * 4 + 64));
-        for (int m = 0; m < MBN; m++) {
-            if (m < mb) {
-                int h4;
-                __builtin_memcpy(&h4, xq + (size_t)m * stride + (size_t)k * 4, 4);
-                __m512i hb = _mm512_set1_epi32(h4);
-                ah[m][0] = _mm512_dpbusd_epi32(ah[m][0], hb, w0);
-                ah[m][1] = _mm512_dpbusd_epi32(ah[m][1], hb, w1);
-                if (two && m < MBW) {
-                    int l4;
-                    __builtin_memcpy(&l4, xq + (size_t)m * stride + (size_t)K4 * 4 + (size_t)k * 4, 4);
-                    __m512i lb = _mm512_set1_epi32(l4);
-                    al[m][0] = _mm512_dpbusd_epi32(al[m][0], lb, w0);
-                    al[m][1] = _mm512_dpbusd_epi32(al[m][1], lb, w1);
-                }
-            }
-        }
+        dot_step(xq, stride, K4, k, w0, w1, ah, al, mb, MBN, two);
     }
     float out[TV];
     for (int m = 0; m < mb; m++) {
@@ -453,22 +468,7 @@ static inline __attribute__((always_inline)) void tile_rows_i4vnni(const unsigne
             __m512i packed = _mm512_loadu_si512((const void *)(w + (size_t)k * 64));
             __m512i w0 = _mm512_and_si512(packed, nib);
             __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
-            for (int m = 0; m < MB4N; m++) {
-                if (m < mb) {
-                    int h4;
-                    __builtin_memcpy(&h4, xq + (size_t)m * stride + (size_t)k * 4, 4);
-                    __m512i hb = _mm512_set1_epi32(h4);
-                    ah[m][0] = _mm512_dpbusd_epi32(ah[m][0], hb, w0);
-                    ah[m][1] = _mm512_dpbusd_epi32(ah[m][1], hb, w1);
-                    if (two && m < MBW) {
-                        int l4;
-                        __builtin_memcpy(&l4, xq + (size_t)m * stride + (size_t)K4 * 4 + (size_t)k * 4, 4);
-                        __m512i lb = _mm512_set1_epi32(l4);
-                        al[m][0] = _mm512_dpbusd_epi32(al[m][0], lb, w0);
-                        al[m][1] = _mm512_dpbusd_epi32(al[m][1], lb, w1);
-                    }
-                }
-            }
+            dot_step(xq, stride, K4, k, w0, w1, ah, al, mb, MB4N, two);
         }
         for (int m = 0; m < mb; m++) {
             for (int v = 0; v < 2; v++) {
@@ -499,13 +499,7 @@ void selfspec_native_linear_i4vnni(const float *x, const unsigned char *panels, 
     const int K4 = (I + 3) / 4, two = M <= MBW, block = two ? MBW : MB4N, groups = (I + G - 1) / G;
     const size_t stride = (size_t)(two ? 2 : 1) * K4 * 4;
     quantize_rows_vnni(x, xq, xs, M, I, two);
-    for (int m = 0; m < M; m++)
-        for (int g = 0; g < groups; g++) {
-            float sum = 0.0f;
-            int i1 = I - g * G < G ? I : (g + 1) * G;
-            for (int i = g * G; i < i1; i++) sum += x[(size_t)m * I + i];
-            xsum[(size_t)m * groups + g] = sum;
-        }
+    group_sums(x, xsum, M, I, G);
     int tiles = (O + TV - 1) / TV;
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
