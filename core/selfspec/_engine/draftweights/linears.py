@@ -162,9 +162,7 @@ class NativeInt8Linear(_NativeCompressed):
         width = native.tile()
         self.register_buffer("qpanels", native.to_panels(q, width, torch.int8))
         del q
-        padded = torch.zeros(self.qpanels.shape[0] * width, dtype=torch.float32)
-        padded[: scale.numel()] = scale
-        self.register_buffer("scale", padded)
+        self.register_buffer("scale", _padded(scale, self.qpanels.shape[0] * width))
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.out_features, self.in_features = weight.shape
 
@@ -192,9 +190,7 @@ class NativeVnniLinear(_NativeCompressed):
         del q
         self.register_buffer("qpanels", panels)
         self.register_buffer("colsum", colsum)
-        padded = torch.zeros(colsum.numel(), dtype=torch.float32)
-        padded[: scale.numel()] = scale
-        self.register_buffer("scale", padded)
+        self.register_buffer("scale", _padded(scale, colsum.numel()))
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.out_features, self.in_features = weight.shape
 
@@ -338,6 +334,13 @@ class BnbInt8Linear(CompressedLinear):  # pragma: no cover - needs CUDA and bits
         w = self.q.weight
         extra = getattr(w, "SCB", None)
         return w.numel() * w.element_size() + (0 if extra is None else extra.numel() * extra.element_size())
+
+
+def _padded(scale: torch.Tensor, length: int) -> torch.Tensor:
+    """Per-row scales as float32 ``[length]``, zero past the real rows (a kernel's padding rows)."""
+    out = torch.zeros(length, dtype=torch.float32)
+    out[: scale.numel()] = scale
+    return out
 
 
 #: backend name -> linear class

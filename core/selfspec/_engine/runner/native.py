@@ -118,8 +118,7 @@ def native_linear_i8vnni(x: torch.Tensor, panels: torch.Tensor, colsum: torch.Te
     Only where :func:`vnni_unsupported` is ``None``."""
     n, in_features = x.shape
     y = torch.empty(n, out_features, dtype=torch.float32)
-    xq = torch.empty(n, 2 * -(-in_features // 4) * 4, dtype=torch.uint8)  # the kernel's scratch
-    xs = torch.empty(n, dtype=torch.float32)
+    xq, xs = _vnni_scratch(n, in_features)
     _library().selfspec_native_linear_i8vnni(
         x.data_ptr(), panels.data_ptr(), scale.data_ptr(), colsum.data_ptr(),
         None if bias is None else bias.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(),
@@ -136,8 +135,8 @@ def native_linear_i4vnni(x: torch.Tensor, panels: torch.Tensor, gsum: torch.Tens
     :func:`vnni_unsupported` is ``None``."""
     n, in_features = x.shape
     y = torch.empty(n, out_features, dtype=torch.float32)
-    xq = torch.empty(n, 2 * -(-in_features // 4) * 4, dtype=torch.uint8)  # the kernel's scratch
-    xs, xsum = torch.empty(n, dtype=torch.float32), torch.empty(n, gsum.shape[1], dtype=torch.float32)
+    xq, xs = _vnni_scratch(n, in_features)
+    xsum = torch.empty(n, gsum.shape[1], dtype=torch.float32)  # the kernel's scratch: x's sums per group
     _library().selfspec_native_linear_i4vnni(
         x.data_ptr(), panels.data_ptr(), gscale.data_ptr(), gzero.data_ptr(), gsum.data_ptr(), group,
         None if bias is None else bias.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(),
@@ -224,6 +223,13 @@ class NativeLinear(nn.Linear):
 
 
 # ------------------------------------------------------------------------------ helpers
+def _vnni_scratch(rows: int, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VNNI products' scratch: the rows' activation bytes (two per input, padded to 4 inputs)
+    and their scales."""
+    return (torch.empty(rows, 2 * -(-in_features // 4) * 4, dtype=torch.uint8),
+            torch.empty(rows, dtype=torch.float32))
+
+
 def _library() -> ctypes.CDLL:
     lib = _load()
     if lib is None:
@@ -352,7 +358,7 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
                 return "the compiled int8 VNNI kernel's panel width or 16-bit rows differ from panels.py's"
             vp, colsum = to_vnni_panels(q)
             vscale = torch.rand(vp.shape[0] * VNNI_TILE, generator=gen)
-            xq, xs = torch.empty(rows, 2 * vp.shape[1] * 4, dtype=torch.uint8), torch.empty(rows)  # scratch
+            xq, xs = _vnni_scratch(rows, in_f)
             lib.selfspec_native_linear_i8vnni(x.data_ptr(), vp.data_ptr(), vscale.data_ptr(), colsum.data_ptr(),
                                               b.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(),
                                               rows, out_f, in_f, 2)
