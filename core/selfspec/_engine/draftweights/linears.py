@@ -215,7 +215,7 @@ class NativeInt4Linear(_NativeCompressed):
 
         super().__init__()
         codes, scale, offset = quantize_groups(weight, INT4_GROUP)
-        width = native.tile()
+        width = native.tile4()
         self.register_buffer("panels", native.to_int4_panels(codes, width))
         del codes
         self.register_buffer("gscale", native.to_group_panels(scale, width))

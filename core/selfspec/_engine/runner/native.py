@@ -88,8 +88,14 @@ def kernel_key() -> str:
 
 
 def tile() -> int:
-    """Output rows per panel of the compiled kernel (its vector width times two)."""
+    """Output rows per panel of the compiled kernel's float32 and int8 products (a multiple of
+    its vector width, chosen per instruction set)."""
     return int(_library().selfspec_native_tile())
+
+
+def tile4() -> int:
+    """Output rows per panel of the compiled kernel's 4-bit products (its vector width times two)."""
+    return int(_library().selfspec_native_tile4())
 
 
 def block_rows() -> int:
@@ -344,7 +350,8 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
         codes = torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8)
         gs = torch.rand(out_f, -(-in_f // group), generator=gen)
         gz = torch.randn(out_f, -(-in_f // group), generator=gen)
-        q4, gsp, gzp = to_int4_panels(codes, width), to_group_panels(gs, width), to_group_panels(gz, width)
+        w4t = int(lib.selfspec_native_tile4())
+        q4, gsp, gzp = to_int4_panels(codes, w4t), to_group_panels(gs, w4t), to_group_panels(gz, w4t)
         xsum = torch.empty(rows, gs.shape[1])
         lib.selfspec_native_linear_int4(x.data_ptr(), q4.data_ptr(), gsp.data_ptr(), gzp.data_ptr(), group,
                                         b.data_ptr(), y.data_ptr(), xsum.data_ptr(), rows, out_f, in_f, 2)

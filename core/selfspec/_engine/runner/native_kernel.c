@@ -26,7 +26,9 @@
    are spilled to the stack, several times slower. */
 #if defined(__AVX512F__)
 #define VW 16
+#define NV 2
 #define MB 12
+#define MB4 6
 typedef __m512 vf;
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VSTORE(p, v) _mm512_storeu_ps((p), (v))
@@ -34,8 +36,14 @@ typedef __m512 vf;
 #define VSPLAT(s) _mm512_set1_ps(s)
 #define VZERO() _mm512_setzero_ps()
 #elif defined(__AVX__)
+/* 16 vector registers: one weight vector per input and 8 rows (as measured on a Zen 3, where a
+   block of 8 rows then costs what one row costs, and two vectors by 6 rows read each weight twice
+   for 8), the weights prefetched ahead of the stream */
 #define VW 8
-#define MB 6
+#define NV 1
+#define MB 8
+#define MB4 3
+#define PREFETCH_AHEAD 64
 typedef __m256 vf;
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VSTORE(p, v) _mm256_storeu_ps((p), (v))
@@ -48,7 +56,9 @@ typedef __m256 vf;
 #define VZERO() _mm256_setzero_ps()
 #elif defined(__SSE2__) && !defined(__AVX__)
 #define VW 4
+#define NV 2
 #define MB 4
+#define MB4 2
 typedef __m128 vf;
 #define VLOAD(p) _mm_loadu_ps(p)
 #define VSTORE(p, v) _mm_storeu_ps((p), (v))
@@ -57,7 +67,9 @@ typedef __m128 vf;
 #define VZERO() _mm_setzero_ps()
 #else
 #define VW 8
+#define NV 2
 #define MB 4
+#define MB4 2
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
 #define SPLAT8(s) s, s, s, s, s, s, s, s
 static inline vf generic_load(const float *p) { vf v; __builtin_memcpy(&v, p, sizeof v); return v; }
@@ -68,10 +80,11 @@ static inline void generic_store(float *p, vf v) { __builtin_memcpy(p, &v, sizeo
 #define VSPLAT(s) ((vf){SPLAT8(s)})
 #define VZERO() ((vf){0})
 #endif
-#define NV 2
 #define T (VW * NV)
+#define T4 (VW * 2) /* 4-bit tiles: a byte holds the codes of outputs j and j + VW */
 
 int selfspec_native_tile(void) { return T; }
+int selfspec_native_tile4(void) { return T4; }
 int selfspec_native_rows(void) { return MB; }
 
 /* VW int8 weights at p as floats (one sign-extension and one conversion where the ISA has them). */
@@ -108,6 +121,9 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, cons
         for (int v = 0; v < NV; v++) acc[m][v] = VZERO();
     for (int i = 0; i < I; i++) {
         vf wv[NV];
+#ifdef PREFETCH_AHEAD
+        __builtin_prefetch((const char *)w + (size_t)(i + PREFETCH_AHEAD) * T * (q8 ? 1 : 4), 0, 3);
+#endif
         weights_at(w, q8, i, wv);
         for (int m = 0; m < MB; m++) {
             if (m < mb) {
@@ -149,8 +165,10 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, cons
         }                                                                                          \
     }
 
-#if MB > 6
+#if MB > 8
 #define ALL_ROWS ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
+#elif MB > 6
+#define ALL_ROWS ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
 #elif MB > 4
 #define ALL_ROWS ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
 #else
@@ -172,15 +190,15 @@ void selfspec_native_linear_int8(const float *x, const signed char *panels, cons
 }
 
 /* ---- 4-bit weights: W[o, i] = code[o, i] * gscale[o, g] + gzero[o, g], g = i / G ----------
-   A 4-bit tile row holds the T codes (0..15) of one input in T / 2 bytes, byte j holding
-   output j's code in its low nibble and output j + VW's in its high one. Each group is summed
+   4-bit panels have tiles of T4 = 2 * VW outputs whatever T is (selfspec_native_tile4()): a
+   tile row holds the T4 codes (0..15) of one input in T4 / 2 bytes, byte j holding output j's
+   code in its low nibble and output j + VW's in its high one. Each group is summed
    over the codes themselves, sum_i code * x, and then scaled: acc += gsum * s + z * sum_i x
    (the x sums precomputed per row and group), so a weight costs its conversion and one
-   multiply-add per row. Twice the accumulators: blocks of MB / 2 rows. */
-#define MB4 (MB / 2)
+   multiply-add per row. Twice the accumulators: blocks of MB4 rows. */
 
 /* The codes of one tile row at p as floats: out[0] the low nibbles, out[1] the high ones. */
-static inline __attribute__((always_inline)) void codes_at(const unsigned char *p, vf out[NV]) {
+static inline __attribute__((always_inline)) void codes_at(const unsigned char *p, vf out[2]) {
 #if defined(__AVX512F__)
     __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     out[0] = _mm512_cvtepi32_ps(_mm512_and_si512(d, _mm512_set1_epi32(15)));
@@ -203,32 +221,32 @@ static inline __attribute__((always_inline)) void codes_at(const unsigned char *
 #endif
 }
 
-/* mb (<= MB4) rows of x [.., I] against one 4-bit tile; gs, gz [groups, T] the tile's scales
+/* mb (<= MB4) rows of x [.., I] against one 4-bit tile; gs, gz [groups, T4] the tile's scales
    and offsets, xs [rows, groups] the x sums of the block's rows. */
 static inline __attribute__((always_inline)) void tile_rows_q4(const float *x, const unsigned char *w,
                                                                 const float *gs, const float *gz, const float *xs,
                                                                 int G, int groups, const float *bias, float *y,
                                                                 int mb, int I, int O, int nout) {
-    vf acc[MB4][NV];
+    vf acc[MB4][2];
     for (int m = 0; m < MB4; m++)
-        for (int v = 0; v < NV; v++) acc[m][v] = VZERO();
+        for (int v = 0; v < 2; v++) acc[m][v] = VZERO();
     for (int g = 0; g < groups; g++) {
-        vf gacc[MB4][NV];
+        vf gacc[MB4][2];
         for (int m = 0; m < MB4; m++)
-            for (int v = 0; v < NV; v++) gacc[m][v] = VZERO();
+            for (int v = 0; v < 2; v++) gacc[m][v] = VZERO();
         int i1 = I - g * G < G ? I : (g + 1) * G;
         for (int i = g * G; i < i1; i++) {
-            vf c[NV];
-            codes_at(w + (size_t)i * (T / 2), c);
+            vf c[2];
+            codes_at(w + (size_t)i * (T4 / 2), c);
             for (int m = 0; m < MB4; m++) {
                 if (m < mb) {
                     vf xb = VSPLAT(x[(size_t)m * I + i]);
-                    for (int v = 0; v < NV; v++) gacc[m][v] = VFMA(c[v], xb, gacc[m][v]);
+                    for (int v = 0; v < 2; v++) gacc[m][v] = VFMA(c[v], xb, gacc[m][v]);
                 }
             }
         }
-        for (int v = 0; v < NV; v++) {
-            vf sv = VLOAD(gs + (size_t)g * T + (size_t)v * VW), zv = VLOAD(gz + (size_t)g * T + (size_t)v * VW);
+        for (int v = 0; v < 2; v++) {
+            vf sv = VLOAD(gs + (size_t)g * T4 + (size_t)v * VW), zv = VLOAD(gz + (size_t)g * T4 + (size_t)v * VW);
             for (int m = 0; m < MB4; m++) {
                 if (m < mb) {
                     acc[m][v] = VFMA(gacc[m][v], sv, acc[m][v]);
@@ -237,9 +255,9 @@ static inline __attribute__((always_inline)) void tile_rows_q4(const float *x, c
             }
         }
     }
-    float out[T];
+    float out[T4];
     for (int m = 0; m < mb; m++) {
-        for (int v = 0; v < NV; v++) VSTORE(out + v * VW, acc[m][v]);
+        for (int v = 0; v < 2; v++) VSTORE(out + v * VW, acc[m][v]);
         for (int j = 0; j < nout; j++) y[(size_t)m * O + j] = bias ? out[j] + bias[j] : out[j];
     }
 }
@@ -266,23 +284,23 @@ static void group_sums(const float *x, float *xsum, int M, int I, int G) {
 }
 
 /* y [M, O] = x [M, I] @ W.T (+ bias [O]) with 4-bit W in groups of G inputs: the codes as
-   panels [tiles, I, T / 2] bytes, gscale and gzero [tiles, groups, T] (the padding rows'
+   panels [tiles, I, T4 / 2] bytes, gscale and gzero [tiles, groups, T4] (the padding rows'
    included), xsum [M, groups] scratch for the x sums. Activations stay float32. */
 void selfspec_native_linear_int4(const float *x, const unsigned char *panels, const float *gscale,
                                  const float *gzero, int G, const float *bias, float *y, float *xsum, int M,
                                  int O, int I, int threads) {
-    int tiles = (O + T - 1) / T, groups = (I + G - 1) / G;
+    int tiles = (O + T4 - 1) / T4, groups = (I + G - 1) / G;
     group_sums(x, xsum, M, I, G);
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
-        int nout = O - t * T < T ? O - t * T : T;
-        const unsigned char *wt = panels + (size_t)t * I * (T / 2);
-        const float *gst = gscale + (size_t)t * groups * T, *gzt = gzero + (size_t)t * groups * T;
-        const float *bt = bias ? bias + (size_t)t * T : NULL;
+        int nout = O - t * T4 < T4 ? O - t * T4 : T4;
+        const unsigned char *wt = panels + (size_t)t * I * (T4 / 2);
+        const float *gst = gscale + (size_t)t * groups * T4, *gzt = gzero + (size_t)t * groups * T4;
+        const float *bt = bias ? bias + (size_t)t * T4 : NULL;
         for (int m0 = 0; m0 < M; m0 += MB4) {
             const float *xm = x + (size_t)m0 * I, *xsm = xsum + (size_t)m0 * groups;
-            float *yt = y + (size_t)m0 * O + (size_t)t * T;
+            float *yt = y + (size_t)m0 * O + (size_t)t * T4;
             switch (M - m0 < MB4 ? M - m0 : MB4) { ALL_ROWS4 default: break; }
         }
     }
