@@ -59,7 +59,7 @@ def test_products_equal_a_float64_product_for_any_shape_width_and_bias(rows, out
        group=st.sampled_from([4, 32, 64]), bias=st.booleans(), seed=st.integers(0, 2**16))
 def test_4bit_products_equal_a_float64_product_of_the_dequantized_weights(rows, out_f, in_f, group, bias, seed):
     gen = torch.Generator().manual_seed(seed)
-    width, groups = native.tile4(), -(-in_f // group)
+    width, groups = native.tile_q(), -(-in_f // group)
     codes = torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8)
     scale, offset = torch.rand(out_f, groups, generator=gen), torch.randn(out_f, groups, generator=gen)
     b = torch.randn(out_f, generator=gen) if bias else None

@@ -159,7 +159,7 @@ class NativeInt8Linear(_NativeCompressed):
 
         super().__init__()
         q, scale = quantize_rows(weight)
-        width = native.tile()
+        width = native.tile_q()
         self.register_buffer("qpanels", native.to_panels(q, width, torch.int8))
         del q
         self.register_buffer("scale", _padded(scale, self.qpanels.shape[0] * width))
@@ -215,7 +215,7 @@ class NativeInt4Linear(_NativeCompressed):
 
         super().__init__()
         codes, scale, offset = quantize_groups(weight, INT4_GROUP)
-        width = native.tile4()
+        width = native.tile_q()
         self.register_buffer("panels", native.to_int4_panels(codes, width))
         del codes
         self.register_buffer("gscale", native.to_group_panels(scale, width))

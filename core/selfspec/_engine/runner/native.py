@@ -88,14 +88,15 @@ def kernel_key() -> str:
 
 
 def tile() -> int:
-    """Output rows per panel of the compiled kernel's float32 and int8 products (a multiple of
-    its vector width, chosen per instruction set)."""
+    """Output rows per panel of the compiled kernel's float32 products (one or two vectors,
+    chosen per instruction set)."""
     return int(_library().selfspec_native_tile())
 
 
-def tile4() -> int:
-    """Output rows per panel of the compiled kernel's 4-bit products (its vector width times two)."""
-    return int(_library().selfspec_native_tile4())
+def tile_q() -> int:
+    """Output rows per panel of the compiled kernel's int8 and 4-bit products (its vector width
+    times two)."""
+    return int(_library().selfspec_native_tile_q())
 
 
 def block_rows() -> int:
@@ -339,8 +340,9 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
         if not torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4):
             return f"the compiled kernel's self-check failed (error {(y.double() - ref).abs().max():.3g})"
         q = torch.randint(-127, 128, (out_f, in_f), generator=gen, dtype=torch.int8)
-        scale = torch.rand(-(-out_f // width) * width, generator=gen)
-        qpanels = to_panels(q, width, torch.int8)
+        wq = int(lib.selfspec_native_tile_q())
+        scale = torch.rand(-(-out_f // wq) * wq, generator=gen)
+        qpanels = to_panels(q, wq, torch.int8)
         lib.selfspec_native_linear_int8(x.data_ptr(), qpanels.data_ptr(), scale.data_ptr(), b.data_ptr(),
                                         y.data_ptr(), rows, out_f, in_f, 2)
         ref = (x.double() @ q.double().T) * scale[:out_f].double() + b.double()
@@ -350,8 +352,7 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
         codes = torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8)
         gs = torch.rand(out_f, -(-in_f // group), generator=gen)
         gz = torch.randn(out_f, -(-in_f // group), generator=gen)
-        w4t = int(lib.selfspec_native_tile4())
-        q4, gsp, gzp = to_int4_panels(codes, w4t), to_group_panels(gs, w4t), to_group_panels(gz, w4t)
+        q4, gsp, gzp = to_int4_panels(codes, wq), to_group_panels(gs, wq), to_group_panels(gz, wq)
         xsum = torch.empty(rows, gs.shape[1])
         lib.selfspec_native_linear_int4(x.data_ptr(), q4.data_ptr(), gsp.data_ptr(), gzp.data_ptr(), group,
                                         b.data_ptr(), y.data_ptr(), xsum.data_ptr(), rows, out_f, in_f, 2)

@@ -13,7 +13,8 @@
    each) whatever M, the row's place in the block, or the number of threads: a row's result is
    bitwise the same computed alone or in any block. Threads split the tiles (OpenMP; without
    it, one thread). The vector width and the block sizes follow the instruction set the
-   compiler targets (-march=native); T is reported by selfspec_native_tile(). */
+   compiler targets (-march=native); T is reported by selfspec_native_tile(), and the int8 and
+   4-bit panels' tile TQ (two vectors) by selfspec_native_tile_q(). */
 
 #include <stddef.h>
 #if defined(__SSE2__)
@@ -28,6 +29,7 @@
 #define VW 16
 #define NV 2
 #define MB 12
+#define MBQ 12
 #define MB4 6
 typedef __m512 vf;
 #define VLOAD(p) _mm512_loadu_ps(p)
@@ -36,12 +38,14 @@ typedef __m512 vf;
 #define VSPLAT(s) _mm512_set1_ps(s)
 #define VZERO() _mm512_setzero_ps()
 #elif defined(__AVX__)
-/* 16 vector registers: one weight vector per input and 8 rows (as measured on a Zen 3, where a
-   block of 8 rows then costs what one row costs, and two vectors by 6 rows read each weight twice
-   for 8), the weights prefetched ahead of the stream */
+/* 16 vector registers. float32: one weight vector per input by 8 rows, the weights prefetched
+   ahead of the stream (on a Zen 3 measured, a block of 8 rows then costs what one row costs;
+   two vectors by 6 rows read each weight twice for 8). int8: two vectors by 6 rows (one vector
+   leaves a one-row product waiting on its multiply-adds' latency behind each widening). */
 #define VW 8
 #define NV 1
 #define MB 8
+#define MBQ 6
 #define MB4 3
 #define PREFETCH_AHEAD 64
 typedef __m256 vf;
@@ -58,6 +62,7 @@ typedef __m256 vf;
 #define VW 4
 #define NV 2
 #define MB 4
+#define MBQ 4
 #define MB4 2
 typedef __m128 vf;
 #define VLOAD(p) _mm_loadu_ps(p)
@@ -69,6 +74,7 @@ typedef __m128 vf;
 #define VW 8
 #define NV 2
 #define MB 4
+#define MBQ 4
 #define MB4 2
 typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
 #define SPLAT8(s) s, s, s, s, s, s, s, s
@@ -80,11 +86,12 @@ static inline void generic_store(float *p, vf v) { __builtin_memcpy(p, &v, sizeo
 #define VSPLAT(s) ((vf){SPLAT8(s)})
 #define VZERO() ((vf){0})
 #endif
-#define T (VW * NV)
-#define T4 (VW * 2) /* 4-bit tiles: a byte holds the codes of outputs j and j + VW */
+#define T (VW * NV)  /* float32 tiles */
+#define TQ (VW * 2)  /* int8 and 4-bit tiles (a 4-bit byte holds the codes of outputs j and j + VW) */
+#define MBMAX (MB > MBQ ? MB : MBQ)
 
 int selfspec_native_tile(void) { return T; }
-int selfspec_native_tile4(void) { return T4; }
+int selfspec_native_tile_q(void) { return TQ; }
 int selfspec_native_rows(void) { return MB; }
 
 /* VW int8 weights at p as floats (one sign-extension and one conversion where the ISA has them). */
@@ -104,38 +111,41 @@ static inline vf widen(const signed char *p) {
 #endif
 }
 
-/* NV vectors of the tile's weights for input i: float32 panels, or int8 panels widened. */
-static inline __attribute__((always_inline)) void weights_at(const void *w, int q8, int i, vf out[NV]) {
-    for (int v = 0; v < NV; v++)
-        out[v] = q8 ? widen((const signed char *)w + (size_t)i * T + (size_t)v * VW)
-                    : VLOAD((const float *)w + (size_t)i * T + (size_t)v * VW);
+/* The tile's weights for input i: NV float32 vectors, or 2 int8 vectors widened. */
+static inline __attribute__((always_inline)) void weights_at(const void *w, int q8, int i, vf out[2]) {
+    if (q8)
+        for (int v = 0; v < 2; v++) out[v] = widen((const signed char *)w + (size_t)i * TQ + (size_t)v * VW);
+    else
+        for (int v = 0; v < NV; v++) out[v] = VLOAD((const float *)w + (size_t)i * T + (size_t)v * VW);
 }
 
-/* mb (<= MB) rows of x [.., I] against one tile [I, T]; writes nout (<= T) columns of y,
-   each times its scale (int8 panels) and plus its bias (where given). */
+/* mb (<= MB, or MBQ for int8) rows of x [.., I] against one tile [I, T or TQ]; writes nout
+   columns of y, each times its scale (int8 panels) and plus its bias (where given). q8 is a
+   constant where this is inlined, so are the vectors per input (nv) and the block (mbx). */
 static inline __attribute__((always_inline)) void tile_rows(const float *x, const void *w, int q8, const float *scale,
                                                              const float *bias, float *y, int mb, int I, int O,
                                                              int nout) {
-    vf acc[MB][NV];
-    for (int m = 0; m < MB; m++)
-        for (int v = 0; v < NV; v++) acc[m][v] = VZERO();
+    const int nv = q8 ? 2 : NV, mbx = q8 ? MBQ : MB;
+    vf acc[MBMAX][2];
+    for (int m = 0; m < mbx; m++)
+        for (int v = 0; v < nv; v++) acc[m][v] = VZERO();
     for (int i = 0; i < I; i++) {
-        vf wv[NV];
+        vf wv[2];
 #ifdef PREFETCH_AHEAD
-        __builtin_prefetch((const char *)w + (size_t)(i + PREFETCH_AHEAD) * T * (q8 ? 1 : 4), 0, 3);
+        if (!q8) __builtin_prefetch((const float *)w + (size_t)(i + PREFETCH_AHEAD) * T, 0, 3);
 #endif
         weights_at(w, q8, i, wv);
-        for (int m = 0; m < MB; m++) {
+        for (int m = 0; m < mbx; m++) {
             if (m < mb) {
                 float s = x[(size_t)m * I + i];
                 vf xb = VSPLAT(s);
-                for (int v = 0; v < NV; v++) acc[m][v] = VFMA(wv[v], xb, acc[m][v]);
+                for (int v = 0; v < nv; v++) acc[m][v] = VFMA(wv[v], xb, acc[m][v]);
             }
         }
     }
-    float out[T];
+    float out[TQ > T ? TQ : T];
     for (int m = 0; m < mb; m++) {
-        for (int v = 0; v < NV; v++) VSTORE(out + v * VW, acc[m][v]);
+        for (int v = 0; v < nv; v++) VSTORE(out + v * VW, acc[m][v]);
         for (int j = 0; j < nout; j++) {
             float r = scale ? out[j] * scale[j] : out[j];
             y[(size_t)m * O + j] = bias ? r + bias[j] : r;
@@ -149,27 +159,28 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, cons
    so that each product below has its own parallel region with Q8 a constant in it (OpenMP
    outlines the region before constants are propagated into it). */
 #define PRODUCT(Q8, ELEM)                                                                          \
-    int tiles = (O + T - 1) / T;                                                                   \
+    const int tt = (Q8) ? TQ : T, mbx = (Q8) ? MBQ : MB;                                           \
+    int tiles = (O + tt - 1) / tt;                                                                 \
     (void)threads;                                                                                 \
     _Pragma("omp parallel for num_threads(threads) schedule(static)")                             \
     for (int t = 0; t < tiles; t++) {                                                              \
-        int nout = O - t * T < T ? O - t * T : T;                                                  \
-        const void *wt = (const char *)panels + (size_t)t * I * T * (ELEM);                        \
-        const float *st = scale ? scale + (size_t)t * T : NULL;                                    \
-        const float *bt = bias ? bias + (size_t)t * T : NULL;                                      \
+        int nout = O - t * tt < tt ? O - t * tt : tt;                                              \
+        const void *wt = (const char *)panels + (size_t)t * I * tt * (ELEM);                       \
+        const float *st = scale ? scale + (size_t)t * tt : NULL;                                   \
+        const float *bt = bias ? bias + (size_t)t * tt : NULL;                                     \
         const int q8 = (Q8);                                                                       \
-        for (int m0 = 0; m0 < M; m0 += MB) {                                                       \
+        for (int m0 = 0; m0 < M; m0 += mbx) {                                                      \
             const float *xm = x + (size_t)m0 * I;                                                  \
-            float *yt = y + (size_t)m0 * O + (size_t)t * T;                                        \
-            switch (M - m0 < MB ? M - m0 : MB) { ALL_ROWS default: break; }                        \
+            float *yt = y + (size_t)m0 * O + (size_t)t * tt;                                       \
+            switch (M - m0 < mbx ? M - m0 : mbx) { ALL_ROWS default: break; }                      \
         }                                                                                          \
     }
 
-#if MB > 8
+#if MBMAX > 8
 #define ALL_ROWS ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12)
-#elif MB > 6
+#elif MBMAX > 6
 #define ALL_ROWS ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-#elif MB > 4
+#elif MBMAX > 4
 #define ALL_ROWS ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
 #else
 #define ALL_ROWS ROWS(1) ROWS(2) ROWS(3) ROWS(4)
@@ -182,7 +193,7 @@ void selfspec_native_linear(const float *x, const float *panels, const float *bi
     PRODUCT(0, sizeof(float))
 }
 
-/* The same with W = q * scale[:, None]: q as int8 panels [tiles, I, T], scale [tiles * T]
+/* The same with W = q * scale[:, None]: q as int8 panels [tiles, I, TQ], scale [tiles * TQ]
    (one per output row, the padding rows' included). Activations stay float32. */
 void selfspec_native_linear_int8(const float *x, const signed char *panels, const float *scale, const float *bias,
                                  float *y, int M, int O, int I, int threads) {
@@ -190,8 +201,8 @@ void selfspec_native_linear_int8(const float *x, const signed char *panels, cons
 }
 
 /* ---- 4-bit weights: W[o, i] = code[o, i] * gscale[o, g] + gzero[o, g], g = i / G ----------
-   4-bit panels have tiles of T4 = 2 * VW outputs whatever T is (selfspec_native_tile4()): a
-   tile row holds the T4 codes (0..15) of one input in T4 / 2 bytes, byte j holding output j's
+   4-bit panels have tiles of TQ = 2 * VW outputs, as int8 ones (selfspec_native_tile_q()): a
+   tile row holds the TQ codes (0..15) of one input in TQ / 2 bytes, byte j holding output j's
    code in its low nibble and output j + VW's in its high one. Each group is summed
    over the codes themselves, sum_i code * x, and then scaled: acc += gsum * s + z * sum_i x
    (the x sums precomputed per row and group), so a weight costs its conversion and one
@@ -221,7 +232,7 @@ static inline __attribute__((always_inline)) void codes_at(const unsigned char *
 #endif
 }
 
-/* mb (<= MB4) rows of x [.., I] against one 4-bit tile; gs, gz [groups, T4] the tile's scales
+/* mb (<= MB4) rows of x [.., I] against one 4-bit tile; gs, gz [groups, TQ] the tile's scales
    and offsets, xs [rows, groups] the x sums of the block's rows. */
 static inline __attribute__((always_inline)) void tile_rows_q4(const float *x, const unsigned char *w,
                                                                 const float *gs, const float *gz, const float *xs,
@@ -237,7 +248,7 @@ static inline __attribute__((always_inline)) void tile_rows_q4(const float *x, c
         int i1 = I - g * G < G ? I : (g + 1) * G;
         for (int i = g * G; i < i1; i++) {
             vf c[2];
-            codes_at(w + (size_t)i * (T4 / 2), c);
+            codes_at(w + (size_t)i * (TQ / 2), c);
             for (int m = 0; m < MB4; m++) {
                 if (m < mb) {
                     vf xb = VSPLAT(x[(size_t)m * I + i]);
@@ -246,7 +257,7 @@ static inline __attribute__((always_inline)) void tile_rows_q4(const float *x, c
             }
         }
         for (int v = 0; v < 2; v++) {
-            vf sv = VLOAD(gs + (size_t)g * T4 + (size_t)v * VW), zv = VLOAD(gz + (size_t)g * T4 + (size_t)v * VW);
+            vf sv = VLOAD(gs + (size_t)g * TQ + (size_t)v * VW), zv = VLOAD(gz + (size_t)g * TQ + (size_t)v * VW);
             for (int m = 0; m < MB4; m++) {
                 if (m < mb) {
                     acc[m][v] = VFMA(gacc[m][v], sv, acc[m][v]);
@@ -255,7 +266,7 @@ static inline __attribute__((always_inline)) void tile_rows_q4(const float *x, c
             }
         }
     }
-    float out[T4];
+    float out[TQ];
     for (int m = 0; m < mb; m++) {
         for (int v = 0; v < 2; v++) VSTORE(out + v * VW, acc[m][v]);
         for (int j = 0; j < nout; j++) y[(size_t)m * O + j] = bias ? out[j] + bias[j] : out[j];
@@ -284,23 +295,23 @@ static void group_sums(const float *x, float *xsum, int M, int I, int G) {
 }
 
 /* y [M, O] = x [M, I] @ W.T (+ bias [O]) with 4-bit W in groups of G inputs: the codes as
-   panels [tiles, I, T4 / 2] bytes, gscale and gzero [tiles, groups, T4] (the padding rows'
+   panels [tiles, I, TQ / 2] bytes, gscale and gzero [tiles, groups, TQ] (the padding rows'
    included), xsum [M, groups] scratch for the x sums. Activations stay float32. */
 void selfspec_native_linear_int4(const float *x, const unsigned char *panels, const float *gscale,
                                  const float *gzero, int G, const float *bias, float *y, float *xsum, int M,
                                  int O, int I, int threads) {
-    int tiles = (O + T4 - 1) / T4, groups = (I + G - 1) / G;
+    int tiles = (O + TQ - 1) / TQ, groups = (I + G - 1) / G;
     group_sums(x, xsum, M, I, G);
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
-        int nout = O - t * T4 < T4 ? O - t * T4 : T4;
-        const unsigned char *wt = panels + (size_t)t * I * (T4 / 2);
-        const float *gst = gscale + (size_t)t * groups * T4, *gzt = gzero + (size_t)t * groups * T4;
-        const float *bt = bias ? bias + (size_t)t * T4 : NULL;
+        int nout = O - t * TQ < TQ ? O - t * TQ : TQ;
+        const unsigned char *wt = panels + (size_t)t * I * (TQ / 2);
+        const float *gst = gscale + (size_t)t * groups * TQ, *gzt = gzero + (size_t)t * groups * TQ;
+        const float *bt = bias ? bias + (size_t)t * TQ : NULL;
         for (int m0 = 0; m0 < M; m0 += MB4) {
             const float *xm = x + (size_t)m0 * I, *xsm = xsum + (size_t)m0 * groups;
-            float *yt = y + (size_t)m0 * O + (size_t)t * T4;
+            float *yt = y + (size_t)m0 * O + (size_t)t * TQ;
             switch (M - m0 < MB4 ? M - m0 : MB4) { ALL_ROWS4 default: break; }
         }
     }
