@@ -38,16 +38,19 @@ typedef __m512 vf;
 #define VSPLAT(s) _mm512_set1_ps(s)
 #define VZERO() _mm512_setzero_ps()
 #elif defined(__AVX__)
-/* 16 vector registers. float32: one weight vector per input by 8 rows, the weights prefetched
-   ahead of the stream (on a Zen 3 measured, a block of 8 rows then costs what one row costs;
-   two vectors by 6 rows read each weight twice for 8). int8: two vectors by 6 rows (one vector
-   leaves a one-row product waiting on its multiply-adds' latency behind each widening). */
+/* 16 vector registers. float32: one weight vector per input by up to 12 rows, the rows split
+   into blocks of equal size (16 rows: 8 + 8, not 12 + 4) and the weights prefetched ahead of the
+   stream (on a Zen 3 measured, a block of 8 rows then costs what one row costs, and 10 or 12
+   rows one pass, not two; two vectors by 6 rows read each weight twice for 8). int8: two vectors
+   by 6 rows (one vector leaves a one-row product waiting on its multiply-adds' latency behind
+   each widening). */
 #define VW 8
 #define NV 1
-#define MB 8
+#define MB 12
 #define MBQ 6
 #define MB4 3
 #define PREFETCH_AHEAD 64
+#define BALANCED_BLOCKS 1
 typedef __m256 vf;
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VSTORE(p, v) _mm256_storeu_ps((p), (v))
@@ -85,6 +88,9 @@ static inline void generic_store(float *p, vf v) { __builtin_memcpy(p, &v, sizeo
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #define VSPLAT(s) ((vf){SPLAT8(s)})
 #define VZERO() ((vf){0})
+#endif
+#ifndef BALANCED_BLOCKS
+#define BALANCED_BLOCKS 0 /* blocks of MB rows and the rest */
 #endif
 #define T (VW * NV)  /* float32 tiles */
 #define TQ (VW * 2)  /* int8 and 4-bit tiles (a 4-bit byte holds the codes of outputs j and j + VW) */
@@ -155,9 +161,9 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, cons
 
 #define ROWS(n) case n: tile_rows(xm, wt, q8, st, bt, yt, n, I, O, nout); break;
 
-/* Threads split the tiles; each tile is read once per block of MB rows. A macro, not a function,
-   so that each product below has its own parallel region with Q8 a constant in it (OpenMP
-   outlines the region before constants are propagated into it). */
+/* Threads split the tiles; each tile is read once per block of up to MB rows (MBQ for int8). A
+   macro, not a function, so that each product below has its own parallel region with Q8 a
+   constant in it (OpenMP outlines the region before constants are propagated into it). */
 #define PRODUCT(Q8, ELEM)                                                                          \
     const int tt = (Q8) ? TQ : T, mbx = (Q8) ? MBQ : MB;                                           \
     int tiles = (O + tt - 1) / tt;                                                                 \
@@ -169,10 +175,11 @@ static inline __attribute__((always_inline)) void tile_rows(const float *x, cons
         const float *st = scale ? scale + (size_t)t * tt : NULL;                                   \
         const float *bt = bias ? bias + (size_t)t * tt : NULL;                                     \
         const int q8 = (Q8);                                                                       \
-        for (int m0 = 0; m0 < M; m0 += mbx) {                                                      \
+        const int per = BALANCED_BLOCKS ? (M + (M + mbx - 1) / mbx - 1) / ((M + mbx - 1) / mbx) : mbx;  \
+        for (int m0 = 0; m0 < M; m0 += per) {                                                      \
             const float *xm = x + (size_t)m0 * I;                                                  \
             float *yt = y + (size_t)m0 * O + (size_t)t * tt;                                       \
-            switch (M - m0 < mbx ? M - m0 : mbx) { ALL_ROWS default: break; }                      \
+            switch (M - m0 < per ? M - m0 : per) { ALL_ROWS default: break; }                      \
         }                                                                                          \
     }
 
