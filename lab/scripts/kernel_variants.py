@@ -6,8 +6,8 @@
 
 A VARIANT is ``SOURCE`` or ``SOURCE|FLAGS``: a copy of ``native_kernel.c`` (an older revision,
 ``git show REV:core/selfspec/_engine/runner/native_kernel.c > old.c``, or an edited one) and
-extra compiler flags (``-DNAME=VALUE``). Each is built with ``gcc -O3 -march=native -fopenmp``
-and times ``selfspec_native_linear`` over the products of ``--layers`` Qwen2.5-1.5B-shaped
+extra compiler flags (``-DNAME=VALUE``). Each is built as the runner builds its kernel (the
+machine's C compiler, ``-O3 -march=native``, OpenMP) and times ``selfspec_native_linear`` over the products of ``--layers`` Qwen2.5-1.5B-shaped
 decoder layers (about 190 MB of float32 weights each, so they stream from memory) for blocks
 of ``--rows`` rows, the variants interleaved row count by row count, fastest of ``--repeats``
 calls. Each variant's panels are laid out at its own tile width, and every variant's outputs
@@ -21,29 +21,26 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from selfspec._engine.runner import native
 from selfspec._engine.runner.panels import to_panels
 from selfspec.app._bench.roofline import read_bandwidths
 
-SHAPES = [(1536, 1536), (256, 1536), (256, 1536), (1536, 1536), (8960, 1536), (8960, 1536), (1536, 8960)]
+sys.path.insert(0, str(Path(__file__).parent))
+from kernel_bandwidth import SHAPES, gbps  # noqa: E402 (the layer shapes and the timing, shared)
 
 
 def build(variant: str, folder: Path, index: int) -> ctypes.CDLL:
-    """The variant's library (``SOURCE|FLAGS``), built into ``folder``."""
+    """The variant's library (``SOURCE|FLAGS``), built into ``folder`` as the runner builds its own."""
     source, _, flags = variant.partition("|")
     out = folder / f"variant{index}.so"
-    subprocess.run(["gcc", "-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC", "-fopenmp", *flags.split(),
-                    source, "-o", str(out)], check=True)
-    lib = ctypes.CDLL(str(out))
-    lib.selfspec_native_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    lib.selfspec_native_linear_int8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
-    return lib
+    return native._bind(native.compile_kernel(out, native._compiler(), ("-march=native", *flags.split()),
+                                               Path(source)))
 
 
 def width(lib: ctypes.CDLL, int8: bool) -> int:
@@ -96,12 +93,7 @@ def main() -> None:
                             lib.selfspec_native_linear(xs[w.shape[1]].data_ptr(), w.data_ptr(), None, y.data_ptr(),
                                                        rows, w.shape[0] * tile, w.shape[1], args.threads)
 
-                run()
-                best = float("inf")
-                for _ in range(args.repeats):
-                    t0 = time.perf_counter()
-                    run()
-                    best = min(best, time.perf_counter() - t0)
+                best = nbytes / (gbps(run, nbytes, args.repeats) * 1e9)
                 out = torch.cat([y[:, : w.shape[0]] for w, y in zip(raw, ys)], 1)
                 same = "" if ref is None or torch.equal(ref, out) else " MISMATCH"
                 ref = out if ref is None else ref

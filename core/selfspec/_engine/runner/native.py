@@ -100,7 +100,7 @@ def tile_q() -> int:
 
 
 def block_rows() -> int:
-    """Rows the kernel computes per pass over a panel."""
+    """Rows the kernel's float32 products compute per pass over a panel (at most)."""
     return int(_library().selfspec_native_rows())
 
 
@@ -291,10 +291,11 @@ def _build() -> Path:
     return target
 
 
-def compile_kernel(out: Path, cc: str, flags: tuple[str, ...] = ("-march=native",)) -> Path:
-    """Compile ``native_kernel.c`` into the shared library ``out`` with OpenMP (else without:
-    one thread); ``flags`` pick the target (tests build every instruction-set branch)."""
-    base = [cc, "-O3", *flags, "-std=gnu11", "-shared", "-fPIC", str(SOURCE)]
+def compile_kernel(out: Path, cc: str, flags: tuple[str, ...] = ("-march=native",), source: Path = SOURCE) -> Path:
+    """Compile ``source`` (``native_kernel.c``, or a version of it to compare) into the shared
+    library ``out`` with OpenMP (else without: one thread); ``flags`` pick the target (tests
+    build every instruction-set branch)."""
+    base = [cc, "-O3", *flags, "-std=gnu11", "-shared", "-fPIC", str(source)]
     errors = ""
     for extra in (["-fopenmp"], []):
         done = subprocess.run([*base, *extra, "-o", str(out)], capture_output=True, text=True,

@@ -93,7 +93,8 @@ static inline void generic_store(float *p, vf v) { __builtin_memcpy(p, &v, sizeo
 #define BALANCED_BLOCKS 0 /* blocks of MB rows and the rest */
 #endif
 #define T (VW * NV)  /* float32 tiles */
-#define TQ (VW * 2)  /* int8 and 4-bit tiles (a 4-bit byte holds the codes of outputs j and j + VW) */
+#define NVQ 2        /* vectors per input of the int8 and 4-bit tiles */
+#define TQ (VW * NVQ) /* int8 and 4-bit tiles (a 4-bit byte holds the codes of outputs j and j + VW) */
 #define MBMAX (MB > MBQ ? MB : MBQ)
 
 int selfspec_native_tile(void) { return T; }
@@ -117,10 +118,10 @@ static inline vf widen(const signed char *p) {
 #endif
 }
 
-/* The tile's weights for input i: NV float32 vectors, or 2 int8 vectors widened. */
-static inline __attribute__((always_inline)) void weights_at(const void *w, int q8, int i, vf out[2]) {
+/* The tile's weights for input i: NV float32 vectors, or NVQ int8 vectors widened. */
+static inline __attribute__((always_inline)) void weights_at(const void *w, int q8, int i, vf out[NVQ]) {
     if (q8)
-        for (int v = 0; v < 2; v++) out[v] = widen((const signed char *)w + (size_t)i * TQ + (size_t)v * VW);
+        for (int v = 0; v < NVQ; v++) out[v] = widen((const signed char *)w + (size_t)i * TQ + (size_t)v * VW);
     else
         for (int v = 0; v < NV; v++) out[v] = VLOAD((const float *)w + (size_t)i * T + (size_t)v * VW);
 }
@@ -131,12 +132,12 @@ static inline __attribute__((always_inline)) void weights_at(const void *w, int 
 static inline __attribute__((always_inline)) void tile_rows(const float *x, const void *w, int q8, const float *scale,
                                                              const float *bias, float *y, int mb, int I, int O,
                                                              int nout) {
-    const int nv = q8 ? 2 : NV, mbx = q8 ? MBQ : MB;
-    vf acc[MBMAX][2];
+    const int nv = q8 ? NVQ : NV, mbx = q8 ? MBQ : MB; /* NV <= NVQ */
+    vf acc[MBMAX][NVQ];
     for (int m = 0; m < mbx; m++)
         for (int v = 0; v < nv; v++) acc[m][v] = VZERO();
     for (int i = 0; i < I; i++) {
-        vf wv[2];
+        vf wv[NVQ];
 #ifdef PREFETCH_AHEAD
         if (!q8) __builtin_prefetch((const float *)w + (size_t)(i + PREFETCH_AHEAD) * T, 0, 3);
 #endif
@@ -216,7 +217,7 @@ void selfspec_native_linear_int8(const float *x, const signed char *panels, cons
    multiply-add per row. Twice the accumulators: blocks of MB4 rows. */
 
 /* The codes of one tile row at p as floats: out[0] the low nibbles, out[1] the high ones. */
-static inline __attribute__((always_inline)) void codes_at(const unsigned char *p, vf out[2]) {
+static inline __attribute__((always_inline)) void codes_at(const unsigned char *p, vf out[NVQ]) {
 #if defined(__AVX512F__)
     __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     out[0] = _mm512_cvtepi32_ps(_mm512_and_si512(d, _mm512_set1_epi32(15)));
@@ -245,25 +246,25 @@ static inline __attribute__((always_inline)) void tile_rows_q4(const float *x, c
                                                                 const float *gs, const float *gz, const float *xs,
                                                                 int G, int groups, const float *bias, float *y,
                                                                 int mb, int I, int O, int nout) {
-    vf acc[MB4][2];
+    vf acc[MB4][NVQ];
     for (int m = 0; m < MB4; m++)
-        for (int v = 0; v < 2; v++) acc[m][v] = VZERO();
+        for (int v = 0; v < NVQ; v++) acc[m][v] = VZERO();
     for (int g = 0; g < groups; g++) {
-        vf gacc[MB4][2];
+        vf gacc[MB4][NVQ];
         for (int m = 0; m < MB4; m++)
-            for (int v = 0; v < 2; v++) gacc[m][v] = VZERO();
+            for (int v = 0; v < NVQ; v++) gacc[m][v] = VZERO();
         int i1 = I - g * G < G ? I : (g + 1) * G;
         for (int i = g * G; i < i1; i++) {
-            vf c[2];
+            vf c[NVQ];
             codes_at(w + (size_t)i * (TQ / 2), c);
             for (int m = 0; m < MB4; m++) {
                 if (m < mb) {
                     vf xb = VSPLAT(x[(size_t)m * I + i]);
-                    for (int v = 0; v < 2; v++) gacc[m][v] = VFMA(c[v], xb, gacc[m][v]);
+                    for (int v = 0; v < NVQ; v++) gacc[m][v] = VFMA(c[v], xb, gacc[m][v]);
                 }
             }
         }
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < NVQ; v++) {
             vf sv = VLOAD(gs + (size_t)g * TQ + (size_t)v * VW), zv = VLOAD(gz + (size_t)g * TQ + (size_t)v * VW);
             for (int m = 0; m < MB4; m++) {
                 if (m < mb) {
@@ -275,7 +276,7 @@ static inline __attribute__((always_inline)) void tile_rows_q4(const float *x, c
     }
     float out[TQ];
     for (int m = 0; m < mb; m++) {
-        for (int v = 0; v < 2; v++) VSTORE(out + v * VW, acc[m][v]);
+        for (int v = 0; v < NVQ; v++) VSTORE(out + v * VW, acc[m][v]);
         for (int j = 0; j < nout; j++) y[(size_t)m * O + j] = bias ? out[j] + bias[j] : out[j];
     }
 }
