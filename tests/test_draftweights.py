@@ -24,18 +24,19 @@ from selfspec import DraftWeightsError, Runner, draft_weights, skip_layer_draft
 from selfspec._engine.draftweights import built_nbytes, linears, resolve_backend, vocab
 from selfspec._engine.draftweights.layers import FusedMember, FusedProduct
 from selfspec._engine.runner.native import ENV as NATIVE_ENV
-from selfspec._engine.runner.native import native_unsupported, vnni_unsupported
+from selfspec._engine.runner.native import int4avx2_unsupported, native_unsupported, vnni_unsupported
 from selfspec.testing import ARCHS, tiny_model
 
 NATIVE = native_unsupported() is None
 VNNI = NATIVE and vnni_unsupported() is None
+AVX2 = NATIVE and int4avx2_unsupported() is None
 CPU = ("int8", "int8wo", "bf16") + (("int8native", "int4native") if NATIVE else ()) + (
-    ("int8vnni", "int4vnni") if VNNI else ())
+    ("int8vnni", "int4vnni") if VNNI else ()) + (("int4avx2",) if AVX2 else ())
 # see a); the *vnni ones as int8: blocks of more than 2 rows round the activations to 8 bits
 BOUND = {"int8": 0.12, "int8wo": 0.03, "int8native": 0.03, "int8vnni": 0.12, "int4native": 0.45, "int4vnni": 0.5,
-         "bf16": 0.02}
+         "int4avx2": 0.5, "bf16": 0.02}
 AGREE = {"int8": 0.6, "int8wo": 0.8, "int8native": 0.8, "int8vnni": 0.6, "int4native": 0.2, "int4vnni": 0.2,
-         "bf16": 0.8}
+         "int4avx2": 0.2, "bf16": 0.8}
 
 
 def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
@@ -95,7 +96,49 @@ def test_int8vnni_computes_the_int8wo_product_within_its_activations_rounding(ro
     assert lin(x.double()).dtype == torch.float64 and lin.nbytes() == 70 * 45 + 70 * 8 + 70 * 4
 
 
-@pytest.mark.parametrize("backend", ["int8native", "int8vnni", "int4native", "int4vnni"])
+@pytest.mark.skipif(not AVX2, reason="the int4avx2 products cannot run here")
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+def test_int4avx2_computes_the_int4native_product_within_its_8bit_activations_rounding(rows):
+    from selfspec._engine.runner.native import rounding_error_bound
+
+    n_in = linears.INT4_GROUP + 12  # a whole group and a partial one
+    w, b = torch.randn(70, n_in), torch.randn(70)
+    x = torch.randn(rows, n_in) * torch.linspace(0.1, 8, n_in)  # a few large inputs set each row's step
+    lin = linears.NativeInt4Avx2Linear(w, b)
+    codes, scale, offset = linears.quantize_groups(w, linears.INT4_GROUP)
+    g = torch.arange(n_in) // linears.INT4_GROUP
+    coded = codes.double() * scale.double()[:, g]  # the part of a weight the rounded activations meet
+    full = coded + offset.double()[:, g]
+    err = (lin(x).double() - (x.double() @ full.T + b.double())).abs()
+    assert (err <= rounding_error_bound(x, coded, 127.0) + 1e-5 * (x.double().abs() @ full.abs().T) + 1e-5).all()
+    # a row's result is its own: the same computed alone as in any block
+    assert torch.equal(lin(x)[-1:], lin(x[-1:]))
+    assert lin(x.double()).dtype == torch.float64
+    assert lin.nbytes() == 70 * (-(-n_in // 2)) + 70 * 2 * 8 + 70 * 4  # codes; scale, offset per group; bias
+
+
+@pytest.mark.skipif(not AVX2, reason="the int4avx2 products cannot run here")
+def test_int4avx2_sums_the_largest_codes_and_activations_without_overflow():
+    # codes 15 and activations at +-127 steps: a 16-bit lane holds 8 steps of 2 * 15 * 127
+    n_in = 2 * linears.INT4_GROUP
+    w = torch.zeros(16, n_in)
+    w[:, ::2] = 1.0  # every group's codes 0 and 15
+    x = torch.ones(1, n_in)
+    x[0, 1::2] = -1.0  # the code-0 inputs carry the negatives: the sum of the others is n_in / 2
+    lin = linears.NativeInt4Avx2Linear(w, None)
+    torch.testing.assert_close(lin(x), torch.full((1, 16), n_in / 2.0), rtol=1e-5, atol=1e-4)
+
+
+def test_int4avx2_is_refused_where_the_kernel_has_no_avx2(monkeypatch):
+    from selfspec._engine.runner import native
+
+    if NATIVE:
+        monkeypatch.setattr(native._library(), "selfspec_native_i4avx2", lambda: 0)
+        with pytest.raises(DraftWeightsError, match="'int4avx2' cannot run here: .*no AVX2"):
+            resolve_backend("int4avx2", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("backend", ["int8native", "int8vnni", "int4native", "int4vnni", "int4avx2"])
 def test_native_backends_are_refused_where_their_kernel_cannot_run(monkeypatch, backend):
     with pytest.raises(DraftWeightsError, match="CPU only"):
         resolve_backend(backend, torch.device("meta"))

@@ -22,6 +22,10 @@ temporary bigger than a slice of that weight (see :data:`CHUNK_ROWS`).
 * :class:`NativeInt4VnniLinear` (``int4vnni``): the ``int4native`` weights, activations rounded
   as ``int8vnni`` rounds them and multiplied by integer dot products (AVX-512 VNNI), in the
   native kernel. CPU, where that kernel builds for a target with VNNI.
+* :class:`NativeInt4Avx2Linear` (``int4avx2``): the ``int4native`` weights, each row of
+  activations rounded to 8-bit integers of a scale of its own and multiplied by 8-bit integer
+  products (AVX2 ``vpmaddubsw``), in the native kernel. CPU, where that kernel builds for a
+  target with AVX2.
 * :class:`Bf16Linear` (``bf16``): bfloat16 weights, prepacked for oneDNN where it has bf16
   kernels (AVX-512 BF16 / AMX), else a plain bf16 product. CPU or GPU.
 * :class:`BnbInt8Linear` (``bnb``): bitsandbytes LLM.int8 (``Linear8bitLt``, threshold 6.0). CUDA.
@@ -266,6 +270,36 @@ class NativeInt4VnniLinear(_NativeCompressed):
         return n + (0 if self.bias is None else self.out_features * 4)
 
 
+class NativeInt4Avx2Linear(_NativeCompressed):
+    """The ``int4native`` weights (:func:`quantize_groups`, groups of :data:`INT4_GROUP` inputs) in
+    the native kernel's AVX2 4-bit panels, products of 8-bit integer activations
+    (:func:`selfspec._engine.runner.native.native_linear_i4avx2`). CPU, where the native kernel
+    builds with AVX2."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        from selfspec._engine.runner import native  # noqa: PLC0415 (builds the kernel)
+
+        super().__init__()
+        codes, scale, offset = quantize_groups(weight, INT4_GROUP)
+        self.register_buffer("panels", native.to_int4_quad_panels(codes, native.INT4_AVX2_TILE))
+        del codes
+        self.register_buffer("gscale", native.to_group_panels(scale, native.INT4_AVX2_TILE))
+        self.register_buffer("gzero", native.to_group_panels(offset, native.INT4_AVX2_TILE))
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.out_features, self.in_features = weight.shape
+
+    def _product(self, x2: torch.Tensor) -> torch.Tensor:
+        from selfspec._engine.runner.native import native_linear_i4avx2  # noqa: PLC0415
+
+        return native_linear_i4avx2(x2, self.panels, self.gscale, self.gzero, INT4_GROUP, self.bias,
+                                    self.out_features)
+
+    def nbytes(self) -> int:
+        groups = -(-self.in_features // INT4_GROUP)
+        n = self.out_features * (-(-self.in_features // 2) + groups * 8)  # codes; scale and offset per group
+        return n + (0 if self.bias is None else self.out_features * 4)
+
+
 def _onednn_bf16(device: torch.device) -> bool:
     if device.type != "cpu":
         return False
@@ -351,6 +385,7 @@ LINEARS: dict[str, type[CompressedLinear]] = {
     "int8vnni": NativeVnniLinear,
     "int4native": NativeInt4Linear,
     "int4vnni": NativeInt4VnniLinear,
+    "int4avx2": NativeInt4Avx2Linear,
     "bf16": Bf16Linear,
     "bnb": BnbInt8Linear,
 }

@@ -42,10 +42,10 @@ from selfspec._engine.runner.placement import (
 
 #: Backends of the draft weights (``auto`` resolves to one of the others).
 BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "int8vnni", "int4native", "int4vnni",
-                             "bf16", "bnb")
+                             "int4avx2", "bf16", "bnb")
 #: The backends the native kernel computes (they run where it builds; the ``*vnni`` ones where
-#: its target has AVX-512 VNNI too).
-NATIVE_BACKENDS: tuple[str, ...] = ("int8native", "int8vnni", "int4native", "int4vnni")
+#: its target has AVX-512 VNNI too, ``int4avx2`` where it has AVX2).
+NATIVE_BACKENDS: tuple[str, ...] = ("int8native", "int8vnni", "int4native", "int4vnni", "int4avx2")
 
 
 class DraftWeightsError(ValueError):
@@ -75,9 +75,10 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         raise DraftWeightsError(f"draft weights {backend!r} run on CPU only, the model is on {device}; "
                                 "use 'bnb', 'bf16' or 'none'")
     if backend in NATIVE_BACKENDS:
-        from selfspec._engine.runner.native import native_unsupported, vnni_unsupported
+        from selfspec._engine.runner.native import int4avx2_unsupported, native_unsupported, vnni_unsupported
 
-        why = vnni_unsupported() if backend.endswith("vnni") else native_unsupported("cpu", torch.float32)
+        why = (vnni_unsupported() if backend.endswith("vnni") else int4avx2_unsupported() if backend == "int4avx2"
+               else native_unsupported("cpu", torch.float32))
         if why:
             raise DraftWeightsError(f"draft weights {backend!r} cannot run here: {why}; use 'int8' or 'int8wo'")
     if backend == "bnb":

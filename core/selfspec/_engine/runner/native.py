@@ -42,13 +42,16 @@ from torch import nn
 
 from .panels import (  # noqa: F401 (the layouts the kernel reads, named here for its callers)
     CHUNK_ROWS,
+    INT4_AVX2_TILE,
     VNNI_FINE_ROWS,
     VNNI_TILE,
     from_panels,
     to_group_panels,
     to_int4_panels,
+    to_int4_quad_panels,
     to_int4_vnni_panels,
     to_panels,
+    rounding_error_bound,
     to_vnni_panels,
     vnni_error_bound,
 )
@@ -146,6 +149,38 @@ def native_linear_i4vnni(x: torch.Tensor, panels: torch.Tensor, gsum: torch.Tens
     xsum = torch.empty(n, gsum.shape[1], dtype=torch.float32)  # the kernel's scratch: x's sums per group
     _library().selfspec_native_linear_i4vnni(
         x.data_ptr(), panels.data_ptr(), gscale.data_ptr(), gzero.data_ptr(), gsum.data_ptr(), group,
+        None if bias is None else bias.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(),
+        n, out_features, in_features, torch.get_num_threads())
+    return y
+
+
+def int4avx2_unsupported() -> str | None:
+    """Why the ``int4avx2`` products cannot run here, or ``None`` when they can: the native
+    kernel must build and its target must have AVX2 and FMA (this CPU's, or the one
+    ``SELFSPEC_NATIVE_FLAGS`` names)."""
+    why = native_unsupported("cpu", torch.float32)
+    if why:
+        return why
+    if not _library().selfspec_native_i4avx2():
+        return "the native kernel's target has no AVX2 with FMA (8-bit integer products)"
+    return None
+
+
+def native_linear_i4avx2(x: torch.Tensor, panels: torch.Tensor, gscale: torch.Tensor, gzero: torch.Tensor,
+                         group: int, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """:func:`native_linear_int4`'s product (4-bit weights in groups of ``group`` inputs) by
+    8-bit integer products (AVX2 ``vpmaddubsw``): ``panels`` as :func:`to_int4_quad_panels`
+    laid them out at width :data:`INT4_AVX2_TILE`, ``gscale``/``gzero`` as
+    :func:`to_group_panels` laid them out at that width; each row of ``x`` rounded to 8-bit
+    integers of a scale of its own (within :func:`rounding_error_bound` at 127). Only where
+    :func:`int4avx2_unsupported` is ``None``."""
+    n, in_features = x.shape
+    y = torch.empty(n, out_features, dtype=torch.float32)
+    xq = torch.empty(n, -(-in_features // 4) * 4, dtype=torch.int8)  # the kernel's scratch: x rounded
+    xs = torch.empty(n, dtype=torch.float32)
+    xsum = torch.empty(n, gscale.shape[1], dtype=torch.float32)  # and x's sums per group
+    _library().selfspec_native_linear_i4avx2(
+        x.data_ptr(), panels.data_ptr(), gscale.data_ptr(), gzero.data_ptr(), group,
         None if bias is None else bias.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(),
         n, out_features, in_features, torch.get_num_threads())
     return y
@@ -323,6 +358,10 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.selfspec_native_linear_i4vnni.restype = None
     lib.selfspec_native_linear_i4vnni.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_void_p] * 5
                                                   + [ctypes.c_int] * 4)
+    lib.selfspec_native_i4avx2.restype = ctypes.c_int
+    lib.selfspec_native_linear_i4avx2.restype = None
+    lib.selfspec_native_linear_i4avx2.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 5
+                                                  + [ctypes.c_int] * 4)
     return lib
 
 
@@ -362,6 +401,10 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
         ref = x.double() @ w4.T + b.double()
         if not torch.allclose(y.double(), ref, rtol=1e-4, atol=1e-4 * 15):
             return f"the compiled int4 kernel's self-check failed (error {(y.double() - ref).abs().max():.3g})"
+        if lib.selfspec_native_i4avx2():
+            why = _self_check_i4avx2(lib, x, b, codes, gs, gz, group, w4)
+            if why:
+                return why
         if lib.selfspec_native_vnni():
             if (lib.selfspec_native_vnni_tile(), lib.selfspec_native_vnni_fine()) != (VNNI_TILE, VNNI_FINE_ROWS):
                 return "the compiled int8 VNNI kernel's panel width or 16-bit rows differ from panels.py's"
@@ -388,3 +431,24 @@ def _self_check(lib: ctypes.CDLL) -> str | None:
     return None
 
 
+def _self_check_i4avx2(lib: ctypes.CDLL, x: torch.Tensor, b: torch.Tensor, codes: torch.Tensor, gs: torch.Tensor,
+                       gz: torch.Tensor, group: int, w4: torch.Tensor) -> str | None:
+    """Why the ``int4avx2`` products of ``x`` by the 4-bit weights ``w4`` (``codes * gs + gz``
+    per group) miss ``x @ w4.T + b`` by more than their rounding bound, or ``None``."""
+    if lib.selfspec_native_i4avx2_tile() != INT4_AVX2_TILE:
+        return "the compiled int4 AVX2 kernel's panel width differs from panels.py's"
+    rows, in_f = x.shape
+    out_f = codes.shape[0]
+    panels = to_int4_quad_panels(codes, INT4_AVX2_TILE)
+    gsp, gzp = to_group_panels(gs, INT4_AVX2_TILE), to_group_panels(gz, INT4_AVX2_TILE)
+    y = torch.empty(rows, out_f)
+    xq, xs = torch.empty(rows, -(-in_f // 4) * 4, dtype=torch.int8), torch.empty(rows)
+    xsum = torch.empty(rows, gs.shape[1])
+    lib.selfspec_native_linear_i4avx2(x.data_ptr(), panels.data_ptr(), gsp.data_ptr(), gzp.data_ptr(), group,
+                                      b.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(),
+                                      rows, out_f, in_f, 2)
+    coded = codes.double() * gs.double().repeat_interleave(group, 1)[:, :in_f]
+    err = (y.double() - (x.double() @ w4.T + b.double())).abs()
+    if not (err <= rounding_error_bound(x, coded, 127.0) + 1e-4 * (1 + x.double().abs() @ w4.abs().T)).all():
+        return f"the compiled int4 AVX2 kernel's self-check failed (error {err.max():.3g})"
+    return None

@@ -399,6 +399,148 @@ void selfspec_native_linear_int4(const float *x, const unsigned char *panels, co
     }
 }
 
+/* ---- 4-bit weights by 8-bit integer products (AVX2): the "int4avx2" draft weights ---------
+   The int4native weights W[o, i] = code[o, i] * gscale[o, g] + gzero[o, g] (g = i / G), each
+   row of activations rounded to 8-bit integers of its own scale, xq = round(x / s) in
+   -127..127, s = max|x| / 127. The codes (0..15) are the unsigned and xq the signed operand of
+   vpmaddubsw: a pair's sum is at most 2 * 15 * 127 = 3810, so eight steps of four inputs sum
+   exactly in 16-bit lanes (30480 < 32767) before vpmaddwd widens them to 32 bits; a group's
+   sum is exact in int32, then scaled: y = s * sum_g gscale * sum_{i in g} code * xq
+   + sum_g gzero * sum_{i in g} x. A row's result depends on its own values only (not on its
+   place in a block or the block's width). Panels: per tile of TA (16) outputs and four
+   consecutive inputs, 32 bytes whose low nibbles are outputs 0..7's four codes (one 32-bit lane
+   each) and whose high nibbles are outputs 8..15's: [tiles, ceil(I / 4), 8, 4] bytes;
+   gscale, gzero [tiles, groups, TA]; G a multiple of 4. Compiled where the target has AVX2 and FMA:
+   selfspec_native_i4avx2() says whether it was. */
+#if defined(__AVX2__) && defined(__FMA__)
+#define HAS_I4AVX2 1
+#else
+#define HAS_I4AVX2 0
+#endif
+int selfspec_native_i4avx2(void) { return HAS_I4AVX2; }
+#define TA 16 /* outputs per panel (INT4_AVX2_TILE in panels.py) */
+int selfspec_native_i4avx2_tile(void) { return TA; }
+
+#if HAS_I4AVX2
+#define MBA 4  /* rows per pass over a panel */
+#define SUM16 8 /* steps of four inputs summed in 16-bit lanes before widening */
+
+/* Each row of x [M, I] rounded to signed bytes of its own scale xs[m] = max|x| / 127 (rows of
+   Ip = ceil(I / 4) * 4 bytes, the padding 0). */
+static void quantize_rows_i8(const float *x, signed char *xq, float *xs, int M, int I, int Ip) {
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (size_t)m * I;
+        float amax = 0.0f;
+        for (int i = 0; i < I; i++) amax = __builtin_fabsf(xr[i]) > amax ? __builtin_fabsf(xr[i]) : amax;
+        float s = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / s;
+        signed char *q = xq + (size_t)m * Ip;
+        for (int i = 0; i < I; i++) {
+            float v = xr[i] * inv;
+            int r = (int)(v + (v >= 0.0f ? 0.5f : -0.5f)); /* to nearest, ties away from zero */
+            q[i] = (signed char)(r > 127 ? 127 : (r < -127 ? -127 : r));
+        }
+        for (int i = I; i < Ip; i++) q[i] = 0;
+        xs[m] = s;
+    }
+}
+
+static inline __attribute__((always_inline)) void tile_rows_i4avx2(const signed char *xq, const unsigned char *w,
+                                                                    const float *xs, const float *xsum,
+                                                                    const float *gs, const float *gz,
+                                                                    const float *bias, float *y, int mb, int K4,
+                                                                    int G, int groups, int O, int nout) {
+    const size_t stride = (size_t)K4 * 4;
+    const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const int KG = G / 4;
+    __m256 acc[MBA][2];
+    for (int m = 0; m < MBA; m++)
+        for (int v = 0; v < 2; v++) acc[m][v] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m256i a32[MBA][2];
+        for (int m = 0; m < MBA; m++)
+            for (int v = 0; v < 2; v++) a32[m][v] = _mm256_setzero_si256();
+        const int k1 = (g + 1) * KG < K4 ? (g + 1) * KG : K4;
+        for (int c = g * KG; c < k1; c += SUM16) {
+            const int c1 = c + SUM16 < k1 ? c + SUM16 : k1;
+            __m256i a16[MBA][2];
+            for (int m = 0; m < MBA; m++)
+                for (int v = 0; v < 2; v++) a16[m][v] = _mm256_setzero_si256();
+            for (int k = c; k < c1; k++) {
+                __m256i packed = _mm256_loadu_si256((const __m256i *)(w + (size_t)k * 32));
+                __m256i lo = _mm256_and_si256(packed, nib);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nib);
+                for (int m = 0; m < MBA; m++) {
+                    if (m < mb) {
+                        int x4;
+                        __builtin_memcpy(&x4, xq + (size_t)m * stride + (size_t)k * 4, 4);
+                        __m256i xb = _mm256_set1_epi32(x4);
+                        a16[m][0] = _mm256_add_epi16(a16[m][0], _mm256_maddubs_epi16(lo, xb));
+                        a16[m][1] = _mm256_add_epi16(a16[m][1], _mm256_maddubs_epi16(hi, xb));
+                    }
+                }
+            }
+            for (int m = 0; m < MBA; m++)
+                if (m < mb)
+                    for (int v = 0; v < 2; v++)
+                        a32[m][v] = _mm256_add_epi32(a32[m][v], _mm256_madd_epi16(a16[m][v], ones));
+        }
+        for (int m = 0; m < MBA; m++) {
+            if (m < mb) {
+                __m256 sx = _mm256_set1_ps(xs[m]), xg = _mm256_set1_ps(xsum[(size_t)m * groups + g]);
+                for (int v = 0; v < 2; v++) {
+                    __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(a32[m][v]), sx);
+                    acc[m][v] = _mm256_fmadd_ps(r, _mm256_loadu_ps(gs + (size_t)g * TA + v * 8), acc[m][v]);
+                    acc[m][v] = _mm256_fmadd_ps(_mm256_loadu_ps(gz + (size_t)g * TA + v * 8), xg, acc[m][v]);
+                }
+            }
+        }
+    }
+    float out[TA];
+    for (int m = 0; m < MBA; m++) {
+        if (m < mb) {
+            _mm256_storeu_ps(out, acc[m][0]);
+            _mm256_storeu_ps(out + 8, acc[m][1]);
+            for (int j = 0; j < nout; j++) y[(size_t)m * O + j] = bias ? out[j] + bias[j] : out[j];
+        }
+    }
+}
+
+#define ROWSA(n) case n: tile_rows_i4avx2(xm, wt, xsm, xsumm, gst, gzt, bt, yt, n, K4, G, groups, O, nout); break;
+
+/* y [M, O] = x [M, I] @ W.T (+ bias [O]) with the 4-bit W above; xq [M, ceil(I / 4) * 4]
+   bytes, xs [M] and xsum [M, groups] floats are the caller's scratch. */
+void selfspec_native_linear_i4avx2(const float *x, const unsigned char *panels, const float *gscale,
+                                   const float *gzero, int G, const float *bias, float *y, signed char *xq,
+                                   float *xs, float *xsum, int M, int O, int I, int threads) {
+    const int K4 = (I + 3) / 4, groups = (I + G - 1) / G;
+    quantize_rows_i8(x, xq, xs, M, I, K4 * 4);
+    group_sums(x, xsum, M, I, G);
+    int tiles = (O + TA - 1) / TA;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        int nout = O - t * TA < TA ? O - t * TA : TA;
+        const unsigned char *wt = panels + (size_t)t * K4 * 32;
+        const float *gst = gscale + (size_t)t * groups * TA, *gzt = gzero + (size_t)t * groups * TA;
+        const float *bt = bias ? bias + (size_t)t * TA : NULL;
+        for (int m0 = 0; m0 < M; m0 += MBA) {
+            const signed char *xm = xq + (size_t)m0 * K4 * 4;
+            const float *xsm = xs + m0, *xsumm = xsum + (size_t)m0 * groups;
+            float *yt = y + (size_t)m0 * O + (size_t)t * TA;
+            int mb = M - m0 < MBA ? M - m0 : MBA;
+            switch (mb) { ROWSA(1) ROWSA(2) ROWSA(3) ROWSA(4) default: break; }
+        }
+    }
+}
+#else
+void selfspec_native_linear_i4avx2(const float *x, const unsigned char *panels, const float *gscale,
+                                   const float *gzero, int G, const float *bias, float *y, signed char *xq,
+                                   float *xs, float *xsum, int M, int O, int I, int threads) {
+    (void)x, (void)panels, (void)gscale, (void)gzero, (void)G, (void)bias, (void)y, (void)xq, (void)xs, (void)xsum,
+        (void)M, (void)O, (void)I, (void)threads; /* never called: selfspec_native_i4avx2() is 0 */
+}
+#endif
+
 /* ---- int8 weights by int8 products (VNNI): the "int8vnni" draft weights -------------------
    W = q * scale[:, None] as in selfspec_native_linear_int8, but each product is an integer dot
    product of four bytes (vpdpbusd) instead of float multiply-adds, so a block of rows costs

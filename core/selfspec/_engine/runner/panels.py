@@ -13,6 +13,8 @@ CHUNK_ROWS = 4096
 VNNI_TILE = 32
 #: Rows up to which an ``int8vnni`` product rounds activations to 16-bit integers (8-bit beyond).
 VNNI_FINE_ROWS = 2
+#: Outputs per panel of the ``int4avx2`` products (two vectors of 8 lanes).
+INT4_AVX2_TILE = 16
 
 
 def to_vnni_panels(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,28 +38,43 @@ def to_vnni_panels(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def to_int4_vnni_panels(codes: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """4-bit codes ``[out, in]`` (uint8, each 0..15) as the ``int4vnni`` products read them: per
-    tile of 32 outputs and four consecutive inputs, 64 bytes whose low nibbles hold outputs
-    0..15's four codes and whose high nibbles outputs 16..31's, ``[ceil(out / 32), ceil(in / 4),
-    16, 4]`` uint8 (padding inputs and rows: code 0); and each output row's sum of codes per group
-    of ``group`` inputs (a multiple of 4), int32 ``[tiles, groups, 32]``."""
+    """4-bit codes ``[out, in]`` (uint8, each 0..15) as the ``int4vnni`` products read them:
+    :func:`to_int4_quad_panels` of :data:`VNNI_TILE` outputs, ``[ceil(out / 32), ceil(in / 4),
+    16, 4]`` uint8; and each output row's sum of codes per group of ``group`` inputs (a multiple
+    of 4), int32 ``[tiles, groups, 32]``."""
     if group % 4:
         raise ValueError(f"a 4-bit VNNI group must be a multiple of 4 inputs, not {group}")
     out_f, in_f = codes.shape
-    tiles, k4, groups, half = -(-out_f // VNNI_TILE), -(-in_f // 4), -(-in_f // group), VNNI_TILE // 2
-    panels = torch.empty(tiles, k4, half, 4, dtype=torch.uint8)
+    tiles, groups = -(-out_f // VNNI_TILE), -(-in_f // group)
     gsum = torch.zeros(tiles, groups, VNNI_TILE, dtype=torch.int32)
     step = max(1, CHUNK_ROWS // VNNI_TILE) * VNNI_TILE
     for r in range(0, out_f, step):
         c = codes[r : r + step]
-        block = c.new_zeros(-(-c.shape[0] // VNNI_TILE) * VNNI_TILE, max(k4 * 4, groups * group))
+        block = c.new_zeros(-(-c.shape[0] // VNNI_TILE) * VNNI_TILE, groups * group)
         block[: c.shape[0], :in_f] = c
         t0, n = r // VNNI_TILE, block.shape[0] // VNNI_TILE
-        tiled = block.view(n, VNNI_TILE, -1)
-        gsum[t0 : t0 + n] = tiled.view(n, VNNI_TILE, groups, group).sum(-1, dtype=torch.int32).transpose(1, 2)
-        quads = tiled[:, :, : k4 * 4].reshape(n, VNNI_TILE, k4, 4)
+        gsum[t0 : t0 + n] = block.view(n, VNNI_TILE, groups, group).sum(-1, dtype=torch.int32).transpose(1, 2)
+    return to_int4_quad_panels(codes, VNNI_TILE), gsum
+
+
+def to_int4_quad_panels(codes: torch.Tensor, tile: int) -> torch.Tensor:
+    """4-bit codes ``[out, in]`` (uint8, each 0..15) as panels of ``tile`` outputs and four
+    consecutive inputs per 32-bit lane (the ``int4vnni`` and ``int4avx2`` products): per tile and
+    four inputs, ``tile * 2`` bytes whose low nibbles hold outputs ``0 .. tile/2 - 1``'s four
+    codes and whose high nibbles the others', ``[ceil(out / tile), ceil(in / 4), tile // 2, 4]``
+    uint8 (padding inputs and rows: code 0); built :data:`CHUNK_ROWS` rows at a time."""
+    out_f, in_f = codes.shape
+    tiles, k4, half = -(-out_f // tile), -(-in_f // 4), tile // 2
+    panels = torch.empty(tiles, k4, half, 4, dtype=torch.uint8)
+    step = max(1, CHUNK_ROWS // tile) * tile
+    for r in range(0, out_f, step):
+        c = codes[r : r + step]
+        block = c.new_zeros(-(-c.shape[0] // tile) * tile, k4 * 4)
+        block[: c.shape[0], :in_f] = c
+        t0, n = r // tile, block.shape[0] // tile
+        quads = block.view(n, tile, k4, 4)
         panels[t0 : t0 + n] = (quads[:, :half] | (quads[:, half:] << 4)).transpose(1, 2)
-    return panels, gsum
+    return panels
 
 
 def to_int4_panels(codes: torch.Tensor, width: int) -> torch.Tensor:
@@ -113,6 +130,14 @@ def vnni_error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     dequantized weights ``[out, in]``), ``[n, out]``: each activation rounded to within half its
     row's step (``max|x| / 32767`` for up to :data:`VNNI_FINE_ROWS` rows, ``/ 127`` beyond), and the
     float32 roundings of the sums and scales."""
+    return rounding_error_bound(x, w, 32767.0 if x.shape[0] <= VNNI_FINE_ROWS else 127.0)
+
+
+def rounding_error_bound(x: torch.Tensor, w: torch.Tensor, top: float) -> torch.Tensor:
+    """The most a product of ``x [n, in]`` by ``w [out, in]`` can differ from ``x @ w.T`` when
+    each row of ``x`` is rounded to integers of step ``max|x| / top`` before an exact integer
+    product (the ``int4avx2`` products: ``top`` 127), ``[n, out]``: half a step per activation,
+    and the float32 roundings of the sums and scales."""
     x, w = x.double(), w.double()
-    step = x.abs().amax(1, keepdim=True) / (32767.0 if x.shape[0] <= VNNI_FINE_ROWS else 127.0)
+    step = x.abs().amax(1, keepdim=True) / top
     return step / 2 * w.abs().sum(1) + 1e-6 * (x.abs() @ w.abs().T) * 4
