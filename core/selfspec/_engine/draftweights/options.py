@@ -29,7 +29,7 @@ def register_draft_options(register: Callable[[Option], None], *, weights: str =
                     "weights the draft model reads (the host's shared compressed copy): none (the model's "
                     "own), int8, int8wo, int8native (the kernel compiled for this CPU), int8vnni (same kernel, integer "
                     "products, AVX-512 VNNI), int4native (4-bit, same kernel; never auto), int4vnni (4-bit, integer products; "
-                    "never auto), bf16, bnb (CUDA), "
+                    "never auto), int4avx2 (4-bit, 8-bit integer products, AVX2; never auto), bf16, bnb (CUDA), "
                     "auto (the fastest measured here)",
                     choices=BACKENDS))
     register(Option("draft_vocab", int, vocab,

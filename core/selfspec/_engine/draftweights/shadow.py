@@ -60,7 +60,8 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     installed, else ``none``. Raises :class:`DraftWeightsError` for an explicit backend that
     cannot run here: ``int8``/``int8wo`` off the CPU, ``bnb`` without CUDA or bitsandbytes,
     the native backends where the native kernel cannot run (``int8vnni``, ``int4vnni``: or has no
-    VNNI). ``auto`` never picks ``int4native`` or ``int4vnni``: it measures speed only, and the
+    VNNI; ``int4avx2``: or has no AVX2). ``auto`` never picks ``int4native``, ``int4vnni`` or
+    ``int4avx2``: it measures speed only, and the
     4-bit copies trade agreement for it.
     """
     if backend not in BACKENDS:

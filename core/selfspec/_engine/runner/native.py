@@ -42,16 +42,18 @@ from torch import nn
 
 from .panels import (  # noqa: F401 (the layouts the kernel reads, named here for its callers)
     CHUNK_ROWS,
+    INT4_AVX2_FINE_ROWS,
     INT4_AVX2_TILE,
     VNNI_FINE_ROWS,
     VNNI_TILE,
     from_panels,
+    int4avx2_error_bound,
+    rounding_error_bound,
     to_group_panels,
     to_int4_panels,
     to_int4_quad_panels,
     to_int4_vnni_panels,
     to_panels,
-    rounding_error_bound,
     to_vnni_panels,
     vnni_error_bound,
 )
@@ -172,11 +174,12 @@ def native_linear_i4avx2(x: torch.Tensor, panels: torch.Tensor, gscale: torch.Te
     8-bit integer products (AVX2 ``vpmaddubsw``): ``panels`` as :func:`to_int4_quad_panels`
     laid them out at width :data:`INT4_AVX2_TILE`, ``gscale``/``gzero`` as
     :func:`to_group_panels` laid them out at that width; each row of ``x`` rounded to 8-bit
-    integers of a scale of its own (within :func:`rounding_error_bound` at 127). Only where
+    integers of a scale of its own, 15-bit for products of up to :data:`INT4_AVX2_FINE_ROWS` rows
+    (two bytes) and 8-bit beyond (within :func:`int4avx2_error_bound`). Only where
     :func:`int4avx2_unsupported` is ``None``."""
     n, in_features = x.shape
     y = torch.empty(n, out_features, dtype=torch.float32)
-    xq = torch.empty(n, -(-in_features // 4) * 4, dtype=torch.int8)  # the kernel's scratch: x rounded
+    xq = torch.empty(n, 2 * -(-in_features // 4) * 4, dtype=torch.int8)  # the kernel's scratch: x rounded
     xs = torch.empty(n, dtype=torch.float32)
     xsum = torch.empty(n, gscale.shape[1], dtype=torch.float32)  # and x's sums per group
     _library().selfspec_native_linear_i4avx2(
@@ -435,20 +438,20 @@ def _self_check_i4avx2(lib: ctypes.CDLL, x: torch.Tensor, b: torch.Tensor, codes
                        gz: torch.Tensor, group: int, w4: torch.Tensor) -> str | None:
     """Why the ``int4avx2`` products of ``x`` by the 4-bit weights ``w4`` (``codes * gs + gz``
     per group) miss ``x @ w4.T + b`` by more than their rounding bound, or ``None``."""
-    if lib.selfspec_native_i4avx2_tile() != INT4_AVX2_TILE:
-        return "the compiled int4 AVX2 kernel's panel width differs from panels.py's"
+    if (lib.selfspec_native_i4avx2_tile(), lib.selfspec_native_i4avx2_fine()) != (INT4_AVX2_TILE, INT4_AVX2_FINE_ROWS):
+        return "the compiled int4 AVX2 kernel's panel width or 15-bit rows differ from panels.py's"
     rows, in_f = x.shape
     out_f = codes.shape[0]
     panels = to_int4_quad_panels(codes, INT4_AVX2_TILE)
     gsp, gzp = to_group_panels(gs, INT4_AVX2_TILE), to_group_panels(gz, INT4_AVX2_TILE)
     y = torch.empty(rows, out_f)
-    xq, xs = torch.empty(rows, -(-in_f // 4) * 4, dtype=torch.int8), torch.empty(rows)
+    xq, xs = torch.empty(rows, 2 * -(-in_f // 4) * 4, dtype=torch.int8), torch.empty(rows)
     xsum = torch.empty(rows, gs.shape[1])
     lib.selfspec_native_linear_i4avx2(x.data_ptr(), panels.data_ptr(), gsp.data_ptr(), gzp.data_ptr(), group,
                                       b.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(),
                                       rows, out_f, in_f, 2)
     coded = codes.double() * gs.double().repeat_interleave(group, 1)[:, :in_f]
     err = (y.double() - (x.double() @ w4.T + b.double())).abs()
-    if not (err <= rounding_error_bound(x, coded, 127.0) + 1e-4 * (1 + x.double().abs() @ w4.abs().T)).all():
+    if not (err <= int4avx2_error_bound(x, coded) + 1e-4 * (1 + x.double().abs() @ w4.abs().T)).all():
         return f"the compiled int4 AVX2 kernel's self-check failed (error {err.max():.3g})"
     return None

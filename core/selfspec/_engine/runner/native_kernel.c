@@ -400,18 +400,22 @@ void selfspec_native_linear_int4(const float *x, const unsigned char *panels, co
 }
 
 /* ---- 4-bit weights by 8-bit integer products (AVX2): the "int4avx2" draft weights ---------
-   The int4native weights W[o, i] = code[o, i] * gscale[o, g] + gzero[o, g] (g = i / G), each
-   row of activations rounded to 8-bit integers of its own scale, xq = round(x / s) in
-   -127..127, s = max|x| / 127. The codes (0..15) are the unsigned and xq the signed operand of
-   vpmaddubsw: a pair's sum is at most 2 * 15 * 127 = 3810, so eight steps of four inputs sum
-   exactly in 16-bit lanes (30480 < 32767) before vpmaddwd widens them to 32 bits; a group's
-   sum is exact in int32, then scaled: y = s * sum_g gscale * sum_{i in g} code * xq
-   + sum_g gzero * sum_{i in g} x. A row's result depends on its own values only (not on its
-   place in a block or the block's width). Panels: per tile of TA (16) outputs and four
-   consecutive inputs, 32 bytes whose low nibbles are outputs 0..7's four codes (one 32-bit lane
-   each) and whose high nibbles are outputs 8..15's: [tiles, ceil(I / 4), 8, 4] bytes;
-   gscale, gzero [tiles, groups, TA]; G a multiple of 4. Compiled where the target has AVX2 and FMA:
-   selfspec_native_i4avx2() says whether it was. */
+   The int4native weights W[o, i] = code[o, i] * gscale[o, g] + gzero[o, g] (g = i / G) by
+   activations rounded per row to integers of a scale of their own (by the threads, a row each):
+   - products of up to MBF (2) rows (a chain's draft pass): to 15-bit integers,
+     xq = round(x / s) in -16383..16383, s = max|x| / 16383, split into two signed bytes
+     xq = 128 * hi + lo (hi = xq >> 7 in -128..127, lo = xq & 127), two products per weight;
+   - wider products: to 8-bit integers, xq in -127..127, s = max|x| / 127, one product.
+   The codes (0..15) are the unsigned and the activation bytes the signed operand of vpmaddubsw:
+   a pair's sum is at most 2 * 15 * 128 = 3840, so eight steps of four inputs sum exactly in
+   16-bit lanes (30720 < 32767) before vpmaddwd widens them; a group's sum is exact in int32
+   (|128 * sum code * hi| <= 128 * 15 * 128 * G < 2^31 for G <= 8192), then scaled:
+   y = s * sum_g gscale * sum_{i in g} code * xq + sum_g gzero * sum_{i in g} x. A row's result
+   depends on its own values and on the product's width only (which of the two). Panels: per
+   tile of TA (16) outputs and four consecutive inputs, 32 bytes whose low nibbles are outputs
+   0..7's four codes (one 32-bit lane each) and whose high nibbles are outputs 8..15's:
+   [tiles, ceil(I / 4), 8, 4] bytes; gscale, gzero [tiles, groups, TA]; G a multiple of 4.
+   Compiled where the target has AVX2 and FMA: selfspec_native_i4avx2() says whether it was. */
 #if defined(__AVX2__) && defined(__FMA__)
 #define HAS_I4AVX2 1
 #else
@@ -420,27 +424,103 @@ void selfspec_native_linear_int4(const float *x, const unsigned char *panels, co
 int selfspec_native_i4avx2(void) { return HAS_I4AVX2; }
 #define TA 16 /* outputs per panel (INT4_AVX2_TILE in panels.py) */
 int selfspec_native_i4avx2_tile(void) { return TA; }
+#ifndef MBF
+#define MBF 2 /* rows computed with 15-bit activations, and their block (INT4_AVX2_FINE_ROWS in panels.py) */
+#endif
+int selfspec_native_i4avx2_fine(void) { return MBF; }
 
 #if HAS_I4AVX2
-#define MBA 4  /* rows per pass over a panel */
+#define MBA 4  /* rows per pass over a panel (8-bit activations) */
 #define SUM16 8 /* steps of four inputs summed in 16-bit lanes before widening */
 
-/* Each row of x [M, I] rounded to signed bytes of its own scale xs[m] = max|x| / 127 (rows of
-   Ip = ceil(I / 4) * 4 bytes, the padding 0). */
-static void quantize_rows_i8(const float *x, signed char *xq, float *xs, int M, int I, int Ip) {
-    for (int m = 0; m < M; m++) {
-        const float *xr = x + (size_t)m * I;
-        float amax = 0.0f;
-        for (int i = 0; i < I; i++) amax = __builtin_fabsf(xr[i]) > amax ? __builtin_fabsf(xr[i]) : amax;
-        float s = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / s;
-        signed char *q = xq + (size_t)m * Ip;
-        for (int i = 0; i < I; i++) {
-            float v = xr[i] * inv;
-            int r = (int)(v + (v >= 0.0f ? 0.5f : -0.5f)); /* to nearest, ties away from zero */
-            q[i] = (signed char)(r > 127 ? 127 : (r < -127 ? -127 : r));
+/* Row m of x [M, I] rounded to integers of its own scale xs[m] = max|x| / top (to nearest,
+   ties to even): with two (top 16383), the high bytes then the low ones (rows of 2 * Ip
+   bytes); without (top 127), one byte each (rows of Ip); Ip = ceil(I / 4) * 4, the padding 0.
+   And its sums per group of G inputs (xsum [M, groups]); eight lanes at a time. */
+static void prepare_row_i4avx2(const float *x, signed char *xq, float *xs, float *xsum, int m, int I, int Ip,
+                               int G, int groups, int two) {
+    const float *xr = x + (size_t)m * I;
+    signed char *hi = xq + (size_t)m * (two ? 2 : 1) * Ip, *lo = hi + Ip;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 vmax = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= I; i += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xr + i), absmask));
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, vmax);
+    for (int k = 0; k < 8; k++) amax = lanes[k] > amax ? lanes[k] : amax;
+    for (; i < I; i++) amax = __builtin_fabsf(xr[i]) > amax ? __builtin_fabsf(xr[i]) : amax;
+    const float top = two ? 16383.0f : 127.0f, s = amax > 0.0f ? amax / top : 1.0f, inv = 1.0f / s;
+    const __m256 vinv = _mm256_set1_ps(inv), vtop = _mm256_set1_ps(top), vbottom = _mm256_set1_ps(-top);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), seven = _mm256_set1_epi32(127);
+    i = 0;
+    for (; i + 32 <= I; i += 32) {
+        __m256i v[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i + 8 * k), vinv),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, vbottom), vtop));
         }
-        for (int i = I; i < Ip; i++) q[i] = 0;
-        xs[m] = s;
+        if (two) {
+            __m256i l[4];
+            for (int k = 0; k < 4; k++) {
+                l[k] = _mm256_and_si256(v[k], seven);
+                v[k] = _mm256_srai_epi32(v[k], 7);
+            }
+            __m256i lb = _mm256_packs_epi16(_mm256_packs_epi32(l[0], l[1]), _mm256_packs_epi32(l[2], l[3]));
+            _mm256_storeu_si256((__m256i *)(lo + i), _mm256_permutevar8x32_epi32(lb, order));
+        }
+        __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256((__m256i *)(hi + i), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+    for (; i < I; i++) {
+        float r = __builtin_nearbyintf(xr[i] * inv);
+        int q = (int)(r > top ? top : (r < -top ? -top : r));
+        if (two) {
+            hi[i] = (signed char)(q >> 7);
+            lo[i] = (signed char)(q & 127);
+        } else {
+            hi[i] = (signed char)q;
+        }
+    }
+    for (; i < Ip; i++) {
+        hi[i] = 0;
+        if (two) lo[i] = 0;
+    }
+    xs[m] = s;
+    for (int g = 0; g < groups; g++) {
+        const int i0 = g * G, i1 = I - i0 < G ? I : i0 + G;
+        __m256 acc = _mm256_setzero_ps();
+        int k = i0;
+        for (; k + 8 <= i1; k += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xr + k));
+        _mm256_storeu_ps(lanes, acc);
+        float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+        for (; k < i1; k++) sum += xr[k];
+        xsum[(size_t)m * groups + g] = sum;
+    }
+}
+
+/* One step of four inputs for a block's mb rows: the 16 outputs' codes lo4, hi4 (nibbles) times
+   each row's activation bytes (rows of stride bytes, the high or only bytes first, the low ones
+   Ip after them), summed into a16 and, with two, l16. */
+static inline __attribute__((always_inline)) void dot_step_i4avx2(const signed char *xq, size_t stride, size_t Ip,
+                                                                   int k, __m256i c0, __m256i c1,
+                                                                   __m256i a16[][2], __m256i l16[][2], int mb,
+                                                                   int two) {
+    for (int m = 0; m < MBA; m++) {
+        if (m < mb) {
+            int h4;
+            __builtin_memcpy(&h4, xq + (size_t)m * stride + (size_t)k * 4, 4);
+            __m256i xb = _mm256_set1_epi32(h4);
+            a16[m][0] = _mm256_add_epi16(a16[m][0], _mm256_maddubs_epi16(c0, xb));
+            a16[m][1] = _mm256_add_epi16(a16[m][1], _mm256_maddubs_epi16(c1, xb));
+            if (two && m < MBF) {
+                int l4;
+                __builtin_memcpy(&l4, xq + (size_t)m * stride + Ip + (size_t)k * 4, 4);
+                __m256i lb = _mm256_set1_epi32(l4);
+                l16[m][0] = _mm256_add_epi16(l16[m][0], _mm256_maddubs_epi16(c0, lb));
+                l16[m][1] = _mm256_add_epi16(l16[m][1], _mm256_maddubs_epi16(c1, lb));
+            }
+        }
     }
 }
 
@@ -448,47 +528,49 @@ static inline __attribute__((always_inline)) void tile_rows_i4avx2(const signed 
                                                                     const float *xs, const float *xsum,
                                                                     const float *gs, const float *gz,
                                                                     const float *bias, float *y, int mb, int K4,
-                                                                    int G, int groups, int O, int nout) {
-    const size_t stride = (size_t)K4 * 4;
+                                                                    int G, int groups, int O, int nout, int two) {
+    const size_t Ip = (size_t)K4 * 4, stride = (two ? 2 : 1) * Ip;
     const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const int KG = G / 4;
     __m256 acc[MBA][2];
     for (int m = 0; m < MBA; m++)
         for (int v = 0; v < 2; v++) acc[m][v] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
-        __m256i a32[MBA][2];
+        __m256i a32[MBA][2], l32[MBF][2];
         for (int m = 0; m < MBA; m++)
             for (int v = 0; v < 2; v++) a32[m][v] = _mm256_setzero_si256();
+        for (int m = 0; m < MBF; m++)
+            for (int v = 0; v < 2; v++) l32[m][v] = _mm256_setzero_si256();
         const int k1 = (g + 1) * KG < K4 ? (g + 1) * KG : K4;
         for (int c = g * KG; c < k1; c += SUM16) {
             const int c1 = c + SUM16 < k1 ? c + SUM16 : k1;
-            __m256i a16[MBA][2];
+            __m256i a16[MBA][2], l16[MBF][2];
             for (int m = 0; m < MBA; m++)
                 for (int v = 0; v < 2; v++) a16[m][v] = _mm256_setzero_si256();
+            for (int m = 0; m < MBF; m++)
+                for (int v = 0; v < 2; v++) l16[m][v] = _mm256_setzero_si256();
             for (int k = c; k < c1; k++) {
                 __m256i packed = _mm256_loadu_si256((const __m256i *)(w + (size_t)k * 32));
-                __m256i lo = _mm256_and_si256(packed, nib);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nib);
-                for (int m = 0; m < MBA; m++) {
-                    if (m < mb) {
-                        int x4;
-                        __builtin_memcpy(&x4, xq + (size_t)m * stride + (size_t)k * 4, 4);
-                        __m256i xb = _mm256_set1_epi32(x4);
-                        a16[m][0] = _mm256_add_epi16(a16[m][0], _mm256_maddubs_epi16(lo, xb));
-                        a16[m][1] = _mm256_add_epi16(a16[m][1], _mm256_maddubs_epi16(hi, xb));
+                __m256i c0 = _mm256_and_si256(packed, nib);
+                __m256i cc1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nib);
+                dot_step_i4avx2(xq, stride, Ip, k, c0, cc1, a16, l16, mb, two);
+            }
+            for (int m = 0; m < MBA; m++) {
+                if (m < mb) {
+                    for (int v = 0; v < 2; v++) {
+                        a32[m][v] = _mm256_add_epi32(a32[m][v], _mm256_madd_epi16(a16[m][v], ones));
+                        if (two && m < MBF) l32[m][v] = _mm256_add_epi32(l32[m][v], _mm256_madd_epi16(l16[m][v], ones));
                     }
                 }
             }
-            for (int m = 0; m < MBA; m++)
-                if (m < mb)
-                    for (int v = 0; v < 2; v++)
-                        a32[m][v] = _mm256_add_epi32(a32[m][v], _mm256_madd_epi16(a16[m][v], ones));
         }
         for (int m = 0; m < MBA; m++) {
             if (m < mb) {
                 __m256 sx = _mm256_set1_ps(xs[m]), xg = _mm256_set1_ps(xsum[(size_t)m * groups + g]);
                 for (int v = 0; v < 2; v++) {
-                    __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(a32[m][v]), sx);
+                    __m256i d = a32[m][v];
+                    if (two && m < MBF) d = _mm256_add_epi32(_mm256_slli_epi32(d, 7), l32[m][v]);
+                    __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(d), sx);
                     acc[m][v] = _mm256_fmadd_ps(r, _mm256_loadu_ps(gs + (size_t)g * TA + v * 8), acc[m][v]);
                     acc[m][v] = _mm256_fmadd_ps(_mm256_loadu_ps(gz + (size_t)g * TA + v * 8), xg, acc[m][v]);
                 }
@@ -505,30 +587,38 @@ static inline __attribute__((always_inline)) void tile_rows_i4avx2(const signed 
     }
 }
 
-#define ROWSA(n) case n: tile_rows_i4avx2(xm, wt, xsm, xsumm, gst, gzt, bt, yt, n, K4, G, groups, O, nout); break;
+#define ROWSA(n, TWO) case n: tile_rows_i4avx2(xm, wt, xsm, xsumm, gst, gzt, bt, yt, n, K4, G, groups, O, nout, TWO); break;
 
-/* y [M, O] = x [M, I] @ W.T (+ bias [O]) with the 4-bit W above; xq [M, ceil(I / 4) * 4]
+/* y [M, O] = x [M, I] @ W.T (+ bias [O]) with the 4-bit W above; xq [M, 2 * ceil(I / 4) * 4]
    bytes, xs [M] and xsum [M, groups] floats are the caller's scratch. */
 void selfspec_native_linear_i4avx2(const float *x, const unsigned char *panels, const float *gscale,
                                    const float *gzero, int G, const float *bias, float *y, signed char *xq,
                                    float *xs, float *xsum, int M, int O, int I, int threads) {
-    const int K4 = (I + 3) / 4, groups = (I + G - 1) / G;
-    quantize_rows_i8(x, xq, xs, M, I, K4 * 4);
-    group_sums(x, xsum, M, I, G);
+    const int K4 = (I + 3) / 4, groups = (I + G - 1) / G, two = M <= MBF, block = two ? MBF : MBA;
+    const size_t stride = (size_t)(two ? 2 : 1) * K4 * 4;
     int tiles = (O + TA - 1) / TA;
     (void)threads;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        int nout = O - t * TA < TA ? O - t * TA : TA;
-        const unsigned char *wt = panels + (size_t)t * K4 * 32;
-        const float *gst = gscale + (size_t)t * groups * TA, *gzt = gzero + (size_t)t * groups * TA;
-        const float *bt = bias ? bias + (size_t)t * TA : NULL;
-        for (int m0 = 0; m0 < M; m0 += MBA) {
-            const signed char *xm = xq + (size_t)m0 * K4 * 4;
-            const float *xsm = xs + m0, *xsumm = xsum + (size_t)m0 * groups;
-            float *yt = y + (size_t)m0 * O + (size_t)t * TA;
-            int mb = M - m0 < MBA ? M - m0 : MBA;
-            switch (mb) { ROWSA(1) ROWSA(2) ROWSA(3) ROWSA(4) default: break; }
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) prepare_row_i4avx2(x, xq, xs, xsum, m, I, K4 * 4, G, groups, two);
+#pragma omp for schedule(static)
+        for (int t = 0; t < tiles; t++) {
+            int nout = O - t * TA < TA ? O - t * TA : TA;
+            const unsigned char *wt = panels + (size_t)t * K4 * 32;
+            const float *gst = gscale + (size_t)t * groups * TA, *gzt = gzero + (size_t)t * groups * TA;
+            const float *bt = bias ? bias + (size_t)t * TA : NULL;
+            for (int m0 = 0; m0 < M; m0 += block) {
+                const signed char *xm = xq + (size_t)m0 * stride;
+                const float *xsm = xs + m0, *xsumm = xsum + (size_t)m0 * groups;
+                float *yt = y + (size_t)m0 * O + (size_t)t * TA;
+                int mb = M - m0 < block ? M - m0 : block;
+                if (two) {
+                    switch (mb) { ROWSA(1, 1) ROWSA(2, 1) default: break; }
+                } else {
+                    switch (mb) { ROWSA(1, 0) ROWSA(2, 0) ROWSA(3, 0) ROWSA(4, 0) default: break; }
+                }
+            }
         }
     }
 }

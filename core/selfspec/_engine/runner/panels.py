@@ -15,6 +15,8 @@ VNNI_TILE = 32
 VNNI_FINE_ROWS = 2
 #: Outputs per panel of the ``int4avx2`` products (two vectors of 8 lanes).
 INT4_AVX2_TILE = 16
+#: Rows up to which an ``int4avx2`` product rounds activations to 15-bit integers (8-bit beyond).
+INT4_AVX2_FINE_ROWS = 2
 
 
 def to_vnni_panels(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,11 +135,19 @@ def vnni_error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return rounding_error_bound(x, w, 32767.0 if x.shape[0] <= VNNI_FINE_ROWS else 127.0)
 
 
+def int4avx2_error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The most an ``int4avx2`` product of ``x [n, in]`` can differ from ``x @ w.T`` (``w`` the
+    part of the 4-bit weights the rounded activations meet, codes times scales ``[out, in]``),
+    ``[n, out]``: each activation rounded to within half its row's step (``max|x| / 16383`` for
+    up to :data:`INT4_AVX2_FINE_ROWS` rows, ``/ 127`` beyond), and the float32 roundings."""
+    return rounding_error_bound(x, w, 16383.0 if x.shape[0] <= INT4_AVX2_FINE_ROWS else 127.0)
+
+
 def rounding_error_bound(x: torch.Tensor, w: torch.Tensor, top: float) -> torch.Tensor:
     """The most a product of ``x [n, in]`` by ``w [out, in]`` can differ from ``x @ w.T`` when
     each row of ``x`` is rounded to integers of step ``max|x| / top`` before an exact integer
-    product (the ``int4avx2`` products: ``top`` 127), ``[n, out]``: half a step per activation,
-    and the float32 roundings of the sums and scales."""
+    product, ``[n, out]``: half a step per activation, and the float32 roundings of the sums
+    and scales."""
     x, w = x.double(), w.double()
     step = x.abs().amax(1, keepdim=True) / top
     return step / 2 * w.abs().sum(1) + 1e-6 * (x.abs() @ w.abs().T) * 4

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""A draft forward's cost against its width, per draft-weights backend, beside a full forward.
+
+    python lab/scripts/draft_width.py [--model qwen2.5-coder-1.5b] [--backends int8,int4avx2]
+        [--widths 1,2,4,8] [--repeats 9] [--threads 2] [--json FILE]
+
+A tree's draft passes are blocks of a few rows: whether a backend makes a draft cheaper depends
+on the widths a drafter's passes have, not on one row alone. After a cached prompt, each
+backend's draft forward (every layer on its compressed copy, the whole vocabulary) and the
+model's own forward (``vanilla``, the runner's ``auto`` layout) run ``--widths`` new tokens,
+interleaved per repetition so all see the same machine load; prints the median and fastest ms
+per width, and each draft's median as a fraction of ``vanilla``'s at one token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+from selfspec._engine.draftweights import draft_weights
+from selfspec._engine.machine import machine_info
+from selfspec._engine.runner import Runner
+from selfspec.app._models import format_prompt, load
+
+PROMPT = "Write a Python function that checks whether a number is prime, with tests and a docstring."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lab/scripts/draft_width.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--backends", default="int8,int4avx2")
+    ap.add_argument("--widths", default="1,2,4,8")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    loaded = load(args.model)
+    runner = Runner(loaded.model)
+    variants = {"vanilla": None, **{b: draft_weights(runner, b) for b in args.backends.split(",")}}
+    widths = [int(w) for w in args.widths.split(",")]
+    ids = torch.tensor(format_prompt(loaded, PROMPT))
+    cache = runner.new_cache(len(ids) + max(widths))
+    start = len(ids)
+    times: dict[str, dict[int, list[float]]] = {v: {w: [] for w in widths} for v in variants}
+    with torch.inference_mode():
+        runner.forward(ids, cache=cache, start=0, logits="last")
+        block = ids[-1:].repeat(max(widths))
+        for r in range(args.repeats + 1):  # one warm-up round
+            for w in widths:
+                for name, weights in variants.items():
+                    t0 = time.perf_counter()
+                    runner.forward(block[:w], cache=cache, start=start, logits="all", weights=weights)
+                    if r:
+                        times[name][w].append(time.perf_counter() - t0)
+    one = statistics.median(times["vanilla"][widths[0]])
+    print(f"ms per forward (median / fastest of {args.repeats}), layout {runner.weight_layout}; "
+          f"draft median / vanilla's at {widths[0]} token")
+    print(f"{'variant':<12}" + "".join(f"{w:>22}" for w in widths))
+    for name in variants:
+        cells = [f"{1e3 * statistics.median(times[name][w]):7.1f} / {1e3 * min(times[name][w]):6.1f}"
+                 + ("" if name == "vanilla" else f" ({statistics.median(times[name][w]) / one:.2f})")
+                 for w in widths]
+        print(f"{name:<12}" + "".join(f"{c:>22}" for c in cells))
+    if args.json:
+        result = {"model": args.model, "layout": runner.weight_layout, "widths": widths, "repeats": args.repeats,
+                  "machine": {**machine_info(), "threads": args.threads},
+                  "command": " ".join(["python lab/scripts/draft_width.py",
+                                       *(argv if argv is not None else sys.argv[1:])]),
+                  "ms": {n: {w: [1e3 * t for t in ts] for w, ts in ws.items()} for n, ws in times.items()}}
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
