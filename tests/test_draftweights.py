@@ -24,7 +24,11 @@ from selfspec import DraftWeightsError, Runner, draft_weights, skip_layer_draft
 from selfspec._engine.draftweights import built_nbytes, linears, resolve_backend, vocab
 from selfspec._engine.draftweights.layers import FusedMember, FusedProduct
 from selfspec._engine.runner.native import ENV as NATIVE_ENV
-from selfspec._engine.runner.native import int4avx2_unsupported, native_unsupported, vnni_unsupported
+from selfspec._engine.runner.native import (
+    int4avx2_unsupported,
+    native_unsupported,
+    vnni_unsupported,
+)
 from selfspec.testing import ARCHS, tiny_model
 
 NATIVE = native_unsupported() is None

@@ -269,8 +269,9 @@ def test_every_instruction_set_branch_computes_the_product_and_keeps_rows_bitwis
     if platform.machine() not in ("x86_64", "AMD64") or not needs <= _cpu_flags():
         pytest.skip(f"this CPU cannot run the {branch} branch")
     lib = native._bind(native.compile_kernel(tmp_path / "k.so", native._compiler(), flags))
-    assert native._self_check(lib) is None  # the int8vnni products too, where the branch has them
+    assert native.self_check(lib) is None  # the int8vnni and int4avx2 products too, where the branch has them
     assert lib.selfspec_native_vnni() == ("VNNI" in branch)
+    assert lib.selfspec_native_i4avx2() == (branch.startswith(("AVX2", "AVX-512")))  # checked above where built
     width, gen = lib.selfspec_native_tile(), torch.Generator().manual_seed(1)
     x, w = torch.randn(17, 70, generator=gen), torch.randn(2 * width + 3, 70, generator=gen)
     panels = native.to_panels(w, width)

@@ -23,9 +23,9 @@ temporary bigger than a slice of that weight (see :data:`CHUNK_ROWS`).
   as ``int8vnni`` rounds them and multiplied by integer dot products (AVX-512 VNNI), in the
   native kernel. CPU, where that kernel builds for a target with VNNI.
 * :class:`NativeInt4Avx2Linear` (``int4avx2``): the ``int4native`` weights, each row of
-  activations rounded to 8-bit integers of a scale of its own and multiplied by 8-bit integer
-  products (AVX2 ``vpmaddubsw``), in the native kernel. CPU, where that kernel builds for a
-  target with AVX2.
+  activations rounded to integers of a scale of its own (15-bit for products of up to 2 rows,
+  8-bit beyond) and multiplied by 8-bit integer products (AVX2 ``vpmaddubsw``), in the native
+  kernel. CPU, where that kernel builds for a target with AVX2.
 * :class:`Bf16Linear` (``bf16``): bfloat16 weights, prepacked for oneDNN where it has bf16
   kernels (AVX-512 BF16 / AMX), else a plain bf16 product. CPU or GPU.
 * :class:`BnbInt8Linear` (``bnb``): bitsandbytes LLM.int8 (``Linear8bitLt``, threshold 6.0). CUDA.
@@ -272,9 +272,9 @@ class NativeInt4VnniLinear(_NativeCompressed):
 
 class NativeInt4Avx2Linear(_NativeCompressed):
     """The ``int4native`` weights (:func:`quantize_groups`, groups of :data:`INT4_GROUP` inputs) in
-    the native kernel's AVX2 4-bit panels, products of 8-bit integer activations
-    (:func:`selfspec._engine.runner.native.native_linear_i4avx2`). CPU, where the native kernel
-    builds with AVX2."""
+    the native kernel's AVX2 4-bit panels, products of integer activations, 15-bit for up to 2
+    rows and 8-bit beyond (:func:`selfspec._engine.runner.native.native_linear_i4avx2`). CPU,
+    where the native kernel builds with AVX2."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         from selfspec._engine.runner import native  # noqa: PLC0415 (builds the kernel)

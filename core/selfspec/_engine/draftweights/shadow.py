@@ -76,7 +76,11 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         raise DraftWeightsError(f"draft weights {backend!r} run on CPU only, the model is on {device}; "
                                 "use 'bnb', 'bf16' or 'none'")
     if backend in NATIVE_BACKENDS:
-        from selfspec._engine.runner.native import int4avx2_unsupported, native_unsupported, vnni_unsupported
+        from selfspec._engine.runner.native import (
+            int4avx2_unsupported,
+            native_unsupported,
+            vnni_unsupported,
+        )
 
         why = (vnni_unsupported() if backend.endswith("vnni") else int4avx2_unsupported() if backend == "int4avx2"
                else native_unsupported("cpu", torch.float32))
