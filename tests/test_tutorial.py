@@ -31,7 +31,7 @@ def model_dir(tmp_path_factory):
 def test_step6_plugins_lists_lookup():
     out = CliRunner().invoke(cli, ["plugins", "--json"])
     assert out.exit_code == 0, out.output
-    rows = {row["name"]: row for row in json.loads(out.output)}
+    rows = {row["name"]: row for row in json.loads(out.stdout)}
     assert "lookup" in rows
     assert {o["name"] for o in rows["lookup"]["options"]} == {"max_ngram", "min_ngram", "num_draft", "adaptive"}
 
@@ -41,7 +41,7 @@ def test_step6_run_lookup(model_dir):
             "Repeat exactly: the quick brown fox jumps over the lazy dog."]
     out = CliRunner().invoke(cli, args)
     assert out.exit_code == 0, out.output
-    assert json.loads(out.output)["plugin"] == "lookup"
+    assert json.loads(out.stdout)["plugin"] == "lookup"
 
 
 def test_step6_plugin_file(model_dir):
