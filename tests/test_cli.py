@@ -232,6 +232,18 @@ def test_plugins_text_and_json(tmp_path):
     host = next(line for line in lines if line.startswith("host: "))
     assert lines[lines.index(host) + 1].startswith("measured here")
     assert host.startswith("host: ") and "float32: packed" in host and "float64: model" in host
+    # and which of the native kernel's draft weights run here (each one resolve_backend accepts)
+    from selfspec._engine.draftweights import NATIVE_BACKENDS, DraftWeightsError, resolve_backend
+    from selfspec._engine.runner.native import native_unsupported
+
+    if native_unsupported() is None:
+        listed = host.split("its draft weights here: ")[1].split(", ")
+        for backend in NATIVE_BACKENDS:
+            try:
+                resolve_backend(backend, torch.device("cpu"))
+                assert backend in listed
+            except DraftWeightsError:
+                assert backend not in listed
     entries = json.loads(invoke("plugins", "--json").stdout)
     vanilla = next(e for e in entries if e["name"] == "vanilla")
     assert vanilla["version"] and vanilla["options"] == [] and vanilla["hooks"]

@@ -65,13 +65,29 @@ def host_line() -> str:
         layout = choose_layout("auto", "cpu", dtype, cpu)
         why = packing_unsupported("cpu", dtype, cpu) if layout != "packed" else None
         parts.append(f"{name}: {layout}" + (f" ({why})" if why and dtype != torch.float64 else ""))
+    line = (f"host: {cpu_model()} [{cpu.label}]; before measuring, --weight-layout auto on CPU runs "
+            + "; ".join(parts) + f"; the native float32 layout: {native_line()}")
+    return "\n".join([line, *measured_lines()])
+
+
+def native_line() -> str:
+    """Whether the native kernel runs here, and which of its draft weights (the ``*vnni`` ones
+    need AVX-512 VNNI in its target, ``int4avx2`` AVX2)."""
+    import torch
+
+    from selfspec._engine.draftweights import NATIVE_BACKENDS, DraftWeightsError, resolve_backend
     from selfspec._engine.runner.native import native_unsupported
 
     why_not = native_unsupported("cpu", torch.float32)
-    native = "auto also measures it" if why_not is None else f"unavailable: {why_not}"
-    line = (f"host: {cpu_model()} [{cpu.label}]; before measuring, --weight-layout auto on CPU runs "
-            + "; ".join(parts) + f"; the native float32 layout: {native}")
-    return "\n".join([line, *measured_lines()])
+    if why_not is not None:
+        return f"unavailable: {why_not}"
+    runs = []
+    for backend in NATIVE_BACKENDS:
+        try:
+            runs.append(resolve_backend(backend, torch.device("cpu")))
+        except DraftWeightsError:
+            continue
+    return f"auto also measures it; its draft weights here: {', '.join(runs)}"
 
 
 def measured_lines() -> list[str]:
