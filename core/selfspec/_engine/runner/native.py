@@ -52,6 +52,7 @@ from .panels import (  # noqa: F401 (the layouts the kernel reads, named here fo
     VNNI_TILE,
     from_panels,
     int4avx2_error_bound,
+    rounded_scratch,
     rounding_error_bound,
     to_group_panels,
     to_int4_panels,
@@ -117,12 +118,7 @@ def vnni_unsupported() -> str | None:
     """Why the ``int8vnni`` products cannot run here, or ``None`` when they can: the native
     kernel must build and its target must have AVX-512 VNNI (this CPU's, or the one
     ``SELFSPEC_NATIVE_FLAGS`` names)."""
-    why = native_unsupported("cpu", torch.float32)
-    if why:
-        return why
-    if not _library().selfspec_native_vnni():
-        return "the native kernel's target has no AVX-512 VNNI (int8 dot products)"
-    return None
+    return _target_lacks("selfspec_native_vnni", "AVX-512 VNNI (int8 dot products)")
 
 
 def native_linear_i8vnni(x: torch.Tensor, panels: torch.Tensor, colsum: torch.Tensor, scale: torch.Tensor,
@@ -134,7 +130,7 @@ def native_linear_i8vnni(x: torch.Tensor, panels: torch.Tensor, colsum: torch.Te
     Only where :func:`vnni_unsupported` is ``None``."""
     n, in_features = x.shape
     y = torch.empty(n, out_features, dtype=torch.float32)
-    xq, xs = _vnni_scratch(n, in_features)
+    xq, xs = rounded_scratch(n, in_features)
     _library().selfspec_native_linear_i8vnni(
         x.data_ptr(), panels.data_ptr(), scale.data_ptr(), colsum.data_ptr(),
         None if bias is None else bias.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(),
@@ -151,7 +147,7 @@ def native_linear_i4vnni(x: torch.Tensor, panels: torch.Tensor, gsum: torch.Tens
     :func:`vnni_unsupported` is ``None``."""
     n, in_features = x.shape
     y = torch.empty(n, out_features, dtype=torch.float32)
-    xq, xs = _vnni_scratch(n, in_features)
+    xq, xs = rounded_scratch(n, in_features)
     xsum = torch.empty(n, gsum.shape[1], dtype=torch.float32)  # the kernel's scratch: x's sums per group
     _library().selfspec_native_linear_i4vnni(
         x.data_ptr(), panels.data_ptr(), gscale.data_ptr(), gzero.data_ptr(), gsum.data_ptr(), group,
@@ -164,12 +160,7 @@ def int4avx2_unsupported() -> str | None:
     """Why the ``int4avx2`` products cannot run here, or ``None`` when they can: the native
     kernel must build and its target must have AVX2 and FMA (this CPU's, or the one
     ``SELFSPEC_NATIVE_FLAGS`` names)."""
-    why = native_unsupported("cpu", torch.float32)
-    if why:
-        return why
-    if not _library().selfspec_native_i4avx2():
-        return "the native kernel's target has no AVX2 with FMA (8-bit integer products)"
-    return None
+    return _target_lacks("selfspec_native_i4avx2", "AVX2 with FMA (8-bit integer products)")
 
 
 def native_linear_i4avx2(x: torch.Tensor, panels: torch.Tensor, gscale: torch.Tensor, gzero: torch.Tensor,
@@ -183,9 +174,8 @@ def native_linear_i4avx2(x: torch.Tensor, panels: torch.Tensor, gscale: torch.Te
     :func:`int4avx2_unsupported` is ``None``."""
     n, in_features = x.shape
     y = torch.empty(n, out_features, dtype=torch.float32)
-    xq = torch.empty(n, 2 * -(-in_features // 4) * 4, dtype=torch.int8)  # the kernel's scratch: x rounded
-    xs = torch.empty(n, dtype=torch.float32)
-    xsum = torch.empty(n, gscale.shape[1], dtype=torch.float32)  # and x's sums per group
+    xq, xs = rounded_scratch(n, in_features)
+    xsum = torch.empty(n, gscale.shape[1], dtype=torch.float32)  # the kernel's scratch: x's sums per group
     _library().selfspec_native_linear_i4avx2(
         x.data_ptr(), panels.data_ptr(), gscale.data_ptr(), gzero.data_ptr(), group,
         None if bias is None else bias.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(),
@@ -272,11 +262,15 @@ class NativeLinear(nn.Linear):
 
 
 # ------------------------------------------------------------------------------ helpers
-def _vnni_scratch(rows: int, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The VNNI products' scratch: the rows' activation bytes (two per input, padded to 4 inputs)
-    and their scales."""
-    return (torch.empty(rows, 2 * -(-in_features // 4) * 4, dtype=torch.uint8),
-            torch.empty(rows, dtype=torch.float32))
+def _target_lacks(flag: str, feature: str) -> str | None:
+    """Why products the kernel compiles only for some targets cannot run here (the kernel does not
+    build, or ``flag()`` says its target lacks ``feature``), or ``None``."""
+    why = native_unsupported("cpu", torch.float32)
+    if why:
+        return why
+    if not getattr(_library(), flag)():
+        return f"the native kernel's target has no {feature}"
+    return None
 
 
 def _library() -> ctypes.CDLL:

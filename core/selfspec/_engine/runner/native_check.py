@@ -14,6 +14,7 @@ from .panels import (
     VNNI_FINE_ROWS,
     VNNI_TILE,
     int4avx2_error_bound,
+    rounded_scratch,
     to_group_panels,
     to_int4_panels,
     to_int4_quad_panels,
@@ -69,7 +70,7 @@ def self_check(lib: ctypes.CDLL) -> str | None:
                 return "the compiled int8 VNNI kernel's panel width or 16-bit rows differ from panels.py's"
             vp, colsum = to_vnni_panels(q)
             vscale = torch.rand(vp.shape[0] * VNNI_TILE, generator=gen)
-            xq, xs = (torch.empty(rows, 2 * -(-in_f // 4) * 4, dtype=torch.uint8), torch.empty(rows))
+            xq, xs = rounded_scratch(rows, in_f)
             lib.selfspec_native_linear_i8vnni(x.data_ptr(), vp.data_ptr(), vscale.data_ptr(), colsum.data_ptr(),
                                               b.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(),
                                               rows, out_f, in_f, 2)
@@ -101,7 +102,7 @@ def _self_check_i4avx2(lib: ctypes.CDLL, x: torch.Tensor, b: torch.Tensor, codes
     panels = to_int4_quad_panels(codes, INT4_AVX2_TILE)
     gsp, gzp = to_group_panels(gs, INT4_AVX2_TILE), to_group_panels(gz, INT4_AVX2_TILE)
     y = torch.empty(rows, out_f)
-    xq, xs = torch.empty(rows, 2 * -(-in_f // 4) * 4, dtype=torch.int8), torch.empty(rows)
+    xq, xs = rounded_scratch(rows, in_f)
     xsum = torch.empty(rows, gs.shape[1])
     lib.selfspec_native_linear_i4avx2(x.data_ptr(), panels.data_ptr(), gsp.data_ptr(), gzp.data_ptr(), group,
                                       b.data_ptr(), y.data_ptr(), xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(),

@@ -1,5 +1,6 @@
-"""The layouts of weights that the native kernel (``native_kernel.c``) reads, and the error
-bound of its ``int8vnni`` products: pure tensor rearrangements, no kernel needed."""
+"""The layouts of weights that the native kernel (``native_kernel.c``) reads, the scratch its
+integer products round activations into, and those products' error bounds: pure tensor
+rearrangements, no kernel needed."""
 
 from __future__ import annotations
 
@@ -151,3 +152,10 @@ def rounding_error_bound(x: torch.Tensor, w: torch.Tensor, top: float) -> torch.
     x, w = x.double(), w.double()
     step = x.abs().amax(1, keepdim=True) / top
     return step / 2 * w.abs().sum(1) + 1e-6 * (x.abs() @ w.abs().T) * 4
+
+
+def rounded_scratch(rows: int, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The integer products' scratch (``int8vnni``, ``int4vnni``, ``int4avx2``): the rows'
+    rounded activation bytes (up to two per input, padded to 4 inputs) and their scales."""
+    return (torch.empty(rows, 2 * -(-in_features // 4) * 4, dtype=torch.uint8),
+            torch.empty(rows, dtype=torch.float32))
