@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from selfspec._engine.runner.lean import LeanBlocks, lean_blocks
+
 _MISSING = object()
 
 
@@ -82,6 +84,13 @@ class Adapter:
     def mlp_block(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
+    def lean(self, layer: nn.Module) -> LeanBlocks | None:
+        """The :class:`~selfspec._engine.runner.lean.LeanBlocks` computing ``layer``'s blocks
+        as :meth:`attn_block` and :meth:`mlp_block` do, or ``None`` where they cannot (a layer
+        of another structure, or eager attention, whose additive masks and softmax they do not
+        reproduce). The runner uses them for draft weights' layers."""
+        return lean_blocks(layer, self.config) if self.attn_impl == "sdpa" else None
+
     def _window(self, layer: nn.Module) -> int | None:
         w = getattr(layer.self_attn, "sliding_window", _MISSING)
         if w is _MISSING:  # Mistral keeps it on the config for every layer
@@ -111,6 +120,9 @@ class Gemma3Adapter(Adapter):
 
     def mlp_block(self, layer, h):
         return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+
+    def lean(self, layer):
+        return None  # sandwich norms: the adapter's own blocks
 
 
 ADAPTERS: tuple[type[Adapter], ...] = (Adapter, Gemma3Adapter)

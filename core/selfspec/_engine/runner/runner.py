@@ -18,6 +18,7 @@ the runner's device (the embedding's).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from selfspec._engine.runner.adapters import Adapter, adapter_for
 from selfspec._engine.runner.cache import KVCache
 from selfspec._engine.runner.exact_attention import position_mask
 from selfspec._engine.runner.layout import adopt_layout, check_layout, shared_layout_copies
+from selfspec._engine.runner.lean import LeanBlocks
 from selfspec._engine.runner.traffic import block_bytes, product_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,6 +94,10 @@ class Runner:
             self._run_layers = [exact_copy(layer) for layer in self._run_layers]
             self.adapter.lm_head = exact_copy(self.adapter.lm_head)
         self.n_layers = len(self.layers)
+        #: run draft weights' layers as :class:`.lean.LeanBlocks` where the adapter recognises
+        #: them (:meth:`Adapter.lean`): the same blocks without the modules' call overhead
+        self.lean_drafts = True
+        self._lean: weakref.WeakKeyDictionary[nn.Module, LeanBlocks | None] = weakref.WeakKeyDictionary()
         #: bytes of product weights read by every forward so far (:mod:`.traffic`)
         self.weight_bytes = 0
         self._head_cache: dict[int, tuple[nn.Module, int]] = {}
@@ -319,10 +325,12 @@ class Runner:
                 h = h.to(dev)
             if a == i and i in capture:
                 captured[i] = h[0]
+            lean = None
             if substitutes and i in substitutes:
                 layer = substitutes[i]
             elif weights is not None and i in weights.layers:
                 layer = weights.layers[i]
+                lean = self._lean_blocks(layer) if self.lean_drafts else None
             else:
                 layer = self._run_layers[i]
             attn_bytes, mlp_bytes = block_bytes(layer)
@@ -338,10 +346,13 @@ class Runner:
                     layer_masks[mk] = _to(position_mask(m, torch.cat([prefix_pos, positions]), q) if mk[2]
                                           else masks.for_attention(m, impl, h.dtype), h.device)
                 kv = cache.view(i, start, write)
-                h = self.adapter.attn_block(layer, h, ropes[key], layer_masks[mk], kv)
+                if lean is not None:
+                    h = lean.attn(h, ropes[key], layer_masks[mk], kv)
+                else:
+                    h = self.adapter.attn_block(layer, h, ropes[key], layer_masks[mk], kv)
             if i not in skip_mlp:
                 self.weight_bytes += mlp_bytes
-                h = self.adapter.mlp_block(layer, h)
+                h = lean.mlp(h) if lean is not None else self.adapter.mlp_block(layer, h)
             if i + 1 in capture:
                 captured[i + 1] = h[0]
 
@@ -355,6 +366,13 @@ class Runner:
             if out.logits.device != device:
                 out.logits = out.logits.to(device)
         return out
+
+
+    def _lean_blocks(self, layer: nn.Module) -> LeanBlocks | None:
+        """``layer``'s lean blocks (built once per layer module), or ``None``."""
+        if layer not in self._lean:
+            self._lean[layer] = self.adapter.lean(layer)
+        return self._lean[layer]
 
 
 def _to(x, device: torch.device):
