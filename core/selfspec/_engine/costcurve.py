@@ -152,20 +152,34 @@ def cost_curve(runner: Runner, *, store: ArtefactStore | None = None, refresh: b
 
 
 def curve_key(runner: Runner) -> str:
-    """The file-name key of a cost curve: model shape, dtype, layout, and a hash of the machine."""
+    """The file-name key of a cost curve: model shape, dtype, layout, a hash of the machine,
+    and the native kernel's build where the layout runs on it (a rebuilt kernel, from a new
+    source, compiler or CPU, is measured again)."""
     m = _machine(runner)
     shape = f"{getattr(runner.config, 'model_type', 'model')}-{runner.n_layers}x{runner.hidden_size}x{runner.vocab_size}"
     dtype = str(runner.dtype).removeprefix("torch.")
     digest = hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{shape}-{dtype}-{runner.weight_layout}-{digest}"
+    kernel = _kernel_key() if runner.weight_layout == "native" else ""
+    return f"{shape}-{dtype}-{runner.weight_layout}-{digest}{kernel}"
 
 
 # ------------------------------------------------------------------------------ helpers
 def _weights_key(weights: Any) -> str:
-    """Draft weights in a curve's key: backend, compressed layers, vocabulary."""
+    """Draft weights in a curve's key: backend, compressed layers, vocabulary, and the native
+    kernel's build where the backend runs on it."""
+    from selfspec._engine.draftweights.shadow import NATIVE_BACKENDS
+
     vocab = "all" if weights.vocab is None else hashlib.sha256(
         weights.vocab.detach().to("cpu", torch.int64).numpy().tobytes()).hexdigest()[:8]
-    return f"{weights.backend}-{len(weights.layers)}-{vocab}"
+    kernel = _kernel_key() if weights.backend in NATIVE_BACKENDS else ""
+    return f"{weights.backend}-{len(weights.layers)}-{vocab}{kernel}"
+
+
+def _kernel_key() -> str:
+    """``-k<key>``: the native kernel's build (:func:`selfspec._engine.runner.native.kernel_key`)."""
+    from selfspec._engine.runner.native import kernel_key
+
+    return f"-k{kernel_key()}"
 
 
 def _machine(runner: Runner) -> dict[str, Any]:
