@@ -5,8 +5,8 @@ a) the rule: a draft pass with lean blocks gives the logits and hidden states of
    through the layers' own modules, on every architecture the blocks recognise, whatever the
    width, block mask (a tree's), cache mode (read-only or writing) and sliding window; and it
    writes the same keys and values. Checked bitwise (the same tensor operations in the same
-   order) through the runner on int8 draft weights in float32 (fused q/k/v and gate/up
-   products), and block by block on the model's own float64 layers (one product per linear).
+   order) through the runner on int8 draft weights of float32 and bfloat16 models (fused q/k/v
+   and gate/up products; the norms' float32 statistics), and block by block on the model's own float64 layers (one product per linear).
 b) the blocks are used only where they compute what the modules do: Gemma 3's sandwich norms,
    eager attention, another activation and any layer missing a part run the adapter's blocks.
 c) verification never uses them: a forward without draft weights runs the model's modules.
@@ -44,9 +44,10 @@ def _pass(runner: Runner, weights, width: int, *, lean: bool, write: bool, tree:
 
 
 @pytest.mark.parametrize("arch", LEAN_ARCHS)
-@pytest.mark.parametrize("backend", ["int8", "int8wo"])
-def test_a_draft_pass_on_lean_blocks_equals_the_modules_pass(arch, backend):  # a)
-    model = tiny_model(arch, dtype=torch.float32)
+@pytest.mark.parametrize(("backend", "dtype"), [("int8", torch.float32), ("int8wo", torch.float32),
+                                                ("int8", torch.bfloat16)])
+def test_a_draft_pass_on_lean_blocks_equals_the_modules_pass(arch, backend, dtype):  # a)
+    model = tiny_model(arch, dtype=dtype)
     runner = Runner(model, weight_layout="model")
     weights = draft_weights(runner, backend)
     assert len(weights.layers) == runner.n_layers
