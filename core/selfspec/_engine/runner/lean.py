@@ -115,8 +115,7 @@ def lean_blocks(layer: nn.Module, config: Any) -> LeanBlocks | None:
     needed += [(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")]
     if any(getattr(m, n, None) is None for m, n in needed):
         return None
-    norms = [layer.input_layernorm if hasattr(layer, "input_layernorm") else None,
-             getattr(layer, "post_attention_layernorm", None),
+    norms = [getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None),
              *(getattr(at, n) for n in ("q_norm", "k_norm") if getattr(at, n, None) is not None)]
     if any(_norm(n) is None for n in norms):
         return None
