@@ -367,7 +367,6 @@ class Runner:
                 out.logits = out.logits.to(device)
         return out
 
-
     def _lean_blocks(self, layer: nn.Module) -> LeanBlocks | None:
         """``layer``'s lean blocks (built once per layer module), or ``None``."""
         if layer not in self._lean:
