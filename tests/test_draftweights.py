@@ -186,7 +186,7 @@ def test_int4native_computes_the_product_of_its_dequantized_weights_in_float32(r
     assert lin.nbytes() == 70 * (-(-n_in // 2)) + 70 * 2 * 8 + 70 * 4
 
 
-def test_auto_measures_the_int8_copies_and_never_the_4bit_one(monkeypatch):
+def test_auto_measures_every_copy_that_runs_here_but_the_4bit_one_for_float32_activations(monkeypatch):
     from selfspec._engine import calibration
     from selfspec._engine.draftweights import shadow
 
@@ -201,7 +201,8 @@ def test_auto_measures_the_int8_copies_and_never_the_4bit_one(monkeypatch):
     assert shadow.measured_backend(runner) == "int8"
     assert "int8" in seen["candidates"] and "int4native" not in seen["candidates"]
     assert ("int8vnni" in seen["candidates"]) == VNNI  # measured wherever it can run
-    assert "int4vnni" not in seen["candidates"]
+    assert ("int4vnni" in seen["candidates"]) == VNNI  # and the 4-bit ones too, behind the agreement gate
+    assert ("int4avx2" in seen["candidates"]) == AVX2
 
 
 @pytest.mark.skipif(not NATIVE, reason="the native kernel cannot run here")

@@ -238,16 +238,20 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
     return DraftWeights(kind, V, subs, head_module, vocab, layer_bytes, head_bytes, embedding, embedding_bytes)
 
 
-def measured_backend(runner) -> str:
+def measured_backend(runner, *, measure_agreement=None) -> str:
     """``auto`` on a CPU: the draft weights fastest per draft token here, measured once per
     machine and model shape among ``int8``, ``int8wo``, ``none`` (the model's own weights in
     the runner's layout), ``bf16`` where oneDNN has bf16 kernels, ``int8native`` where the
-    native kernel builds and ``int8vnni`` where it builds with AVX-512 VNNI (see
-    :mod:`selfspec._engine.calibration`); ``int8`` when the measurement cannot tell. The
-    choice is recorded in ``runner.choices["draft_weights"]``."""
+    native kernel builds, ``int8vnni`` and ``int4vnni`` where it builds with AVX-512 VNNI and
+    ``int4avx2`` where it builds with AVX2 (see :mod:`selfspec._engine.calibration`); ``int8``
+    when the measurement cannot tell. A 4-bit winner runs only if it passes the agreement gate
+    (:mod:`.agreement`: its lower agreement with the model must cost less than its cheaper
+    draft tokens save) against the fastest of the others, which runs otherwise
+    (``measure_agreement`` replaces the gate's measurement, for tests). The choice is recorded
+    in ``runner.choices["draft_weights"]``."""
     if "draft_weights" in getattr(runner, "choices", {}):
         return runner.choices["draft_weights"].chosen
-    from selfspec._engine.calibration import Choice, choose_draft_weights
+    from selfspec._engine.calibration import Choice, choose_draft_weights, decide
     from selfspec._engine.machine import cpu_capability
     from selfspec._engine.runner.placement import is_dispatched
 
@@ -256,7 +260,12 @@ def measured_backend(runner) -> str:
         runner.choices["draft_weights"] = choice
         return choice.chosen
 
-    from selfspec._engine.runner.native import native_unsupported, vnni_unsupported
+    from selfspec._engine.draftweights.agreement import GATED, gate
+    from selfspec._engine.runner.native import (
+        int4avx2_unsupported,
+        native_unsupported,
+        vnni_unsupported,
+    )
 
     if runner.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         candidates = ["int8"]  # float64: the compressed copies only (the static rule)
@@ -265,11 +274,37 @@ def measured_backend(runner) -> str:
         if native_unsupported("cpu", torch.float32) is None:  # builds the kernel: only where it can be a candidate
             candidates.append("int8native")
             if vnni_unsupported() is None:
-                candidates.append("int8vnni")
+                candidates += ["int8vnni", "int4vnni"]
+            if int4avx2_unsupported() is None:
+                candidates.append("int4avx2")
     choice = choose_draft_weights(runner, static="int8", candidates=candidates)
+    if choice.chosen in GATED:
+        ungated = {c: s for c, s in choice.seconds.items() if c not in GATED}
+        fallback, _ = decide(ungated, {}, "int8") if ungated else ("int8", "")
+        before = _built_keys(runner.model)
+        draft_s = {c: sum(s.values()) / len(s) for c, s in choice.seconds.items()}  # chains' and trees' passes
+        verify_s = max(choice.seconds["none"].items())[1]  # the model's own, at the widest block timed
+        verdict = gate(runner, choice.chosen, fallback, draft_s, verify_s, measure=measure_agreement)
+        if not verdict.admitted:
+            choice = Choice("draft_weights", fallback, f"{choice.how}; {verdict.note()}", choice.seconds, choice.key)
+        else:
+            choice = Choice("draft_weights", choice.chosen, f"{choice.how}; {verdict.note()}", choice.seconds,
+                            choice.key)
+        _drop_built(runner.model, choice.chosen, before)
     if hasattr(runner, "choices"):
         runner.choices["draft_weights"] = choice
     return choice.chosen
+
+
+def _built_keys(model: nn.Module) -> set:
+    return {("layers", k) for k in _LAYERS.get(model, {})} | {("head", k) for k in _HEADS.get(model, {})}
+
+
+def _drop_built(model: nn.Module, keep: str, before: set) -> None:
+    """Free the copies built since ``before`` (the agreement gate's) of backends other than ``keep``."""
+    for kind, cache in (("layers", _LAYERS.get(model, {})), ("head", _HEADS.get(model, {}))):
+        for k in [k for k in cache if (kind, k) not in before and k[0] != keep]:
+            del cache[k]
 
 
 def built_nbytes(model: nn.Module) -> int:

@@ -1,0 +1,209 @@
+"""The agreement gate: a 4-bit draft copy that ``auto`` measured fastest runs only if it drafts
+(nearly) as well as the copy that would run otherwise.
+
+``auto`` times every draft-weights candidate on the model's shapes
+(:func:`selfspec._engine.calibration.choose_draft_weights`). The 4-bit copies (``int4avx2``,
+``int4vnni``, :data:`GATED`) read half the bytes of the 8-bit ones and are often the fastest, but
+they round the weights more coarsely: on one model that costs a point of agreement with the
+model, on another many, and a draft that agrees less has fewer of its tokens accepted. Speed
+alone cannot see that, so a gated candidate that wins on speed must also pass this gate, on the
+model's own weights:
+
+* **The text.** :data:`TOKENS` tokens the model writes itself, through the fallback copy (the
+  copy that runs if the gate refuses): from its BOS token (else EOS, else token 0), each next
+  token drawn from the :data:`TOP_K` most likely at temperature 1 by a generator seeded with
+  :data:`SEED`. Drafts predict the model's own continuations, so its own text is their
+  distribution; sampling, not greedy, keeps a small model out of a repeating loop.
+* **The reference.** The model's own argmax at every position, one full-model pass over the text.
+* **Agreement.** At each of the text's last :data:`POSITIONS` positions, a read-only one-token
+  forward of the copy over the model's own cache of the text before it (as a draft token runs:
+  one row, so a dynamically quantized copy rounds as in a decode), its argmax against the
+  reference.
+* **The rule.** Each copy's agreement ``a`` stands for the chance that a draft token is
+  accepted, its measured seconds per draft pass ``c`` (the mean of the one-row and tree-width
+  passes timed) for its cost, and the model's own forward of a few tokens ``v`` (the ``none``
+  candidate's time) for a verification. A chain of
+  ``k`` draft tokens then commits ``(1 - a**(k+1)) / (1 - a)`` tokens on average for
+  ``k * c + v`` seconds; a copy's score is the best of those rates over ``k`` up to
+  :data:`DEPTH`. The gated copy runs when its score is at least the fallback's: a point of
+  agreement is worth losing for a copy enough cheaper, and not for one barely cheaper.
+
+The verdict is kept per weights (a hash of their values, not of the model's shape: two models of
+one shape share a timing, not an agreement), backend pair and kernel build, beside the timings in
+``<cache dir>/calibration/``. It takes seconds once (a 1.5B model: about 15 s on 2 cores, and
+building the gated copy). ``SELFSPEC_CALIBRATE=0`` never measures, and never picks a gated copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: The backends ``auto`` may pick only through this gate.
+GATED: tuple[str, ...] = ("int4avx2", "int4vnni")
+#: Tokens of the model's own text.
+TOKENS = 112
+#: Positions (the text's last) at which agreement is counted.
+POSITIONS = 96
+#: Sampling: the most likely tokens each next token is drawn from, and the generator's seed.
+TOP_K = 20
+SEED = 0
+#: The longest draft chain the rule weighs.
+DEPTH = 8
+VERSION = 1
+
+#: ``(runner, backends) -> {backend: agreement}``: the measuring function, replaceable in
+#: tests (:func:`measure_agreement` is the real one).
+MeasureAgreement = Callable[[Any, Sequence[str]], dict[str, float]]
+
+_MEMO: dict[str, tuple[dict[str, float], int, str]] = {}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's verdict on ``gated`` against ``fallback``: ``admitted``; each one's
+    ``agreement`` with the model over ``positions`` positions (``how``: ``"measured"`` or
+    ``"cached"``) and ``rate``, the rule's committed tokens per second of a chain draft."""
+
+    gated: str
+    fallback: str
+    admitted: bool
+    agreement: dict[str, float]
+    rate: dict[str, float]
+    positions: int
+    how: str = "measured"
+
+    def note(self) -> str:
+        """``int4avx2 agrees 0.948 with the model, int8 0.979 (96 positions, measured; 29.1
+        against 25.6 tokens/s by the rule): admitted``."""
+        a, r = self.agreement, self.rate
+        verdict = "admitted" if self.admitted else "refused"
+        return (f"{self.gated} agrees {a[self.gated]:.3f} with the model, {self.fallback} "
+                f"{a[self.fallback]:.3f} ({self.positions} positions, {self.how}; {r[self.gated]:.1f} "
+                f"against {r[self.fallback]:.1f} tokens/s by the rule): {verdict}")
+
+
+def rate(agreement: float, draft_s: float, verify_s: float, depth: int = DEPTH) -> float:
+    """Committed tokens per second of a chain draft by the rule (module doc): the best over
+    ``k = 1..depth`` of ``(1 - a**(k+1)) / (1 - a)`` tokens per ``k * draft_s + verify_s``
+    seconds (``a`` the agreement, at most just below 1)."""
+    a = min(max(agreement, 0.0), 1 - 1e-9)
+    return max((1 - a ** (k + 1)) / (1 - a) / (k * draft_s + verify_s) for k in range(1, depth + 1))
+
+
+def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], verify_s: float, *,
+         measure: MeasureAgreement | None = None, store: Any = None) -> Verdict:
+    """The :class:`Verdict` on draft weights ``gated`` against ``fallback`` for ``runner``'s
+    model, given each one's seconds per draft token ``draft_s`` and a verification's
+    ``verify_s``. The agreements are measured once per weights, backend pair and kernel build
+    (``measure`` replaces the measurement and skips the store, for tests), then read from the
+    store."""
+    from selfspec._engine.calibration import STORE, _machine
+
+    store = store or STORE
+    found, key = None, ""
+    if measure is None:
+        key = f"agreement-{_weights_digest(runner)}-{gated}-{fallback}{_kernel_suffix((gated, fallback))}"
+        found = _MEMO.get(key)
+    path = store.path(f"{key}.json")
+    if found is None and measure is None and path.is_file():
+        try:
+            blob = json.loads(path.read_text(encoding="utf-8"))
+            if blob.get("version") == VERSION:
+                found = ({str(k): float(v) for k, v in blob["agreement"].items()}, int(blob["positions"]), "cached")
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable: measure again
+    if found is None:
+        if measure is None:
+            print(f"selfspec: measuring how often {gated} and {fallback} draft weights agree with the model "
+                  f"(once per model and machine)...", file=sys.stderr, flush=True)
+        found = ((measure or measure_agreement)(runner, (gated, fallback)), POSITIONS, "measured")
+        if measure is None:
+            store.save_text(path, json.dumps({"version": VERSION, "gated": gated, "fallback": fallback,
+                                              "agreement": found[0], "positions": POSITIONS,
+                                              "machine": _machine()}, indent=1) + "\n")
+    if measure is None:
+        _MEMO[key] = found
+    agreement, positions, how = found
+    rates = {b: rate(agreement[b], draft_s[b], verify_s) for b in (gated, fallback)}
+    verdict = Verdict(gated, fallback, rates[gated] >= rates[fallback], agreement, rates, positions, how)
+    if how == "measured" and measure is None:
+        print(f"selfspec: {verdict.note()}", file=sys.stderr, flush=True)
+    return verdict
+
+
+@torch.inference_mode()
+def measure_agreement(runner: Any, backends: Sequence[str], *, tokens: int = TOKENS,
+                      positions: int = POSITIONS) -> dict[str, float]:
+    """``{backend: agreement}``: how often each backend's draft weights (whole vocabulary, every
+    layer) predict the model's own argmax on the model's own text (see the module doc; the
+    text is written through ``backends[-1]``, the fallback). Copies built here for a backend
+    ``auto`` does not then pick are dropped by the caller."""
+    from selfspec._engine.draftweights.shadow import draft_weights
+
+    if not 0 < positions < tokens:
+        raise ValueError(f"agreement needs 0 < positions < tokens, got {positions} and {tokens}")
+    copies = {b: draft_weights(runner, b) for b in backends}
+    text = _own_text(runner, copies[backends[-1]], tokens)  # [tokens]
+    cache = runner.new_cache(tokens)
+    ref = runner.forward(text, cache=cache, start=0).logits.argmax(-1)  # [tokens]: the model's next tokens
+    out = {}
+    for b, dw in copies.items():
+        hits = 0
+        for t in range(tokens - positions, tokens):
+            logits = runner.forward(text[t:t + 1], cache=cache, start=t, write=False, weights=dw).logits
+            hits += int(logits[-1].argmax() == ref[t])
+        out[b] = hits / positions
+    return out
+
+
+# ------------------------------------------------------------------------------ helpers
+def _own_text(runner: Any, weights: Any, tokens: int) -> torch.Tensor:
+    """``[tokens]`` int64: the model's own text through ``weights`` (module doc), seeded."""
+    cfg = getattr(runner.model, "config", None)
+    first = next((t for t in (getattr(cfg, "bos_token_id", None), getattr(cfg, "eos_token_id", None))
+                  if t is not None), 0)
+    first = int(first[0] if isinstance(first, (list, tuple)) else first)
+    gen = torch.Generator().manual_seed(SEED)
+    ids = [first]
+    cache = runner.new_cache(tokens)
+    for t in range(tokens - 1):
+        logits = runner.forward(torch.tensor(ids[-1:], device=runner.device), cache=cache, start=t,
+                                weights=weights, logits="last").logits[-1].float().cpu()  # [V]
+        top = logits.topk(min(TOP_K, logits.numel()))
+        probs = torch.softmax(top.values, -1)
+        ids.append(int(top.indices[int(torch.multinomial(probs, 1, generator=gen))]))
+    return torch.tensor(ids, dtype=torch.long, device=runner.device)
+
+
+def _weights_digest(runner: Any) -> str:
+    """Sixteen hex digits from the values of the model's weights (a strided sample of the first
+    and last decoder layers and the embedding) and its shape and dtype."""
+    h = hashlib.sha256()
+    tensors = [t for layer in (runner.layers[0], runner.layers[-1]) for t in (*layer.parameters(), *layer.buffers())]
+    tensors.append(runner.embedding.weight)  # in any layout: a packed layer's weights are buffers
+    for t in tensors:
+        flat = t.detach().reshape(-1)
+        step = max(1, flat.numel() // 4096)
+        h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        h.update(flat[::step].to("cpu", torch.float64).numpy().tobytes())
+    h.update(f"{len(runner.layers)}".encode())
+    return h.hexdigest()[:16]
+
+
+def _kernel_suffix(backends: Sequence[str]) -> str:
+    """``-native<key>`` where a backend runs on the native kernel (a rebuilt kernel measures
+    again), else empty."""
+    from selfspec._engine.draftweights.shadow import NATIVE_BACKENDS
+
+    if not any(b in NATIVE_BACKENDS for b in backends):
+        return ""
+    from selfspec._engine.runner.native import kernel_key
+
+    return f"-native{kernel_key()}"
