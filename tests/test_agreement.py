@@ -118,3 +118,20 @@ def test_the_verdict_note_names_both_copies_and_the_outcome():
                           {"int4avx2": 11.4, "int8": 10.8}, 96)
     assert v.note() == ("int4avx2 agrees 0.948 with the model, int8 0.979 (96 positions, measured; "
                         "11.4 against 10.8 tokens/s by the rule): admitted")
+
+
+def test_the_weights_digest_names_the_weights_not_their_layout():
+    a = agreement._weights_digest(Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model"))
+    b = agreement._weights_digest(Runner(tiny_model("llama", dtype=torch.float32), weight_layout="transposed"))
+    c = agreement._weights_digest(Runner(tiny_model("llama", dtype=torch.float32, seed=1), weight_layout="model"))
+    assert a == b != c
+
+
+def test_measuring_keeps_only_the_gated_copy_it_built_and_every_copy_built_before():
+    runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
+    backends = lambda: {k[0] for k in shadow._LAYERS.get(runner.model, {})}  # noqa: E731
+    agreement.measure_agreement(runner, ("int8wo", "int8"), tokens=12, positions=8)
+    assert backends() == {"int8wo"}  # the fallback's copy, built for the measurement, is freed
+    kept = draft_weights(runner, "int8")
+    agreement.measure_agreement(runner, ("int8wo", "int8"), tokens=12, positions=8)
+    assert backends() == {"int8wo", "int8"} and draft_weights(runner, "int8").layers is kept.layers

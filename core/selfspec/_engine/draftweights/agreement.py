@@ -28,8 +28,9 @@ model's own weights:
   :data:`DEPTH`. The gated copy runs when its score is at least the fallback's: a point of
   agreement is worth losing for a copy enough cheaper, and not for one barely cheaper.
 
-The verdict is kept per weights (a hash of their values, not of the model's shape: two models of
-one shape share a timing, not an agreement), backend pair and kernel build, beside the timings in
+The agreements are kept per weights (a hash of the embedding's and the norms' values, which no
+layout re-lays, not of the model's shape: two models of one shape share a timing, not an
+agreement), backend pair and kernel build, beside the timings in
 ``<cache dir>/calibration/``. It takes seconds once (a 1.5B model: about 15 s on 2 cores, and
 building the gated copy). ``SELFSPEC_CALIBRATE=0`` never measures, and never picks a gated copy.
 """
@@ -119,7 +120,8 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
                 found = ({str(k): float(v) for k, v in blob["agreement"].items()}, int(blob["positions"]), "cached")
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
-    if found is None:
+    fresh = found is None
+    if fresh:
         if measure is None:
             print(f"selfspec: measuring how often {gated} and {fallback} draft weights agree with the model "
                   f"(once per model and machine)...", file=sys.stderr, flush=True)
@@ -133,7 +135,7 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
     agreement, positions, how = found
     rates = {b: rate(agreement[b], draft_s[b], verify_s) for b in (gated, fallback)}
     verdict = Verdict(gated, fallback, rates[gated] >= rates[fallback], agreement, rates, positions, how)
-    if how == "measured" and measure is None:
+    if fresh and measure is None:
         print(f"selfspec: {verdict.note()}", file=sys.stderr, flush=True)
     return verdict
 
@@ -143,24 +145,32 @@ def measure_agreement(runner: Any, backends: Sequence[str], *, tokens: int = TOK
                       positions: int = POSITIONS) -> dict[str, float]:
     """``{backend: agreement}``: how often each backend's draft weights (whole vocabulary, every
     layer) predict the model's own argmax on the model's own text (see the module doc; the
-    text is written through ``backends[-1]``, the fallback). Copies built here for a backend
-    ``auto`` does not then pick are dropped by the caller."""
-    from selfspec._engine.draftweights.shadow import draft_weights
+    text is written through ``backends[-1]``, the fallback). One copy at a time, last first:
+    a copy built here is dropped once measured, except the first backend's (the gated one,
+    which ``auto`` then usually runs; the caller drops it if not), so at most one copy built
+    here is in memory at once."""
+    from selfspec._engine.draftweights.shadow import _built_keys, _drop_built, draft_weights
 
     if not 0 < positions < tokens:
         raise ValueError(f"agreement needs 0 < positions < tokens, got {positions} and {tokens}")
-    copies = {b: draft_weights(runner, b) for b in backends}
-    text = _own_text(runner, copies[backends[-1]], tokens)  # [tokens]
-    cache = runner.new_cache(tokens)
-    ref = runner.forward(text, cache=cache, start=0).logits.argmax(-1)  # [tokens]: the model's next tokens
-    out = {}
-    for b, dw in copies.items():
+    out: dict[str, float] = {}
+    text = ref = cache = None
+    for i, b in reversed(list(enumerate(backends))):
+        before = _built_keys(runner.model)
+        dw = draft_weights(runner, b)
+        if text is None:
+            text = _own_text(runner, dw, tokens)  # [tokens]
+            cache = runner.new_cache(tokens)
+            ref = runner.forward(text, cache=cache, start=0).logits.argmax(-1)  # [tokens]: the model's next tokens
         hits = 0
         for t in range(tokens - positions, tokens):
             logits = runner.forward(text[t:t + 1], cache=cache, start=t, write=False, weights=dw).logits
             hits += int(logits[-1].argmax() == ref[t])
         out[b] = hits / positions
-    return out
+        del dw
+        if i:
+            _drop_built(runner.model, None, before)
+    return {b: out[b] for b in backends}
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -183,11 +193,12 @@ def _own_text(runner: Any, weights: Any, tokens: int) -> torch.Tensor:
 
 
 def _weights_digest(runner: Any) -> str:
-    """Sixteen hex digits from the values of the model's weights (a strided sample of the first
-    and last decoder layers and the embedding) and its shape and dtype."""
+    """Sixteen hex digits from the values of the model's weights that no weight layout
+    re-lays (a strided sample of the embedding and every decoder layer's norm weights), its
+    layer count, shapes and dtype: the same in a runner of any layout."""
     h = hashlib.sha256()
-    tensors = [t for layer in (runner.layers[0], runner.layers[-1]) for t in (*layer.parameters(), *layer.buffers())]
-    tensors.append(runner.embedding.weight)  # in any layout: a packed layer's weights are buffers
+    tensors = [runner.embedding.weight]
+    tensors += [p for layer in runner.layers for name, p in layer.named_parameters() if "norm" in name]
     for t in tensors:
         flat = t.detach().reshape(-1)
         step = max(1, flat.numel() // 4096)

@@ -28,9 +28,10 @@ def register_draft_options(register: Callable[[Option], None], *, weights: str =
     register(Option("draft_weights", str, weights,
                     "weights the draft model reads (the host's shared compressed copy): none (the model's "
                     "own), int8, int8wo, int8native (the kernel compiled for this CPU), int8vnni (same kernel, integer "
-                    "products, AVX-512 VNNI), int4native (4-bit, same kernel; never auto), int4vnni (4-bit, integer products; "
-                    "never auto), int4avx2 (4-bit, 8-bit integer products, AVX2; never auto), bf16, bnb (CUDA), "
-                    "auto (the fastest measured here)",
+                    "products, AVX-512 VNNI), int4native (4-bit, same kernel; never auto), int4vnni (4-bit, "
+                    "integer products), int4avx2 (4-bit, 8-bit integer products, AVX2), bf16, bnb (CUDA), "
+                    "auto (the fastest measured here; a 4-bit copy only if its agreement with the model "
+                    "is worth its speed)",
                     choices=BACKENDS))
     register(Option("draft_vocab", int, vocab,
                     "draft vocabulary: the draft head scores only the N most frequent corpus tokens (0: all)",

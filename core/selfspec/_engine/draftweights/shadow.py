@@ -60,9 +60,9 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     installed, else ``none``. Raises :class:`DraftWeightsError` for an explicit backend that
     cannot run here: ``int8``/``int8wo`` off the CPU, ``bnb`` without CUDA or bitsandbytes,
     the native backends where the native kernel cannot run (``int8vnni``, ``int4vnni``: or has no
-    VNNI; ``int4avx2``: or has no AVX2). ``auto`` never picks ``int4native``, ``int4vnni`` or
-    ``int4avx2``: it measures speed only, and the
-    4-bit copies trade agreement for it.
+    VNNI; ``int4avx2``: or has no AVX2). ``auto`` never picks ``int4native`` (slower in a
+    decode than the int8 copies), and ``int4vnni`` or ``int4avx2`` only through the agreement
+    gate (:func:`measured_backend`).
     """
     if backend not in BACKENDS:
         raise DraftWeightsError(f"unknown draft weights {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -300,8 +300,9 @@ def _built_keys(model: nn.Module) -> set:
     return {("layers", k) for k in _LAYERS.get(model, {})} | {("head", k) for k in _HEADS.get(model, {})}
 
 
-def _drop_built(model: nn.Module, keep: str, before: set) -> None:
-    """Free the copies built since ``before`` (the agreement gate's) of backends other than ``keep``."""
+def _drop_built(model: nn.Module, keep: str | None, before: set) -> None:
+    """Free the copies built since ``before`` (:func:`_built_keys`; the agreement gate's) of
+    backends other than ``keep`` (``None``: all of them)."""
     for kind, cache in (("layers", _LAYERS.get(model, {})), ("head", _HEADS.get(model, {}))):
         for k in [k for k in cache if (kind, k) not in before and k[0] != keep]:
             del cache[k]
