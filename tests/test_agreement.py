@@ -88,14 +88,15 @@ def test_an_ungated_winner_is_not_gated(monkeypatch):
 
 def test_the_models_own_weights_agree_at_every_position_of_a_deterministic_own_text():
     runner = Runner(tiny_model("llama"), weight_layout="model")  # float64: exact
-    first = agreement.measure_agreement(runner, ("int8", "none"), tokens=24, positions=16)
+    measure = shadow.agreement_measure(runner)
+    first = measure(runner, ("int8", "none"), tokens=24, positions=16)
     assert first["none"] == 1.0
     assert 0.0 <= first["int8"] <= 1.0 and first["int8"] * 16 == round(first["int8"] * 16)
     text = agreement._own_text(runner, draft_weights(runner, "none"), 24)
     assert text.shape == (24,) and torch.equal(text, agreement._own_text(runner, draft_weights(runner, "none"), 24))
     assert len(set(text.tolist())) > 3  # sampled, not one token repeated
     with pytest.raises(ValueError, match="positions"):
-        agreement.measure_agreement(runner, ("none",), tokens=8, positions=8)
+        measure(runner, ("none",), tokens=8, positions=8)
 
 
 def test_the_measured_agreement_is_kept_per_weights_and_read_back(monkeypatch):
@@ -103,14 +104,14 @@ def test_the_measured_agreement_is_kept_per_weights_and_read_back(monkeypatch):
     monkeypatch.setattr(agreement, "POSITIONS", 12)
     costs = {"int8": 0.05, "none": 0.2}
     runner = Runner(tiny_model("llama"), weight_layout="model")
-    first = agreement.gate(runner, "int8", "none", costs, 0.2)
+    first = agreement.gate(runner, "int8", "none", costs, 0.2, measure=shadow.agreement_measure(runner))
     assert first.how == "measured" and first.agreement["none"] == 1.0 and first.positions == 12
     monkeypatch.setattr(agreement, "_MEMO", {})  # a new process: the store
-    again = agreement.gate(runner, "int8", "none", {"int8": 0.001, "none": 0.2}, 0.2)
+    again = agreement.gate(runner, "int8", "none", {"int8": 0.001, "none": 0.2}, 0.2, measure=_agree({}))
     assert again.how == "cached" and again.agreement == first.agreement
     assert again.rate["int8"] > first.rate["int8"]  # the rule is applied to today's timings
     other = Runner(tiny_model("llama", seed=1), weight_layout="model")  # the same shape, other weights
-    assert agreement.gate(other, "int8", "none", costs, 0.2).how == "measured"
+    assert agreement.gate(other, "int8", "none", costs, 0.2, measure=_agree({"int8": 1.0, "none": 1.0})).how == "measured"
 
 
 def test_the_verdict_note_names_both_copies_and_the_outcome():
@@ -130,8 +131,8 @@ def test_the_weights_digest_names_the_weights_not_their_layout():
 def test_measuring_keeps_only_the_gated_copy_it_built_and_every_copy_built_before():
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     backends = lambda: {k[0] for k in shadow._LAYERS.get(runner.model, {})}  # noqa: E731
-    agreement.measure_agreement(runner, ("int8wo", "int8"), tokens=12, positions=8)
+    shadow.agreement_measure(runner)(runner, ("int8wo", "int8"), tokens=12, positions=8)
     assert backends() == {"int8wo"}  # the fallback's copy, built for the measurement, is freed
     kept = draft_weights(runner, "int8")
-    agreement.measure_agreement(runner, ("int8wo", "int8"), tokens=12, positions=8)
+    shadow.agreement_measure(runner)(runner, ("int8wo", "int8"), tokens=12, positions=8)
     assert backends() == {"int8wo", "int8"} and draft_weights(runner, "int8").layers is kept.layers

@@ -59,8 +59,8 @@ SEED = 0
 DEPTH = 8
 VERSION = 1
 
-#: ``(runner, backends) -> {backend: agreement}``: the measuring function, replaceable in
-#: tests (:func:`measure_agreement` is the real one).
+#: ``(runner, backends) -> {backend: agreement}``: the measuring function (the real one:
+#: :func:`measure_agreement` over the draft weights' copies), replaceable in tests.
 MeasureAgreement = Callable[[Any, Sequence[str]], dict[str, float]]
 
 _MEMO: dict[str, tuple[dict[str, float], int, str]] = {}
@@ -99,21 +99,22 @@ def rate(agreement: float, draft_s: float, verify_s: float, depth: int = DEPTH) 
 
 
 def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], verify_s: float, *,
-         measure: MeasureAgreement | None = None, store: Any = None) -> Verdict:
+         measure: MeasureAgreement, remember: bool = True, store: Any = None) -> Verdict:
     """The :class:`Verdict` on draft weights ``gated`` against ``fallback`` for ``runner``'s
-    model, given each one's seconds per draft token ``draft_s`` and a verification's
-    ``verify_s``. The agreements are measured once per weights, backend pair and kernel build
-    (``measure`` replaces the measurement and skips the store, for tests), then read from the
-    store."""
+    model, given each one's seconds per draft pass ``draft_s`` and a verification's
+    ``verify_s``. ``measure(runner, (gated, fallback))`` measures the agreements (the draft
+    weights' own: :func:`selfspec._engine.draftweights.shadow.agreement_measure`). With
+    ``remember``, they are measured once per weights, backend pair and kernel build and then
+    read from the store (``False``: measured every call, nothing kept; for tests)."""
     from selfspec._engine.calibration import STORE, _machine
 
     store = store or STORE
     found, key = None, ""
-    if measure is None:
+    if remember:
         key = f"agreement-{_weights_digest(runner)}-{gated}-{fallback}{_kernel_suffix((gated, fallback))}"
         found = _MEMO.get(key)
     path = store.path(f"{key}.json")
-    if found is None and measure is None and path.is_file():
+    if found is None and remember and path.is_file():
         try:
             blob = json.loads(path.read_text(encoding="utf-8"))
             if blob.get("version") == VERSION:
@@ -122,42 +123,40 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
             pass  # unreadable: measure again
     fresh = found is None
     if fresh:
-        if measure is None:
+        if remember:
             print(f"selfspec: measuring how often {gated} and {fallback} draft weights agree with the model "
                   f"(once per model and machine)...", file=sys.stderr, flush=True)
-        found = ((measure or measure_agreement)(runner, (gated, fallback)), POSITIONS, "measured")
-        if measure is None:
+        found = (measure(runner, (gated, fallback)), POSITIONS, "measured")
+        if remember:
             store.save_text(path, json.dumps({"version": VERSION, "gated": gated, "fallback": fallback,
                                               "agreement": found[0], "positions": POSITIONS,
                                               "machine": _machine()}, indent=1) + "\n")
-    if measure is None:
+    if remember:
         _MEMO[key] = found
     agreement, positions, how = found
     rates = {b: rate(agreement[b], draft_s[b], verify_s) for b in (gated, fallback)}
     verdict = Verdict(gated, fallback, rates[gated] >= rates[fallback], agreement, rates, positions, how)
-    if fresh and measure is None:
+    if fresh and remember:
         print(f"selfspec: {verdict.note()}", file=sys.stderr, flush=True)
     return verdict
 
 
 @torch.inference_mode()
-def measure_agreement(runner: Any, backends: Sequence[str], *, tokens: int = TOKENS,
-                      positions: int = POSITIONS) -> dict[str, float]:
+def measure_agreement(runner: Any, backends: Sequence[str], copy: Callable[[str], tuple[Any, Callable[[], None]]],
+                      *, tokens: int = TOKENS, positions: int = POSITIONS) -> dict[str, float]:
     """``{backend: agreement}``: how often each backend's draft weights (whole vocabulary, every
     layer) predict the model's own argmax on the model's own text (see the module doc; the
-    text is written through ``backends[-1]``, the fallback). One copy at a time, last first:
-    a copy built here is dropped once measured, except the first backend's (the gated one,
-    which ``auto`` then usually runs; the caller drops it if not), so at most one copy built
-    here is in memory at once."""
-    from selfspec._engine.draftweights.shadow import _built_keys, _drop_built, draft_weights
-
+    text is written through ``backends[-1]``, the fallback). ``copy(backend)`` gives the draft
+    weights and a function that frees them if they were built for this. One copy at a time,
+    last first, each freed once measured except the first backend's (the gated one, which
+    ``auto`` then usually runs; the caller frees it if not): at most one copy built here is in
+    memory at once."""
     if not 0 < positions < tokens:
         raise ValueError(f"agreement needs 0 < positions < tokens, got {positions} and {tokens}")
     out: dict[str, float] = {}
     text = ref = cache = None
     for i, b in reversed(list(enumerate(backends))):
-        before = _built_keys(runner.model)
-        dw = draft_weights(runner, b)
+        dw, release = copy(b)
         if text is None:
             text = _own_text(runner, dw, tokens)  # [tokens]
             cache = runner.new_cache(tokens)
@@ -169,7 +168,7 @@ def measure_agreement(runner: Any, backends: Sequence[str], *, tokens: int = TOK
         out[b] = hits / positions
         del dw
         if i:
-            _drop_built(runner.model, None, before)
+            release()
     return {b: out[b] for b in backends}
 
 
@@ -211,7 +210,7 @@ def _weights_digest(runner: Any) -> str:
 def _kernel_suffix(backends: Sequence[str]) -> str:
     """``-native<key>`` where a backend runs on the native kernel (a rebuilt kernel measures
     again), else empty."""
-    from selfspec._engine.draftweights.shadow import NATIVE_BACKENDS
+    from selfspec._engine.draftweights.linears import NATIVE_BACKENDS
 
     if not any(b in NATIVE_BACKENDS for b in backends):
         return ""

@@ -377,6 +377,10 @@ def _padded(scale: torch.Tensor, length: int) -> torch.Tensor:
     return out
 
 
+#: The backends the native kernel computes (they run where it builds; the ``*vnni`` ones where
+#: its target has AVX-512 VNNI too, ``int4avx2`` where it has AVX2).
+NATIVE_BACKENDS: tuple[str, ...] = ("int8native", "int8vnni", "int4native", "int4vnni", "int4avx2")
+
 #: backend name -> linear class
 LINEARS: dict[str, type[CompressedLinear]] = {
     "int8": DynamicInt8Linear,

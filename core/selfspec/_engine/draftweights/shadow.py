@@ -24,13 +24,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from selfspec._engine.draftweights.layers import compress_linear, compressed_layer, layer_nbytes
-from selfspec._engine.draftweights.linears import CompressedLinear, bnb_module
+from selfspec._engine.draftweights.linears import NATIVE_BACKENDS, CompressedLinear, bnb_module
 from selfspec._engine.runner.placement import (
     detach_hooks,
     is_offloaded,
@@ -43,9 +44,6 @@ from selfspec._engine.runner.placement import (
 #: Backends of the draft weights (``auto`` resolves to one of the others).
 BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "int8vnni", "int4native", "int4vnni",
                              "int4avx2", "bf16", "bnb")
-#: The backends the native kernel computes (they run where it builds; the ``*vnni`` ones where
-#: its target has AVX-512 VNNI too, ``int4avx2`` where it has AVX2).
-NATIVE_BACKENDS: tuple[str, ...] = ("int8native", "int8vnni", "int4native", "int4vnni", "int4avx2")
 
 
 class DraftWeightsError(ValueError):
@@ -284,7 +282,8 @@ def measured_backend(runner, *, measure_agreement=None) -> str:
         before = _built_keys(runner.model)
         draft_s = {c: sum(s.values()) / len(s) for c, s in choice.seconds.items()}  # chains' and trees' passes
         verify_s = max(choice.seconds["none"].items())[1]  # the model's own, at the widest block timed
-        verdict = gate(runner, choice.chosen, fallback, draft_s, verify_s, measure=measure_agreement)
+        verdict = gate(runner, choice.chosen, fallback, draft_s, verify_s,
+                       measure=measure_agreement or agreement_measure(runner), remember=measure_agreement is None)
         if not verdict.admitted:
             choice = Choice("draft_weights", fallback, f"{choice.how}; {verdict.note()}", choice.seconds, choice.key)
         else:
@@ -294,6 +293,19 @@ def measured_backend(runner, *, measure_agreement=None) -> str:
     if hasattr(runner, "choices"):
         runner.choices["draft_weights"] = choice
     return choice.chosen
+
+
+def agreement_measure(runner) -> Callable[..., dict[str, float]]:
+    """The agreement gate's measurement for ``runner``'s model
+    (:func:`.agreement.measure_agreement`; ``tokens``/``positions`` passed on), building each
+    copy through :func:`draft_weights` and freeing the ones built for it."""
+    from selfspec._engine.draftweights.agreement import measure_agreement
+
+    def copy(backend: str) -> tuple[DraftWeights, Callable[[], None]]:
+        before = _built_keys(runner.model)
+        return draft_weights(runner, backend), lambda: _drop_built(runner.model, None, before)
+
+    return lambda r, backends, **kw: measure_agreement(r, backends, copy, **kw)
 
 
 def _built_keys(model: nn.Module) -> set:
