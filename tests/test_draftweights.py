@@ -421,3 +421,15 @@ def test_the_corpus_is_whatever_was_registered(monkeypatch, tmp_path, capsys):
     assert corpus_source() is cli._dev_corpus
     with pytest.raises(TypeError):  # see c)
         selfspec.provisional.set_vocab_corpus("corpus.txt")
+
+
+@pytest.mark.parametrize("in_features", [256, 300])  # whole groups, and a partial last group
+def test_quantizing_leaves_the_weight_it_reads_untouched(in_features):
+    w = torch.randn(40, in_features)
+    before = w.clone()
+    codes, scale, offset = linears.quantize_groups(w, linears.INT4_GROUP)
+    q, s = linears.quantize_rows(w)
+    assert torch.equal(w, before)
+    assert codes.dtype == torch.uint8 and int(codes.max()) <= 15 and q.dtype == torch.int8
+    groups = torch.arange(in_features) // linears.INT4_GROUP
+    assert (codes.float() * scale[:, groups] + offset[:, groups] - w).abs().max() <= scale.max() / 2 + 1e-6

@@ -51,7 +51,7 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     for r in range(0, out_f, CHUNK_ROWS):
         w = weight[r : r + CHUNK_ROWS].detach().float()
         s = (w.abs().amax(1) / 127.0).clamp_min(1e-12)  # [rows]
-        q[r : r + CHUNK_ROWS] = torch.round(w / s[:, None]).clamp_(-127, 127).to(torch.int8)
+        q[r : r + CHUNK_ROWS] = (w / s[:, None]).round_().clamp_(-127, 127)  # whole numbers: exact on the cast
         scale[r : r + CHUNK_ROWS] = s
     return q, scale
 
@@ -74,11 +74,13 @@ def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
     for r in range(0, out_f, CHUNK_ROWS):
         w = weight[r : r + CHUNK_ROWS].detach().float().cpu()
         # a partial last group is padded with its own last input: its minimum and range stay its own
-        padded = torch.cat([w, w[:, -1:].expand(-1, groups * group - in_f)], 1).view(-1, groups, group)
+        if groups * group != in_f:
+            w = torch.cat([w, w[:, -1:].expand(-1, groups * group - in_f)], 1)
+        padded = w.reshape(-1, groups, group)
         lo, hi = padded.amin(-1), padded.amax(-1)
         s = ((hi - lo) / 15.0).clamp_min(1e-12)
-        c = torch.round((padded - lo[..., None]) / s[..., None]).clamp_(0, 15)
-        codes[r : r + CHUNK_ROWS] = c.view(-1, groups * group)[:, :in_f].to(torch.uint8)
+        c = (padded - lo[..., None]).div_(s[..., None]).round_().clamp_(0, 15)  # one temporary, in place after
+        codes[r : r + CHUNK_ROWS] = c.view(-1, groups * group)[:, :in_f]  # cast to uint8 on the copy
         scale[r : r + CHUNK_ROWS], offset[r : r + CHUNK_ROWS] = s, lo
     return codes, scale, offset
 

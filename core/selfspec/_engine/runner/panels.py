@@ -72,11 +72,16 @@ def to_int4_quad_panels(codes: torch.Tensor, tile: int) -> torch.Tensor:
     step = max(1, CHUNK_ROWS // tile) * tile
     for r in range(0, out_f, step):
         c = codes[r : r + step]
-        block = c.new_zeros(-(-c.shape[0] // tile) * tile, k4 * 4)
-        block[: c.shape[0], :in_f] = c
+        if c.shape[0] % tile or in_f != k4 * 4:  # padding rows or inputs: code 0
+            block = c.new_zeros(-(-c.shape[0] // tile) * tile, k4 * 4)
+            block[: c.shape[0], :in_f] = c
+        else:
+            block = c
         t0, n = r // tile, block.shape[0] // tile
         quads = block.view(n, tile, k4, 4)
-        panels[t0 : t0 + n] = (quads[:, :half] | (quads[:, half:] << 4)).transpose(1, 2)
+        low = quads[:, :half].clone()
+        low |= quads[:, half:] << 4
+        panels[t0 : t0 + n] = low.transpose(1, 2)
     return panels
 
 
