@@ -39,9 +39,10 @@ class Fractal:
                         "0-based indices of the layers the fractal layers run before, e.g. '3,7' or '3-5' "
                         "(default: evenly spaced, every L//n-th layer)"))
         register(Option("draft_weights", str, "auto",
-                        "the host's compressed draft weights the injected copy runs: auto (int8 on CPU, bnb on "
-                        "CUDA), int8 (dynamic), int8wo (weight-only), bf16, bnb (LLM.int8, CUDA), none "
-                        "(the model's own weights: a control)", choices=DRAFT_WEIGHTS))
+                        "the host's compressed draft weights the injected copy runs: auto (the fastest copy "
+                        "measured here; a 4-bit one only if its agreement with the model is worth its speed; "
+                        "bnb on CUDA), int8 (dynamic), int8wo (weight-only), the native kernel's copies, bf16, "
+                        "bnb (LLM.int8, CUDA), none (the model's own weights: a control)", choices=DRAFT_WEIGHTS))
         register(Option("draft_vocab", int, 0, "draft vocabulary: the compressed head "
                         "projects onto the N most frequent tokens of the corpus (0: all)", min=0))
         register(Option("kv", str, "shared",
