@@ -110,6 +110,9 @@ def test_the_measured_agreement_is_kept_per_weights_and_read_back(monkeypatch):
     again = agreement.gate(runner, "int8", "none", {"int8": 0.001, "none": 0.2}, 0.2, measure=_agree({}))
     assert again.how == "cached" and again.agreement == first.agreement
     assert again.rate["int8"] > first.rate["int8"]  # the rule is applied to today's timings
+    listed = agreement.cached_agreements()  # what `specdec plugins` lists
+    label = f"llama {len(runner.layers)}x{runner.embedding.weight.shape[1]}"
+    assert listed == [f"{label}: int8 {first.agreement['int8']:.3f}, none 1.000 (12 positions)"]
     other = Runner(tiny_model("llama", seed=1), weight_layout="model")  # the same shape, other weights
     assert agreement.gate(other, "int8", "none", costs, 0.2, measure=_agree({"int8": 1.0, "none": 1.0})).how == "measured"
 

@@ -139,7 +139,8 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
         if remember:
             store.save_text(path, json.dumps({"version": VERSION, "gated": gated, "fallback": fallback,
                                               "agreement": found[0], "positions": POSITIONS,
-                                              "machine": _machine()}, indent=1) + "\n")
+                                              "model": _model_label(runner), "machine": _machine()},
+                                             indent=1) + "\n")
     if remember:
         _MEMO[key] = found
     agreement, positions, how = found
@@ -148,6 +149,27 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
     if fresh and remember:
         print(f"selfspec: {verdict.note()}", file=sys.stderr, flush=True)
     return verdict
+
+
+def cached_agreements(store: Any = None) -> list[str]:
+    """One line per agreement measured here so far (``specdec plugins`` lists them):
+    ``qwen2 28x1536 (Qwen2.5-Coder-1.5B): int4avx2 1.000, int8 1.000 (96 positions)``. Which
+    copy runs also depends on the timings, which the rule weighs at each use."""
+    from selfspec._engine.calibration import STORE
+
+    store = store or STORE
+    lines = []
+    for path in sorted(store.path("x").parent.glob("agreement-*.json")):
+        try:
+            blob = json.loads(path.read_text(encoding="utf-8"))
+            if blob.get("version") != VERSION:
+                continue
+            a = blob["agreement"]
+            lines.append(f"{blob.get('model', '?')}: {blob['gated']} {a[blob['gated']]:.3f}, "
+                         f"{blob['fallback']} {a[blob['fallback']]:.3f} ({blob['positions']} positions)")
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+    return lines
 
 
 @torch.inference_mode()
@@ -202,6 +224,15 @@ def _own_text(runner: Any, weights: Any, tokens: int) -> torch.Tensor:
         probs = torch.softmax(top.values / TEMPERATURE, -1)
         ids.append(int(top.indices[int(torch.multinomial(probs, 1, generator=gen))]))
     return torch.tensor(ids, dtype=torch.long, device=runner.device)
+
+
+def _model_label(runner: Any) -> str:
+    """``qwen2 28x1536 (Qwen2.5-Coder-1.5B-Instruct)``: the model's type, layers x width, and
+    the name it was loaded from where it has one."""
+    cfg = getattr(runner.model, "config", None)
+    name = str(getattr(cfg, "_name_or_path", "") or "").rstrip("/").rsplit("/", 1)[-1]
+    label = f"{getattr(cfg, 'model_type', 'model')} {len(runner.layers)}x{runner.embedding.weight.shape[1]}"
+    return f"{label} ({name})" if name else label
 
 
 def _weights_digest(runner: Any) -> str:

@@ -93,9 +93,17 @@ def native_line() -> str:
 def measured_lines() -> list[str]:
     """What ``auto`` measured on this machine so far, one line per model shape and choice."""
     from selfspec._engine.calibration import cached_choices
+    from selfspec._engine.draftweights.agreement import GATED, cached_agreements
 
     found = cached_choices()
     if not found:
         return ["measured here: nothing yet (auto measures the layout and draft weights at a model's first use)"]
-    return ["measured here (auto, per model shape; SELFSPEC_CALIBRATE=0 keeps the rule above):",
-            *(f"  {key.rsplit('-', 1)[0]}: {choice.note()}" for key, choice in found)]
+    lines = ["measured here (auto, per model shape; SELFSPEC_CALIBRATE=0 keeps the rule above):"]
+    for key, choice in found:
+        gated = "; a 4-bit copy runs only where the agreement gate admits it" if choice.chosen in GATED else ""
+        lines.append(f"  {key.rsplit('-', 1)[0]}: {choice.note()}{gated}")
+    agreements = cached_agreements()
+    if agreements:
+        lines.append("agreement gate (per model: how often each copy ranks the model's token in its top two):")
+        lines += [f"  {line}" for line in agreements]
+    return lines
