@@ -26,7 +26,6 @@ import torch
 
 import selfspec
 from selfspec._engine.artefacts import ArtefactStore
-from selfspec._engine.calibration import decide
 from selfspec._engine.draftweights import agreement, shadow
 from selfspec.app._models.load import load
 
@@ -47,10 +46,7 @@ def main() -> None:
                 key=lambda c: sum(timed.seconds[c].values()))
     if gated is None:
         sys.exit(f"no 4-bit copy was timed here ({', '.join(timed.seconds)}): the gate never runs")
-    ungated = {c: s for c, s in timed.seconds.items() if c not in agreement.GATED}
-    fallback = decide(ungated, {}, "int8")[0]
-    draft_s = {c: sum(s.values()) / len(s) for c, s in timed.seconds.items()}
-    verify_s = max(timed.seconds["none"].items())[1]
+    fallback, draft_s, verify_s = agreement.gate_terms(timed.seconds)
     print(f"auto runs {choice}: {timed.note()}", flush=True)
 
     shadow._LAYERS.pop(model, None)  # a first use: no copy built yet

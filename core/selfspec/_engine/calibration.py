@@ -353,7 +353,9 @@ def _candidates_key(candidates: Sequence[str]) -> str:
     """The candidates, sorted, and the native kernel's build where one of them runs on it (a
     new candidate or a rebuilt kernel is measured again)."""
     extra = ",".join(sorted(candidates))
-    if any(c in ("native", "int8native", "int8vnni", "int4native", "int4vnni", "int4avx2") for c in candidates):  # named here: draftweights imports this module
+    from selfspec._engine.draftweights.linears import NATIVE_BACKENDS
+
+    if any(c == "native" or c in NATIVE_BACKENDS for c in candidates):
         from selfspec._engine.runner.native import kernel_key, native_unsupported
 
         if native_unsupported() is None:

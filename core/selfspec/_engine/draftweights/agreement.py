@@ -107,6 +107,18 @@ def rate(agreement: float, draft_s: float, verify_s: float, depth: int = DEPTH) 
     return max((1 - a ** (k + 1)) / (1 - a) / (k * draft_s + verify_s) for k in range(1, depth + 1))
 
 
+def gate_terms(seconds: dict[str, dict[int, float]]) -> tuple[str, dict[str, float], float]:
+    """``(fallback, draft_s, verify_s)`` from ``auto``'s draft-weights timings (``{copy: {width:
+    seconds}}``, :attr:`selfspec._engine.calibration.Choice.seconds`): the fastest ungated copy
+    (``int8`` when too close to call), each copy's mean pass over the widths timed (chains' and
+    trees' passes), and the model's own (``none``) forward at the widest block timed."""
+    from selfspec._engine.calibration import decide
+
+    fallback = decide({c: s for c, s in seconds.items() if c not in GATED}, {}, "int8")[0]
+    draft_s = {c: sum(s.values()) / len(s) for c, s in seconds.items()}
+    return fallback, draft_s, max(seconds["none"].items())[1]
+
+
 def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], verify_s: float, *,
          measure: MeasureAgreement, remember: bool = True, store: Any = None) -> Verdict:
     """The :class:`Verdict` on draft weights ``gated`` against ``fallback`` for ``runner``'s
@@ -115,38 +127,13 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
     weights' own: :func:`selfspec._engine.draftweights.shadow.agreement_measure`). With
     ``remember``, they are measured once per weights, backend pair and kernel build and then
     read from the store (``False``: measured every call, nothing kept; for tests)."""
-    from selfspec._engine.calibration import STORE, _machine
-
-    store = store or STORE
-    found, key = None, ""
-    if remember:
-        key = f"agreement-{_weights_digest(runner)}-{gated}-{fallback}{_kernel_suffix((gated, fallback))}"
-        found = _MEMO.get(key)
-    path = store.path(f"{key}.json")
-    if found is None and remember and path.is_file():
-        try:
-            blob = json.loads(path.read_text(encoding="utf-8"))
-            if blob.get("version") == VERSION:
-                found = ({str(k): float(v) for k, v in blob["agreement"].items()}, int(blob["positions"]), "cached")
-        except (ValueError, KeyError, TypeError):
-            pass  # unreadable: measure again
-    fresh = found is None
-    if fresh:
-        if remember:
-            print(f"selfspec: measuring how often {gated} and {fallback} draft weights agree with the model "
-                  f"(once per model and machine)...", file=sys.stderr, flush=True)
-        found = (measure(runner, (gated, fallback)), POSITIONS, "measured")
-        if remember:
-            store.save_text(path, json.dumps({"version": VERSION, "gated": gated, "fallback": fallback,
-                                              "agreement": found[0], "positions": POSITIONS,
-                                              "model": _model_label(runner), "machine": _machine()},
-                                             indent=1) + "\n")
-    if remember:
-        _MEMO[key] = found
-    agreement, positions, how = found
+    key = _key(runner, gated, fallback) if remember else ""
+    fresh = remember and key not in _MEMO
+    found = _remembered(runner, key, gated, fallback, measure, store) if remember else None
+    agreement, positions, how = found or (measure(runner, (gated, fallback)), POSITIONS, "measured")
     rates = {b: rate(agreement[b], draft_s[b], verify_s) for b in (gated, fallback)}
     verdict = Verdict(gated, fallback, rates[gated] >= rates[fallback], agreement, rates, positions, how)
-    if fresh and remember:
+    if fresh and how == "measured":
         print(f"selfspec: {verdict.note()}", file=sys.stderr, flush=True)
     return verdict
 
@@ -205,6 +192,40 @@ def measure_agreement(runner: Any, backends: Sequence[str], copy: Callable[[str]
 
 
 # ------------------------------------------------------------------------------ helpers
+def _key(runner: Any, gated: str, fallback: str) -> str:
+    """The pair's name in the store: the weights' hash, both backends, the kernel's build."""
+    return f"agreement-{_weights_digest(runner)}-{gated}-{fallback}{_kernel_suffix((gated, fallback))}"
+
+
+def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: MeasureAgreement,
+                store: Any) -> tuple[dict[str, float], int, str]:
+    """``(agreement, positions, how)`` for the pair on this model (``key``: :func:`_key`): this
+    process's, else the store's, else measured now (a progress line on stderr) and saved."""
+    from selfspec._engine.calibration import STORE, _machine
+
+    if key in _MEMO:
+        return _MEMO[key]
+    path = (store or STORE).path(f"{key}.json")
+    if path.is_file():
+        try:
+            blob = json.loads(path.read_text(encoding="utf-8"))
+            if blob.get("version") == VERSION:
+                agreement = {str(k): float(v) for k, v in blob["agreement"].items()}
+                _MEMO[key] = (agreement, int(blob["positions"]), "cached")
+                return _MEMO[key]
+        except (ValueError, KeyError, TypeError):
+            pass  # unreadable: measure again
+    print(f"selfspec: measuring how often {gated} and {fallback} draft weights agree with the model "
+          f"(once per model and machine)...", file=sys.stderr, flush=True)
+    agreement = measure(runner, (gated, fallback))
+    (store or STORE).save_text(path, json.dumps({"version": VERSION, "gated": gated, "fallback": fallback,
+                                                 "agreement": agreement, "positions": POSITIONS,
+                                                 "model": _model_label(runner), "machine": _machine()},
+                                                indent=1) + "\n")
+    _MEMO[key] = (agreement, POSITIONS, "measured")
+    return _MEMO[key]
+
+
 def _own_text(runner: Any, weights: Any, tokens: int) -> torch.Tensor:
     """``[tokens]`` int64: the model's own text through ``weights`` (module doc), seeded."""
     cfg = getattr(runner.model, "config", None)

@@ -249,7 +249,7 @@ def measured_backend(runner, *, measure_agreement=None) -> str:
     in ``runner.choices["draft_weights"]``."""
     if "draft_weights" in getattr(runner, "choices", {}):
         return runner.choices["draft_weights"].chosen
-    from selfspec._engine.calibration import Choice, choose_draft_weights, decide
+    from selfspec._engine.calibration import Choice, choose_draft_weights
     from selfspec._engine.machine import cpu_capability
     from selfspec._engine.runner.placement import is_dispatched
 
@@ -258,7 +258,7 @@ def measured_backend(runner, *, measure_agreement=None) -> str:
         runner.choices["draft_weights"] = choice
         return choice.chosen
 
-    from selfspec._engine.draftweights.agreement import GATED, gate
+    from selfspec._engine.draftweights.agreement import GATED, gate, gate_terms
     from selfspec._engine.runner.native import (
         int4avx2_unsupported,
         native_unsupported,
@@ -277,19 +277,13 @@ def measured_backend(runner, *, measure_agreement=None) -> str:
                 candidates.append("int4avx2")
     choice = choose_draft_weights(runner, static="int8", candidates=candidates)
     if choice.chosen in GATED:
-        ungated = {c: s for c, s in choice.seconds.items() if c not in GATED}
-        fallback, _ = decide(ungated, {}, "int8") if ungated else ("int8", "")
+        fallback, draft_s, verify_s = gate_terms(choice.seconds)
         before = _built_keys(runner.model)
-        draft_s = {c: sum(s.values()) / len(s) for c, s in choice.seconds.items()}  # chains' and trees' passes
-        verify_s = max(choice.seconds["none"].items())[1]  # the model's own, at the widest block timed
         verdict = gate(runner, choice.chosen, fallback, draft_s, verify_s,
                        measure=measure_agreement or agreement_measure(runner), remember=measure_agreement is None)
-        if not verdict.admitted:
-            choice = Choice("draft_weights", fallback, f"{choice.how}; {verdict.note()}", choice.seconds, choice.key)
-        else:
-            choice = Choice("draft_weights", choice.chosen, f"{choice.how}; {verdict.note()}", choice.seconds,
-                            choice.key)
-        _drop_built(runner.model, choice.chosen, before)
+        chosen = choice.chosen if verdict.admitted else fallback
+        choice = Choice("draft_weights", chosen, f"{choice.how}; {verdict.note()}", choice.seconds, choice.key)
+        _drop_built(runner.model, chosen, before)
     if hasattr(runner, "choices"):
         runner.choices["draft_weights"] = choice
     return choice.chosen
