@@ -265,3 +265,19 @@ def test_a_new_candidate_is_measured_again_not_answered_from_an_earlier_choice()
                                  measure=_fake({"model": 1.0, "transposed": 2.0, "native": 0.5}))
     assert first.chosen == "model" and set(again.seconds) == {"model", "transposed", "native"}
     assert again.chosen == "native" and again.key != first.key
+
+
+def test_a_cached_choice_is_read_without_sampling_the_model(monkeypatch):
+    model = _model()
+    from selfspec._engine.runner import Runner
+
+    runner = Runner(model, weight_layout="model")
+    first = choose_draft_weights(runner, static="int8", candidates=["int8", "none"], measure=None)
+    calibration._MEMO.clear()  # another process: the file, not the memo
+
+    def no_sampling(*_args, **_kwargs):
+        raise AssertionError("a cached choice copied the model's weights to measure them")
+
+    monkeypatch.setattr(calibration, "_sample", no_sampling)
+    again = choose_draft_weights(runner, static="int8", candidates=["int8", "none"])
+    assert again.how.startswith("cached") and again.chosen == first.chosen

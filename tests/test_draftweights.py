@@ -433,3 +433,28 @@ def test_quantizing_leaves_the_weight_it_reads_untouched(in_features):
     assert codes.dtype == torch.uint8 and int(codes.max()) <= 15 and q.dtype == torch.int8
     groups = torch.arange(in_features) // linears.INT4_GROUP
     assert (codes.float() * scale[:, groups] + offset[:, groups] - w).abs().max() <= scale.max() / 2 + 1e-6
+
+
+def test_copies_built_through_the_reused_buffer_equal_copies_built_without_it_and_it_is_freed():
+    from selfspec._engine.draftweights import layers as layers_mod
+    from selfspec._engine.draftweights.layers import compressed_layer, reused_buffer, stacked_weight
+
+    model = tiny_model("qwen2", dtype=torch.float32)
+    layer = model.model.layers[0]
+    x = torch.randn(1, 3, model.config.hidden_size)
+    plain = compressed_layer(layer, "int8wo")
+    with reused_buffer():
+        reused = compressed_layer(layer, "int8wo")
+        attn = layer.self_attn
+        stack = stacked_weight([attn.q_proj, attn.k_proj, attn.v_proj])
+        assert torch.equal(stack, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        assert layers_mod._BUFFER  # lent while open
+    assert not layers_mod._BUFFER  # freed on exit
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        a, b = getattr(plain.self_attn, name), getattr(reused.self_attn, name)
+        assert torch.equal(a(x), b(x))
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        h = torch.randn(1, 3, getattr(plain.mlp, name).in_features)
+        assert torch.equal(getattr(plain.mlp, name)(h), getattr(reused.mlp, name)(h))
+    # one stored weight is read in place, never copied
+    assert stacked_weight([attn.o_proj]).data_ptr() == attn.o_proj.weight.data_ptr()

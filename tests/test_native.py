@@ -2,7 +2,8 @@
 
 What is tested: the kernel's products against a float64 product for any shape, block width and
 bias; a row's result bitwise independent of its block and of the thread count; the panel
-layout's exact round trip; the fallbacks for inputs it does not compute; why it cannot run
+layout's exact round trip; the kernel's building helpers (panels, 4-bit quantization and panels)
+bitwise equal to their torch definitions; the fallbacks for inputs it does not compute; why it cannot run
 (switched off, no compiler, a failing build); every instruction-set branch of its source and what ``check_layout``/``auto`` then do; a
 runner, an adopting runner, a lossless decode and the exact mode on it.
 """
@@ -301,6 +302,43 @@ def test_the_flags_variable_picks_the_target_and_is_part_of_the_build_key(monkey
     native._STATE.clear()
     monkeypatch.setenv(native.FLAGS_ENV, "-march=no-such-cpu")
     assert native.native_unsupported().startswith("compiling the native kernel with")
+
+
+# ------------------------------------------------------------------------------ building copies
+@needs_native
+@settings(max_examples=25, deadline=None)
+@given(out_f=st.integers(1, 70), in_f=st.integers(1, 300), group=st.sampled_from([7, 32, 128]),
+       width=st.sampled_from([4, 8, 16, 32]), seed=st.integers(0, 2**16))
+def test_the_kernels_building_helpers_write_bitwise_what_the_torch_definitions_write(out_f, in_f, group, width, seed):
+    from selfspec._engine.draftweights.linears import quantize_groups, quantize_groups_torch
+    from selfspec._engine.runner.panels import from_panels_into, to_int4_quad_panels
+
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_f, in_f, generator=gen) * torch.rand(out_f, 1, generator=gen) * 4
+    w[0, : min(in_f, group)] = 0.25  # a constant group: its range is zero
+    panels = native.float_panels(w, width)
+    assert torch.equal(panels, native.to_panels(w, width))
+    rows = max(1, out_f - 1)
+    assert torch.equal(native.float_from_panels_into(panels, torch.empty(rows, in_f)),
+                       from_panels_into(panels, torch.empty(rows, in_f)))
+    assert torch.equal(native.float_from_panels_into(panels, torch.empty(rows, in_f)), w[:rows])
+    ours, torchs = quantize_groups(w, group), quantize_groups_torch(w, group)
+    for a, b in zip(ours, torchs):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert torch.equal(native.int4_quad_panels(ours[0], 2 * width), to_int4_quad_panels(ours[0], 2 * width))
+
+
+@needs_native
+def test_a_native_linear_reports_its_weight_and_its_first_rows_without_the_whole_weight():
+    from selfspec._engine.runner.layout import rebuilt_weight, weight_into, weight_rows, weight_spec
+
+    lin = nn.Linear(70, 45, bias=False)
+    nat = native.NativeLinear(lin)
+    assert rebuilt_weight(nat) and not rebuilt_weight(lin)
+    assert weight_spec(nat) == (torch.Size((45, 70)), torch.float32, torch.device("cpu")) == weight_spec(lin)
+    assert torch.equal(weight_rows(nat, 9), lin.weight.detach()[:9])
+    assert torch.equal(weight_into(nat, torch.empty(45, 70)), lin.weight.detach())
+    assert torch.equal(nat.weight, lin.weight.detach())
 
 
 # ------------------------------------------------------------------------------ in the runner

@@ -66,6 +66,8 @@ _MEMO: dict[str, Choice] = {}
 #: ``{candidate: callable(width)}`` -> ``{candidate: {width: [seconds per round]}}``; the
 #: measuring function, replaceable in tests (:func:`measure_candidates` is the real one).
 Measure = Callable[[Mapping[str, Callable[[int], float]], Sequence[int]], dict[str, dict[int, list[float]]]]
+#: Builds one candidate's copies of the sample (sampled layers, then the head rows).
+Build = Callable[[str], list[nn.Module]]
 
 
 @dataclass(frozen=True)
@@ -114,14 +116,16 @@ def choose_weight_layout(model: nn.Module, layers: Sequence[nn.Module], lm_head:
         return Choice("weight_layout", static, "static: the only layout that runs here")
     from selfspec._engine.runner.layout import layout_copy
 
-    sample, head, scale_layers, scale_head = _sample(layers, lm_head)
+    def prepare() -> tuple[Build, tuple[float, float]]:
+        sample, head, scale_layers, scale_head = _sample(layers, lm_head)
 
-    def build(layout: str) -> list[nn.Module]:
-        return [layout_copy(m, layout) for m in (*sample, head)]
+        def build(layout: str) -> list[nn.Module]:
+            return [layout_copy(m, layout) for m in (*sample, head)]
+
+        return build, (scale_layers, scale_head)
 
     key = _key("weight_layout", model, layers, lm_head, _candidates_key(candidates))
-    return _choose("weight_layout", key, candidates, static, build, (scale_layers, scale_head),
-                   (1, BLOCK), measure, refresh, store)
+    return _choose("weight_layout", key, candidates, static, prepare, (1, BLOCK), measure, refresh, store)
 
 
 def choose_draft_weights(runner: Any, *, static: str, candidates: Sequence[str],
@@ -132,22 +136,28 @@ def choose_draft_weights(runner: Any, *, static: str, candidates: Sequence[str],
     compressed copies of the sample), at 1 token and at a tree's few tokens per depth."""
     if len(candidates) < 2:
         return Choice("draft_weights", static, "static: the only draft weights that run here")
-    from selfspec._engine.draftweights.layers import compress_linear, compressed_layer
+    from selfspec._engine.draftweights.layers import (
+        compress_linear,
+        compressed_layer,
+        reused_buffer,
+    )
 
-    own = list(runner._run_layers)  # the layers in the runner's layout (what "none" reads)
-    sample, head, scale_layers, scale_head = _sample(own, runner.adapter.lm_head)
-    model_sample, model_head, _, _ = _sample(list(runner.layers), runner.lm_head)
+    def prepare() -> tuple[Build, tuple[float, float]]:
+        own = list(runner._run_layers)  # the layers in the runner's layout (what "none" reads)
+        sample, head, scale_layers, scale_head = _sample(own, runner.adapter.lm_head)
+        model_sample, model_head, _, _ = _sample(list(runner.layers), runner.lm_head)
 
-    def build(kind: str) -> list[nn.Module]:
-        if kind == "none":
-            return [*sample, head]
-        with torch.inference_mode(False), torch.no_grad():
-            return [*(compressed_layer(m, kind) for m in model_sample), compress_linear(model_head, kind)]
+        def build(kind: str) -> list[nn.Module]:
+            if kind == "none":
+                return [*sample, head]
+            with torch.inference_mode(False), torch.no_grad(), reused_buffer():
+                return [*(compressed_layer(m, kind) for m in model_sample), compress_linear(model_head, kind)]
+
+        return build, (scale_layers, scale_head)
 
     key = _key("draft_weights", runner.model, runner.layers, runner.lm_head,
                f"{runner.weight_layout}-{_candidates_key(candidates)}")
-    return _choose("draft_weights", key, candidates, static, build, (scale_layers, scale_head),
-                   (1, 4), measure, refresh, store)
+    return _choose("draft_weights", key, candidates, static, prepare, (1, 4), measure, refresh, store)
 
 
 def choose_one_row_width(model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, *,
@@ -159,16 +169,19 @@ def choose_one_row_width(model: nn.Module, layers: Sequence[nn.Module], lm_head:
     kernel for a single row can be the slower one (it is on Zen 4)."""
     from selfspec._engine.runner.layout import layout_copy, set_one_row_width
 
-    sample, head, scale_layers, scale_head = _sample(layers, lm_head)
+    def prepare() -> tuple[Build, tuple[float, float]]:
+        sample, head, scale_layers, scale_head = _sample(layers, lm_head)
 
-    def build(width: str) -> list[nn.Module]:
-        copies = [layout_copy(m, "packed") for m in (*sample, head)]  # each candidate its own copy
-        set_one_row_width(copies, int(width))
-        return copies
+        def build(width: str) -> list[nn.Module]:
+            copies = [layout_copy(m, "packed") for m in (*sample, head)]  # each candidate its own copy
+            set_one_row_width(copies, int(width))
+            return copies
+
+        return build, (scale_layers, scale_head)
 
     key = _key("one_row_width", model, layers, lm_head, "packed")
-    return _choose("one_row_width", key, list(ONE_ROW_WIDTHS), ONE_ROW_WIDTHS[0], build, (scale_layers, scale_head),
-                   (1,), measure, refresh, store)
+    return _choose("one_row_width", key, list(ONE_ROW_WIDTHS), ONE_ROW_WIDTHS[0], prepare, (1,), measure, refresh,
+                   store)
 
 
 def decide(seconds: Mapping[str, Mapping[int, float]], spread: Mapping[str, float], static: str) -> tuple[str, str]:
@@ -228,8 +241,10 @@ def enabled() -> bool:
 
 # ------------------------------------------------------------------------------ helpers
 def _choose(what: str, key: str, candidates: Sequence[str], static: str,
-            build: Callable[[str], list[nn.Module]], scales: tuple[float, float], widths: Sequence[int],
+            prepare: Callable[[], tuple[Build, tuple[float, float]]], widths: Sequence[int],
             measure: Measure | None, refresh: bool, store: ArtefactStore | None) -> Choice:
+    """The cached choice under ``key``, else one measured now: ``prepare()`` (called only to
+    measure: sampling copies weights) gives the candidates' builder and the sample's scales."""
     if not enabled():
         return Choice(what, static, f"static: {ENV}=0")
     store = store or STORE
@@ -251,6 +266,7 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
     busy = _busy_load() if measure is None else None
     print(f"selfspec: measuring which {what.replace('_', ' ')} is fastest here "
           f"({', '.join(candidates)}; once per model shape and machine)...", file=sys.stderr, flush=True)
+    build, scales = prepare()
     runs = {c: _runner_of(build(c), scales) for c in candidates}
     raw = (measure or measure_candidates)(runs, widths)
     seconds = {c: {w: min(ts) for w, ts in raw[c].items()} for c in candidates}
@@ -319,16 +335,15 @@ def _sample(layers: Sequence[nn.Module], lm_head: nn.Module) -> tuple[list[nn.Mo
         total += per_layer[(lo + take) % n]
         take += 1
     picked = [layers[(lo + i) % n] for i in range(take)]
-    weight = lm_head.weight
-    rows = max(1, min(weight.shape[0], HEAD_BYTES // max(1, weight.shape[1] * weight.element_size())))
-    head = nn.Linear(weight.shape[1], rows, bias=getattr(lm_head, "bias", None) is not None,
-                     device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        head.weight.copy_(weight[:rows])
-        if head.bias is not None:
-            head.bias.copy_(lm_head.bias[:rows])
-    head.requires_grad_(False)
-    return picked, head, n / take, weight.shape[0] / rows
+    from selfspec._engine.runner.layout import weight_rows, weight_spec
+
+    (out_f, in_f), dtype, device = weight_spec(lm_head)
+    rows = max(1, min(out_f, HEAD_BYTES // max(1, in_f * dtype.itemsize)))
+    head = nn.Linear(in_f, rows, bias=getattr(lm_head, "bias", None) is not None, device="meta", dtype=dtype)
+    head.weight = nn.Parameter(weight_rows(lm_head, rows).to(device).clone(), requires_grad=False)
+    if head.bias is not None:
+        head.bias = nn.Parameter(lm_head.bias.detach()[:rows].to(device).clone(), requires_grad=False)
+    return picked, head, n / take, out_f / rows
 
 
 def _busy_load() -> float | None:
@@ -366,11 +381,12 @@ def _candidates_key(candidates: Sequence[str]) -> str:
 def _key(what: str, model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, extra: str) -> str:
     """File-name key: what, model shape, dtype, the extra (the candidates; draft weights: the
     runner's layout too) and a hash of the machine (CPU, capability, threads, forced ISA, device)."""
-    w = lm_head.weight
+    from selfspec._engine.runner.layout import weight_spec
+
+    (rows, cols), dtype, device = weight_spec(lm_head)
     cfg = getattr(model, "config", None)
-    shape = f"{getattr(cfg, 'model_type', 'model')}-{len(layers)}x{w.shape[1]}x{w.shape[0]}"
-    dtype = str(w.dtype).removeprefix("torch.")
-    return "-".join(p for p in (what, shape, dtype, extra, _digest(str(w.device))) if p)
+    shape = f"{getattr(cfg, 'model_type', 'model')}-{len(layers)}x{cols}x{rows}"
+    return "-".join(p for p in (what, shape, str(dtype).removeprefix("torch."), extra, _digest(str(device))) if p)
 
 
 def _digest(device: str) -> str:

@@ -5,11 +5,14 @@ parameter and buffer, with each ``nn.Linear`` replaced by a compressed linear of
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from selfspec._engine.draftweights.linears import LINEARS, CompressedLinear
+from selfspec._engine.runner.layout import rebuilt_weight, weight_into, weight_spec
 from selfspec._engine.runner.placement import detach_hooks, own_tensors, share_hooks
 
 # Linears of one module that Hugging Face models call on the same input tensor, one after the
@@ -19,7 +22,51 @@ FUSE_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("ga
 
 def compress_linear(linear: nn.Module, backend: str) -> CompressedLinear:
     """A compressed copy of ``linear`` (an ``nn.Linear``, or any module with its ``weight``)."""
-    return LINEARS[backend](linear.weight, getattr(linear, "bias", None))
+    return LINEARS[backend](stacked_weight([linear]), getattr(linear, "bias", None))
+
+
+# The buffer :func:`reused_buffer` lends to :func:`stacked_weight` (a flat tensor), and how many
+# builds hold it open.
+_BUFFER: dict[str, torch.Tensor] = {}
+_OPEN = [0]
+
+
+@contextmanager
+def reused_buffer() -> Iterator[None]:
+    """Within it, the float weights a compression reads (a group's stack, a layout's rebuilt
+    weight) are written to one buffer reused from product to product, not to fresh memory each
+    time (whose first touch costs more than the copy); the buffer is freed when the outermost
+    one exits. The compressed linears copy what they keep, so none holds the buffer."""
+    _OPEN[0] += 1
+    try:
+        yield
+    finally:
+        _OPEN[0] -= 1
+        if not _OPEN[0]:
+            _BUFFER.clear()
+
+
+def stacked_weight(linears: list[nn.Module]) -> torch.Tensor:
+    """The ``[sum of out, in]`` weights of ``linears`` stacked in order: the weight itself for
+    one linear that stores it, else a tensor each weight is written into (within
+    :func:`reused_buffer`, a view of its buffer, valid until the next call)."""
+    if len(linears) == 1 and not rebuilt_weight(linears[0]):
+        return linears[0].weight.detach()
+    specs = [weight_spec(lin) for lin in linears]
+    (_, in_f), dtype, device = specs[0]
+    rows = sum(shape[0] for shape, _, _ in specs)
+    if _OPEN[0]:
+        buf = _BUFFER.get("flat")
+        if buf is None or buf.numel() < rows * in_f or buf.dtype != dtype or buf.device != device:
+            buf = _BUFFER["flat"] = torch.empty(rows * in_f, dtype=dtype, device=device)
+        out = buf[: rows * in_f].view(rows, in_f)
+    else:
+        out = torch.empty(rows, in_f, dtype=dtype, device=device)
+    start = 0
+    for lin, (shape, _, _) in zip(linears, specs):
+        weight_into(lin, out[start : start + shape[0]])
+        start += shape[0]
+    return out
 
 
 class FusedProduct:
@@ -31,7 +78,7 @@ class FusedProduct:
     """
 
     def __init__(self, linears: list[nn.Module], backend: str) -> None:
-        weight = torch.cat([lin.weight.detach() for lin in linears])  # one layer's group: a small temporary
+        weight = stacked_weight(linears)  # one layer's group
         biases = [getattr(lin, "bias", None) for lin in linears]
         bias = None
         if any(b is not None for b in biases):

@@ -65,7 +65,22 @@ def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
     """Asymmetric 4-bit per output row and group of ``group`` inputs: ``(codes [out, in] uint8
     in 0..15, scale [out, groups], offset [out, groups])`` float32, with ``weight[o, i] ~=
     codes[o, i] * scale[o, g] + offset[o, g]`` for ``g = i // group`` (the group's minimum
-    and its range over 15 steps); built :data:`CHUNK_ROWS` rows at a time."""
+    and its range over 15 steps). Where the native kernel runs, its quantizer computes them
+    (bitwise the same) in one pass; else torch, :data:`CHUNK_ROWS` rows at a time."""
+    if weight.device.type == "cpu" and weight.dtype == torch.float32:
+        from selfspec._engine.runner.native import native_unsupported  # noqa: PLC0415
+
+        if native_unsupported() is None:
+            from selfspec._engine.runner.native import quantize_groups as native_quantize  # noqa: PLC0415
+
+            done = native_quantize(weight.contiguous(), group)
+            if done is not None:
+                return done
+    return quantize_groups_torch(weight, group)
+
+
+def quantize_groups_torch(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize_groups` in torch operations (the definition the native quantizer matches)."""
     out_f, in_f = weight.shape
     groups = -(-in_f // group)
     codes = torch.empty(out_f, in_f, dtype=torch.uint8)
@@ -283,7 +298,7 @@ class NativeInt4Avx2Linear(_NativeCompressed):
 
         super().__init__()
         codes, scale, offset = quantize_groups(weight, INT4_GROUP)
-        self.register_buffer("panels", native.to_int4_quad_panels(codes, native.INT4_AVX2_TILE))
+        self.register_buffer("panels", native.int4_quad_panels(codes, native.INT4_AVX2_TILE))
         del codes
         self.register_buffer("gscale", native.to_group_panels(scale, native.INT4_AVX2_TILE))
         self.register_buffer("gzero", native.to_group_panels(offset, native.INT4_AVX2_TILE))

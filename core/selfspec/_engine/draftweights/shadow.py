@@ -30,7 +30,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from selfspec._engine.draftweights.layers import compress_linear, compressed_layer, layer_nbytes
+from selfspec._engine.draftweights.layers import (
+    compress_linear,
+    compressed_layer,
+    layer_nbytes,
+    reused_buffer,
+)
 from selfspec._engine.draftweights.linears import NATIVE_BACKENDS, CompressedLinear, bnb_module
 from selfspec._engine.runner.placement import (
     detach_hooks,
@@ -334,7 +339,7 @@ def _build_layers(runner, kind: str) -> tuple[dict[int, nn.Module], int]:
     if kind == "none":
         return {}, 0
     layers: dict[int, nn.Module] = {}
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode(False), torch.no_grad(), reused_buffer():
         for i, layer in enumerate(runner.layers):
             # an offloaded layer: its weights read from the disk for this build only, the copy
             # keeps what it needs in memory, so drafts never read the disk
@@ -346,7 +351,7 @@ def _build_layers(runner, kind: str) -> tuple[dict[int, nn.Module], int]:
 
 def _build_head(runner, kind: str, vocab: torch.Tensor | None) -> tuple[nn.Module | None, int]:
     head = runner.lm_head
-    with torch.inference_mode(False), torch.no_grad(), loaded(head):
+    with torch.inference_mode(False), torch.no_grad(), loaded(head), reused_buffer():
         if kind == "none":
             if vocab is None:
                 return None, 0

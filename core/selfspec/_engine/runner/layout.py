@@ -329,6 +329,10 @@ class PackedLinear(nn.Linear):
         """The ``[out, in]`` weight, unpacked (a new tensor on every access)."""
         return self.packed.to_dense()
 
+    def weight_spec(self) -> tuple[torch.Size, torch.dtype, torch.device]:
+        """The weight's shape, dtype and device, without unpacking it."""
+        return torch.Size((self.out_features, self.in_features)), self.packed.dtype, self.packed.device
+
     #: rows a one-row input is computed in (the row, then zero rows): oneDNN's kernel for one
     #: row can be slower than for a few (it is on Zen 4). Measured per machine and model shape
     #: by the runner (:func:`selfspec._engine.calibration.choose_one_row_width`); 1 unmeasured.
@@ -344,6 +348,40 @@ class PackedLinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
+
+
+def weight_spec(module: nn.Module) -> tuple[torch.Size, torch.dtype, torch.device]:
+    """Shape, dtype and device of a product module's ``[out, in]`` weight, without rebuilding
+    it (a native or packed layout's ``.weight`` is a new copy on every access)."""
+    spec = getattr(module, "weight_spec", None)
+    if callable(spec):
+        return spec()
+    w = module.weight
+    return w.shape, w.dtype, w.device
+
+
+def weight_rows(module: nn.Module, rows: int) -> torch.Tensor:
+    """The first ``rows`` rows of a product module's weight (rebuilding no more than those where
+    the layout can)."""
+    take = getattr(module, "weight_rows", None)
+    if callable(take):
+        return take(rows)
+    return module.weight.detach()[:rows]
+
+
+def weight_into(module: nn.Module, out: torch.Tensor) -> torch.Tensor:
+    """A product module's ``[out, in]`` weight written into ``out`` (a contiguous tensor of its
+    shape); returns ``out``. A native layout writes its panels there directly."""
+    write = getattr(module, "weight_into", None)
+    if callable(write):
+        return write(out)
+    return out.copy_(module.weight.detach())
+
+
+def rebuilt_weight(module: nn.Module) -> bool:
+    """Whether ``module.weight`` is rebuilt on access (a layout's panels or packed copy) rather
+    than a stored tensor."""
+    return isinstance(getattr(type(module), "weight", None), property)
 
 
 def set_one_row_width(modules: list[nn.Module], width: int) -> None:

@@ -51,6 +51,7 @@ from .panels import (  # noqa: F401 (the layouts the kernel reads, named here fo
     VNNI_FINE_ROWS,
     VNNI_TILE,
     from_panels,
+    from_panels_into,
     int4avx2_error_bound,
     rounded_scratch,
     rounding_error_bound,
@@ -183,6 +184,67 @@ def native_linear_i4avx2(x: torch.Tensor, panels: torch.Tensor, gscale: torch.Te
     return y
 
 
+# ------------------------------------------------------------------------------ building copies
+def _builds_here(*tensors: torch.Tensor) -> bool:
+    """Whether the kernel's building helpers take these tensors: float32, contiguous, on CPU,
+    and the kernel runs here."""
+    return (all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+            and native_unsupported() is None)
+
+
+def float_panels(weight: torch.Tensor, width: int) -> torch.Tensor:
+    """:func:`~.panels.to_panels` of a float32 ``weight`` (bitwise the same panels), by the
+    kernel's one-pass rearrangement on every thread where it runs."""
+    w = weight.detach()
+    if not _builds_here(w):
+        return to_panels(w, width)
+    out_f, in_f = w.shape
+    panels = torch.empty(-(-out_f // width), in_f, width, dtype=torch.float32)
+    _library().selfspec_native_to_panels(w.data_ptr(), panels.data_ptr(), out_f, in_f, width,
+                                         torch.get_num_threads())
+    return panels
+
+
+def float_from_panels_into(panels: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """:func:`~.panels.from_panels_into` (bitwise the same rows), by the kernel where it runs."""
+    if not _builds_here(panels, out):
+        return from_panels_into(panels, out)
+    _library().selfspec_native_from_panels(panels.data_ptr(), out.data_ptr(), out.shape[0], panels.shape[1],
+                                           panels.shape[2], torch.get_num_threads())
+    return out
+
+
+def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The 4-bit groups of :func:`selfspec._engine.draftweights.linears.quantize_groups` (bitwise
+    the same codes, scales and offsets) in one pass on every thread, or ``None`` where the
+    kernel cannot take ``weight`` (the caller then quantizes with torch)."""
+    w = weight.detach()
+    if not _builds_here(w):
+        return None
+    out_f, in_f = w.shape
+    groups = -(-in_f // group)
+    codes = torch.empty(out_f, in_f, dtype=torch.uint8)
+    scale = torch.empty(out_f, groups, dtype=torch.float32)
+    offset = torch.empty(out_f, groups, dtype=torch.float32)
+    _library().selfspec_native_quantize_groups(w.data_ptr(), codes.data_ptr(), scale.data_ptr(), offset.data_ptr(),
+                                               out_f, in_f, group, torch.get_num_threads())
+    return codes, scale, offset
+
+
+def int4_quad_panels(codes: torch.Tensor, tile: int) -> torch.Tensor:
+    """:func:`~.panels.to_int4_quad_panels` (bitwise the same panels), by the kernel in one pass
+    where it runs."""
+    if not (codes.dtype == torch.uint8 and codes.device.type == "cpu" and codes.is_contiguous()
+            and native_unsupported() is None):
+        return to_int4_quad_panels(codes, tile)
+    out_f, in_f = codes.shape
+    panels = torch.empty(-(-out_f // tile), -(-in_f // 4), tile // 2, 4, dtype=torch.uint8)
+    _library().selfspec_native_int4_quad_panels(codes.data_ptr(), panels.data_ptr(), out_f, in_f, tile,
+                                                torch.get_num_threads())
+    return panels
+
+
+# ------------------------------------------------------------------------------ products
 def native_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """``x [n, in] @ W.T + bias`` -> ``[n, out_features]``, float32 on CPU, ``W`` as
     :func:`to_panels` laid it out. ``x`` must be contiguous."""
@@ -235,13 +297,25 @@ class NativeLinear(nn.Linear):
     def __init__(self, linear: nn.Linear) -> None:
         nn.Module.__init__(self)  # not nn.Linear's: it would allocate a weight
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("panels", to_panels(linear.weight, tile()), persistent=False)
+        self.register_buffer("panels", float_panels(linear.weight, tile()), persistent=False)
         self.bias = linear.bias
 
     @property
     def weight(self) -> torch.Tensor:  # type: ignore[override]
         """The ``[out, in]`` weight, rebuilt from the panels (a new tensor on every access)."""
-        return from_panels(self.panels, self.out_features)
+        return self.weight_into(torch.empty(self.out_features, self.in_features, dtype=self.panels.dtype))
+
+    def weight_spec(self) -> tuple[torch.Size, torch.dtype, torch.device]:
+        """The weight's shape, dtype and device, without rebuilding it."""
+        return torch.Size((self.out_features, self.in_features)), self.panels.dtype, self.panels.device
+
+    def weight_rows(self, rows: int) -> torch.Tensor:
+        """The weight's first ``rows`` rows, rebuilt from the panels that hold them only."""
+        return self.weight_into(torch.empty(rows, self.in_features, dtype=self.panels.dtype))
+
+    def weight_into(self, out: torch.Tensor) -> torch.Tensor:
+        """The weight written into ``out`` (a contiguous ``[out, in]`` tensor); returns ``out``."""
+        return float_from_panels_into(self.panels, out)
 
     def nbytes(self) -> int:
         """Bytes of weights a product reads (the padding rows excluded)."""
@@ -360,6 +434,13 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.selfspec_native_linear_i4vnni.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int] + [ctypes.c_void_p] * 5
                                                   + [ctypes.c_int] * 4)
     lib.selfspec_native_i4avx2.restype = ctypes.c_int
+    for name in ("selfspec_native_to_panels", "selfspec_native_from_panels"):
+        getattr(lib, name).restype = None
+        getattr(lib, name).argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 4
+    lib.selfspec_native_int4_quad_panels.restype = None
+    lib.selfspec_native_int4_quad_panels.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 4
+    lib.selfspec_native_quantize_groups.restype = None
+    lib.selfspec_native_quantize_groups.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     lib.selfspec_native_linear_i4avx2.restype = None
     lib.selfspec_native_linear_i4avx2.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 5
                                                   + [ctypes.c_int] * 4)

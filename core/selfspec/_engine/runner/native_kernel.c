@@ -879,3 +879,99 @@ void selfspec_native_linear_i4vnni(const float *x, const unsigned char *panels, 
         (void)xsum, (void)M, (void)O, (void)I, (void)threads; /* never called: selfspec_native_vnni() is 0 */
 }
 #endif
+
+/* ---- building the copies: rearrangements and quantization, threads over tiles or rows ------
+   What the runner and the draft weights do once per weight when they are built. Each writes
+   what the torch code in panels.py and linears.py writes, bitwise (a rearrangement; the
+   quantizer with the same IEEE float32 operations in the same order), in one pass and on
+   every thread, where torch's strided copies and chains of whole-tensor operations take
+   several passes, each into new memory. */
+
+/* panels [tiles, I, W] of w [O, I] (float32): panels[t][i][j] = w[t * W + j][i], zero past row O. */
+void selfspec_native_to_panels(const float *w, float *panels, int O, int I, int W, int threads) {
+    const int tiles = (O + W - 1) / W;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        float *p = panels + (size_t)t * I * W;
+        const float *wt = w + (size_t)t * W * I;
+        const int n = O - t * W < W ? O - t * W : W;
+        for (int i = 0; i < I; i++) {
+            for (int j = 0; j < n; j++) p[(size_t)i * W + j] = wt[(size_t)j * I + i];
+            for (int j = n; j < W; j++) p[(size_t)i * W + j] = 0.0f;
+        }
+    }
+}
+
+/* w [rows, I] (float32, rows at most the panels' rows) from panels [tiles, I, W]:
+   w[o][i] = panels[o / W][i][o % W]. */
+void selfspec_native_from_panels(const float *panels, float *w, int rows, int I, int W, int threads) {
+    const int tiles = (rows + W - 1) / W;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        const float *p = panels + (size_t)t * I * W;
+        float *wt = w + (size_t)t * W * I;
+        const int n = rows - t * W < W ? rows - t * W : W;
+        for (int i = 0; i < I; i++)
+            for (int j = 0; j < n; j++) wt[(size_t)j * I + i] = p[(size_t)i * W + j];
+    }
+}
+
+/* 4-bit codes of w [O, I] (float32) per row and group of G inputs, as quantize_groups computes
+   them: lo and hi the group's minimum and maximum, s = max((hi - lo) / 15, 1e-12),
+   code = min(max(round_half_even((w - lo) / s), 0), 15). codes [O, I] uint8; scale and
+   offset (lo) [O, ceil(I / G)] float32. */
+void selfspec_native_quantize_groups(const float *w, unsigned char *codes, float *scale, float *offset, int O, int I,
+                                     int G, int threads) {
+    const int groups = (I + G - 1) / G;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int o = 0; o < O; o++) {
+        const float *wr = w + (size_t)o * I;
+        unsigned char *cr = codes + (size_t)o * I;
+        for (int g = 0; g < groups; g++) {
+            const int i0 = g * G, i1 = i0 + G < I ? i0 + G : I;
+            float lo = wr[i0], hi = wr[i0];
+            for (int i = i0 + 1; i < i1; i++) {
+                lo = wr[i] < lo ? wr[i] : lo;
+                hi = wr[i] > hi ? wr[i] : hi;
+            }
+            float s = (hi - lo) / 15.0f;
+            s = s < 1e-12f ? 1e-12f : s;
+            scale[(size_t)o * groups + g] = s;
+            offset[(size_t)o * groups + g] = lo;
+            for (int i = i0; i < i1; i++) {
+                float c = __builtin_nearbyintf((wr[i] - lo) / s);
+                c = c < 0.0f ? 0.0f : c;
+                c = c > 15.0f ? 15.0f : c;
+                cr[i] = (unsigned char)c;
+            }
+        }
+    }
+}
+
+/* 4-bit codes [O, I] (uint8, 0..15) as the int4avx2/int4vnni panels, as to_int4_quad_panels lays
+   them out: [tiles, ceil(I / 4), tile / 2, 4] bytes, byte (t, q, j, k) holding the code of output
+   t * tile + j and input 4q + k in its low nibble and that of output t * tile + tile / 2 + j in its
+   high one (padding rows and inputs: code 0). */
+void selfspec_native_int4_quad_panels(const unsigned char *codes, unsigned char *panels, int O, int I, int tile,
+                                      int threads) {
+    const int tiles = (O + tile - 1) / tile, k4 = (I + 3) / 4, half = tile / 2;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        unsigned char *pt = panels + (size_t)t * k4 * half * 4;
+        for (int j = 0; j < half; j++) {
+            const int o1 = t * tile + j, o2 = o1 + half;
+            const unsigned char *c1 = o1 < O ? codes + (size_t)o1 * I : NULL;
+            const unsigned char *c2 = o2 < O ? codes + (size_t)o2 * I : NULL;
+            for (int q = 0; q < k4; q++)
+                for (int k = 0; k < 4; k++) {
+                    const int i = 4 * q + k;
+                    const unsigned lo = c1 && i < I ? c1[i] : 0, hi = c2 && i < I ? c2[i] : 0;
+                    pt[((size_t)q * half + j) * 4 + k] = (unsigned char)(lo | (hi << 4));
+                }
+        }
+    }
+}

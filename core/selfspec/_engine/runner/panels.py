@@ -129,8 +129,21 @@ def to_panels(weight: torch.Tensor, width: int, dtype: torch.dtype = torch.float
 
 def from_panels(panels: torch.Tensor, out_features: int) -> torch.Tensor:
     """The ``[out, in]`` weight :func:`to_panels` was given (exactly: a rearrangement)."""
-    tiles, in_f, width = panels.shape
-    return panels.transpose(1, 2).reshape(tiles * width, in_f)[:out_features].contiguous()
+    return from_panels_into(panels, torch.empty(out_features, panels.shape[1], dtype=panels.dtype,
+                                                device=panels.device))
+
+
+def from_panels_into(panels: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """:func:`from_panels` written into ``out`` (a contiguous ``[rows, in]`` tensor, ``rows`` at
+    most the panels' rows): the weight's first ``rows`` rows. Returns ``out``."""
+    _, in_f, width = panels.shape
+    rows = out.shape[0]
+    full = rows // width
+    if full:
+        out[: full * width].view(full, width, in_f).copy_(panels[:full].transpose(1, 2))
+    if rows > full * width:
+        out[full * width :].copy_(panels[full, :, : rows - full * width].t())
+    return out
 
 
 def vnni_error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
