@@ -28,6 +28,7 @@ from torch import nn
 
 from selfspec._engine.machine import machine_info
 from selfspec._engine.runner import native
+from selfspec._engine.runner.native_copies import NativeLinear
 from selfspec.app._bench.roofline import read_bandwidths
 
 SHAPES = [(1536, 1536), (256, 1536), (256, 1536), (1536, 1536), (8960, 1536), (8960, 1536), (1536, 8960)]
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     transposed = [w.t().contiguous() for w in weights]
     packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights] if torch.backends.mkldnn.is_available() else []
     why = native.native_unsupported()
-    natives = [native.NativeLinear(nn.Linear(w.shape[1], w.shape[0], bias=False)) for w in weights] if why is None else []
+    natives = [NativeLinear(nn.Linear(w.shape[1], w.shape[0], bias=False)) for w in weights] if why is None else []
     for lin, w in zip(natives, weights):
         lin.panels.copy_(native.to_panels(w, native.tile()))
     out["gb_per_s"], out["limit_runs_gb_per_s"] = {}, reads

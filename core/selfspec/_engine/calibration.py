@@ -243,8 +243,7 @@ def enabled() -> bool:
 def _choose(what: str, key: str, candidates: Sequence[str], static: str,
             prepare: Callable[[], tuple[Build, tuple[float, float]]], widths: Sequence[int],
             measure: Measure | None, refresh: bool, store: ArtefactStore | None) -> Choice:
-    """The cached choice under ``key``, else one measured now: ``prepare()`` (called only to
-    measure: sampling copies weights) gives the candidates' builder and the sample's scales."""
+    """The choice cached under ``key``, else measured; ``prepare()`` (sampling) runs only to measure."""
     if not enabled():
         return Choice(what, static, f"static: {ENV}=0")
     store = store or STORE

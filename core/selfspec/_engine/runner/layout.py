@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from selfspec._engine.machine import CpuCapability, cpu_capability
-from selfspec._engine.runner.native import NativeLinear
+from selfspec._engine.runner.native_copies import NativeLinear
 from selfspec._engine.runner.placement import is_offloaded, share_hooks, tensor_key
 
 LAYOUTS: tuple[str, ...] = ("auto", "model", "transposed", "packed", "native")
@@ -126,7 +126,7 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
     """Apply ``layout`` to ``model`` itself: no copy, the original weights are released.
 
     ``"packed"`` / ``"native"``: every ``nn.Linear`` inside ``layers``, and ``lm_head``, is
-    replaced in its parent module by a :class:`PackedLinear` / :class:`.native.NativeLinear`
+    replaced in its parent module by a :class:`PackedLinear` / :class:`.native_copies.NativeLinear`
     (which still answers ``.weight``, rebuilt on demand, so code that reads a weight once
     keeps working). ``"transposed"``: each such
     weight is replaced by its ``[in, out]``-contiguous version. ``"model"``: nothing. Returns

@@ -918,6 +918,26 @@ void selfspec_native_from_panels(const float *panels, float *w, int rows, int I,
     }
 }
 
+/* A group's minimum lo and step s = max((hi - lo) / 15, 1e-12), and a weight's code
+   min(max(round_half_even((w - lo) / s), 0), 15): the operations of quantize_groups in torch. */
+static inline unsigned char code_of(float w, float lo, float s) {
+    float c = __builtin_nearbyintf((w - lo) / s);
+    c = c < 0.0f ? 0.0f : c;
+    c = c > 15.0f ? 15.0f : c;
+    return (unsigned char)c;
+}
+
+static inline void group_bounds(const float *wr, int i0, int i1, float *lo_out, float *s_out) {
+    float lo = wr[i0], hi = wr[i0];
+    for (int i = i0 + 1; i < i1; i++) {
+        lo = wr[i] < lo ? wr[i] : lo;
+        hi = wr[i] > hi ? wr[i] : hi;
+    }
+    float s = (hi - lo) / 15.0f;
+    *lo_out = lo;
+    *s_out = s < 1e-12f ? 1e-12f : s;
+}
+
 /* 4-bit codes of w [O, I] (float32) per row and group of G inputs, as quantize_groups computes
    them: lo and hi the group's minimum and maximum, s = max((hi - lo) / 15, 1e-12),
    code = min(max(round_half_even((w - lo) / s), 0), 15). codes [O, I] uint8; scale and
@@ -932,21 +952,11 @@ void selfspec_native_quantize_groups(const float *w, unsigned char *codes, float
         unsigned char *cr = codes + (size_t)o * I;
         for (int g = 0; g < groups; g++) {
             const int i0 = g * G, i1 = i0 + G < I ? i0 + G : I;
-            float lo = wr[i0], hi = wr[i0];
-            for (int i = i0 + 1; i < i1; i++) {
-                lo = wr[i] < lo ? wr[i] : lo;
-                hi = wr[i] > hi ? wr[i] : hi;
-            }
-            float s = (hi - lo) / 15.0f;
-            s = s < 1e-12f ? 1e-12f : s;
+            float lo, s;
+            group_bounds(wr, i0, i1, &lo, &s);
             scale[(size_t)o * groups + g] = s;
             offset[(size_t)o * groups + g] = lo;
-            for (int i = i0; i < i1; i++) {
-                float c = __builtin_nearbyintf((wr[i] - lo) / s);
-                c = c < 0.0f ? 0.0f : c;
-                c = c > 15.0f ? 15.0f : c;
-                cr[i] = (unsigned char)c;
-            }
+            for (int i = i0; i < i1; i++) cr[i] = code_of(wr[i], lo, s);
         }
     }
 }
@@ -974,4 +984,52 @@ void selfspec_native_int4_quad_panels(const unsigned char *codes, unsigned char 
                 }
         }
     }
+}
+
+/* quantize_groups and int4_quad_panels in one pass, without the codes in between: the 4-bit
+   panels [tiles, ceil(I / 4), tile / 2, 4] of w [O, I] (float32) quantized per row and group of
+   G inputs, and the rows' scale and offset [O, ceil(I / G)]; bitwise what the two passes write.
+   Per tile and group: each row's bounds and codes (a contiguous, vectorized loop into a small
+   buffer), then the group's bytes in order. Returns -1 (nothing written) where G is not a
+   multiple of 4 (a byte's four inputs would straddle groups) or a tile's group of codes
+   outgrows the buffer; the caller then runs the two passes. */
+#define QUAD_CODES_MAX 16384
+int selfspec_native_quantize_int4_quad(const float *w, unsigned char *panels, float *scale, float *offset, int O,
+                                       int I, int G, int tile, int threads) {
+    const int groups = (I + G - 1) / G, tiles = (O + tile - 1) / tile, k4 = (I + 3) / 4, half = tile / 2;
+    if (G % 4 || (size_t)tile * G > QUAD_CODES_MAX) return -1;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        unsigned char codes[QUAD_CODES_MAX]; /* [tile, G]: one group's codes of the tile's rows */
+        unsigned char *pt = panels + (size_t)t * k4 * half * 4;
+        for (int g = 0; g < groups; g++) {
+            const int i0 = g * G, i1 = i0 + G < I ? i0 + G : I, n = i1 - i0;
+            for (int r = 0; r < tile; r++) {
+                const int o = t * tile + r;
+                unsigned char *cr = codes + (size_t)r * G;
+                if (o >= O) {
+                    for (int i = 0; i < (n + 3) / 4 * 4; i++) cr[i] = 0; /* padding rows */
+                    continue;
+                }
+                const float *wr = w + (size_t)o * I + i0;
+                float lo, st;
+                group_bounds(wr, 0, n, &lo, &st);
+                scale[(size_t)o * groups + g] = st;
+                offset[(size_t)o * groups + g] = lo;
+                for (int i = 0; i < n; i++) cr[i] = code_of(wr[i], lo, st);
+                for (int i = n; i < (n + 3) / 4 * 4; i++) cr[i] = 0; /* padding inputs */
+            }
+            /* a byte's two codes are at most 15, so four bytes pack as one word: lo | hi << 4 */
+            for (int q = 0; q < (n + 3) / 4; q++)
+                for (int j = 0; j < half; j++) {
+                    unsigned lo, hi;
+                    __builtin_memcpy(&lo, codes + (size_t)j * G + 4 * q, 4);
+                    __builtin_memcpy(&hi, codes + (size_t)(j + half) * G + 4 * q, 4);
+                    lo |= hi << 4;
+                    __builtin_memcpy(pt + ((size_t)(i0 / 4 + q) * half + j) * 4, &lo, 4);
+                }
+        }
+    }
+    return 0;
 }
