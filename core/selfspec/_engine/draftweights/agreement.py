@@ -120,20 +120,22 @@ def gate_terms(seconds: dict[str, dict[int, float]]) -> tuple[str, dict[str, flo
 
 
 def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], verify_s: float, *,
-         measure: MeasureAgreement, remember: bool = True, store: Any = None) -> Verdict:
+         measure: MeasureAgreement, remember: bool = True, store: Any = None, report: bool = False) -> Verdict:
     """The :class:`Verdict` on draft weights ``gated`` against ``fallback`` for ``runner``'s
     model, given each one's seconds per draft pass ``draft_s`` and a verification's
     ``verify_s``. ``measure(runner, (gated, fallback))`` measures the agreements (the draft
     weights' own: :func:`selfspec._engine.draftweights.shadow.agreement_measure`). With
     ``remember``, they are measured once per weights, backend pair and kernel build and then
-    read from the store (``False``: measured every call, nothing kept; for tests)."""
+    read from the store (``False``: measured every call, nothing kept; for tests). The verdict
+    is printed once per process where the agreements were measured now, or with ``report``
+    (the timings were: their progress line named the gated copy, which may not run)."""
     key = _key(runner, gated, fallback) if remember else ""
     fresh = remember and key not in _MEMO
     found = _remembered(runner, key, gated, fallback, measure, store) if remember else None
     agreement, positions, how = found or (measure(runner, (gated, fallback)), POSITIONS, "measured")
     rates = {b: rate(agreement[b], draft_s[b], verify_s) for b in (gated, fallback)}
     verdict = Verdict(gated, fallback, rates[gated] >= rates[fallback], agreement, rates, positions, how)
-    if fresh and how == "measured":
+    if fresh and (how == "measured" or report):
         print(f"selfspec: {verdict.note()}", file=sys.stderr, flush=True)
     return verdict
 

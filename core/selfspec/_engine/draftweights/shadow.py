@@ -285,7 +285,8 @@ def measured_backend(runner, *, measure_agreement=None) -> str:
         fallback, draft_s, verify_s = gate_terms(choice.seconds)
         before = _built_keys(runner.model)
         verdict = gate(runner, choice.chosen, fallback, draft_s, verify_s,
-                       measure=measure_agreement or agreement_measure(runner), remember=measure_agreement is None)
+                       measure=measure_agreement or agreement_measure(runner), remember=measure_agreement is None,
+                       report=not choice.how.startswith("cached"))
         chosen = choice.chosen if verdict.admitted else fallback
         choice = Choice("draft_weights", chosen, f"{choice.how}; {verdict.note()}", choice.seconds, choice.key)
         _drop_built(runner.model, chosen, before)
