@@ -247,7 +247,7 @@ class NativeInt4Avx2Linear(_NativeCompressed):
         built = native_copies.quantize_int4_quad(weight, INT4_GROUP, native.INT4_AVX2_TILE)  # one pass where it runs
         if built is None:
             codes, scale, offset = quantize_groups(weight, INT4_GROUP)
-            built = (native_copies.int4_quad_panels(codes, native.INT4_AVX2_TILE), scale, offset)
+            built = (native.to_int4_quad_panels(codes, native.INT4_AVX2_TILE), scale, offset)
             del codes
         panels, scale, offset = built
         self.register_buffer("panels", panels)

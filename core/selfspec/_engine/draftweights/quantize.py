@@ -36,14 +36,11 @@ def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
     and its range over 15 steps). Where the native kernel runs, its quantizer computes them
     (bitwise the same) in one pass; else torch, :data:`CHUNK_ROWS` rows at a time."""
     if weight.device.type == "cpu" and weight.dtype == torch.float32:
-        from selfspec._engine.runner.native import native_unsupported  # noqa: PLC0415
+        from selfspec._engine.runner.native_copies import quantize_groups as native_quantize  # noqa: PLC0415
 
-        if native_unsupported() is None:
-            from selfspec._engine.runner.native_copies import quantize_groups as native_quantize  # noqa: PLC0415
-
-            done = native_quantize(weight.contiguous(), group)
-            if done is not None:
-                return done
+        done = native_quantize(weight.contiguous(), group)  # None where the kernel cannot run
+        if done is not None:
+            return done
     return quantize_groups_torch(weight, group)
 
 

@@ -50,7 +50,6 @@ from .panels import (  # noqa: F401 (the layouts the kernel reads, named here fo
     VNNI_FINE_ROWS,
     VNNI_TILE,
     from_panels,
-    from_panels_into,
     int4avx2_error_bound,
     rounded_scratch,
     rounding_error_bound,
@@ -326,8 +325,6 @@ def _bind(path: Path) -> ctypes.CDLL:
     for name in ("selfspec_native_to_panels", "selfspec_native_from_panels"):
         getattr(lib, name).restype = None
         getattr(lib, name).argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 4
-    lib.selfspec_native_int4_quad_panels.restype = None
-    lib.selfspec_native_int4_quad_panels.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 4
     lib.selfspec_native_quantize_int4_quad.restype = ctypes.c_int
     lib.selfspec_native_quantize_int4_quad.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5
     lib.selfspec_native_quantize_groups.restype = None

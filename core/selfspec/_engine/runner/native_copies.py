@@ -1,6 +1,7 @@
 """Weights in the native kernel's layouts (:mod:`.native`): :class:`NativeLinear`, the
 ``"native"`` layout's linear on float32 panels, and the one-pass helpers that build copies
-(float32 panels, a weight rebuilt from them, 4-bit groups and their AVX2 panels), each bitwise
+(float32 panels, a weight rebuilt from them, 4-bit groups, and 4-bit groups straight into their
+AVX2 panels), each bitwise
 what the torch definitions in :mod:`.panels` and :mod:`selfspec._engine.draftweights.quantize`
 write, and falling back to them where the kernel cannot take the tensors."""
 
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 from .native import _library, native_linear, native_unsupported, tile
-from .panels import from_panels_into, to_int4_quad_panels, to_panels
+from .panels import from_panels_into, to_panels
 
 
 class NativeLinear(nn.Linear):
@@ -94,7 +95,7 @@ def float_from_panels_into(panels: torch.Tensor, out: torch.Tensor) -> torch.Ten
 
 
 def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The 4-bit groups of :func:`selfspec._engine.draftweights.linears.quantize_groups` (bitwise
+    """The 4-bit groups of :func:`selfspec._engine.draftweights.quantize.quantize_groups` (bitwise
     the same codes, scales and offsets) in one pass on every thread, or ``None`` where the
     kernel cannot take ``weight`` (the caller then quantizes with torch)."""
     w = weight.detach()
@@ -110,23 +111,10 @@ def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
     return codes, scale, offset
 
 
-def int4_quad_panels(codes: torch.Tensor, tile: int) -> torch.Tensor:
-    """:func:`~.panels.to_int4_quad_panels` (bitwise the same panels), by the kernel in one pass
-    where it runs."""
-    if not (codes.dtype == torch.uint8 and codes.device.type == "cpu" and codes.is_contiguous()
-            and native_unsupported() is None):
-        return to_int4_quad_panels(codes, tile)
-    out_f, in_f = codes.shape
-    panels = torch.empty(-(-out_f // tile), -(-in_f // 4), tile // 2, 4, dtype=torch.uint8)
-    _library().selfspec_native_int4_quad_panels(codes.data_ptr(), panels.data_ptr(), out_f, in_f, tile,
-                                                torch.get_num_threads())
-    return panels
-
-
 def quantize_int4_quad(weight: torch.Tensor, group: int,
                        tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``(panels, scale, offset)``: :func:`quantize_groups` of ``weight`` with its codes laid out
-    by :func:`int4_quad_panels` (bitwise the same), in one pass without the codes in between;
+    by :func:`~.panels.to_int4_quad_panels` (bitwise the same), in one pass without the codes in between;
     ``None`` where the kernel cannot take ``weight`` or ``group`` (not a multiple of 4)."""
     w = weight.detach()
     if not _builds_here(w):

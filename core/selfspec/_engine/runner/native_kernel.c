@@ -961,32 +961,7 @@ void selfspec_native_quantize_groups(const float *w, unsigned char *codes, float
     }
 }
 
-/* 4-bit codes [O, I] (uint8, 0..15) as the int4avx2/int4vnni panels, as to_int4_quad_panels lays
-   them out: [tiles, ceil(I / 4), tile / 2, 4] bytes, byte (t, q, j, k) holding the code of output
-   t * tile + j and input 4q + k in its low nibble and that of output t * tile + tile / 2 + j in its
-   high one (padding rows and inputs: code 0). */
-void selfspec_native_int4_quad_panels(const unsigned char *codes, unsigned char *panels, int O, int I, int tile,
-                                      int threads) {
-    const int tiles = (O + tile - 1) / tile, k4 = (I + 3) / 4, half = tile / 2;
-    (void)threads;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        unsigned char *pt = panels + (size_t)t * k4 * half * 4;
-        for (int j = 0; j < half; j++) {
-            const int o1 = t * tile + j, o2 = o1 + half;
-            const unsigned char *c1 = o1 < O ? codes + (size_t)o1 * I : NULL;
-            const unsigned char *c2 = o2 < O ? codes + (size_t)o2 * I : NULL;
-            for (int q = 0; q < k4; q++)
-                for (int k = 0; k < 4; k++) {
-                    const int i = 4 * q + k;
-                    const unsigned lo = c1 && i < I ? c1[i] : 0, hi = c2 && i < I ? c2[i] : 0;
-                    pt[((size_t)q * half + j) * 4 + k] = (unsigned char)(lo | (hi << 4));
-                }
-        }
-    }
-}
-
-/* quantize_groups and int4_quad_panels in one pass, without the codes in between: the 4-bit
+/* quantize_groups and to_int4_quad_panels in one pass, without the codes in between: the 4-bit
    panels [tiles, ceil(I / 4), tile / 2, 4] of w [O, I] (float32) quantized per row and group of
    G inputs, and the rows' scale and offset [O, ceil(I / G)]; bitwise what the two passes write.
    Per tile and group: each row's bounds and codes (a contiguous, vectorized loop into a small
