@@ -20,7 +20,7 @@ class TestFractal(PluginSuite):
                          "draft_vocab": st.sampled_from((0, 16, 48)), "kv": st.sampled_from(("shared", "none"))}
     reach_options = {"draft_weights": "none", "n": 2, "w": 4}  # see b): drafts accepted, deep windows
     # the reach drafts take the kit's 520-token output in under 128 steps; with no fractal layer
-    # and no window (the model's own weights) a step drafts one token: 260 steps (steps>=256)
+    # a step drafts nothing and commits the verification's one token: 520 steps (steps>=256)
     long_options = {"n": 0, "w": 0}
 
     def options_strategy(self, model, declared):
@@ -162,11 +162,28 @@ def test_bitsandbytes_on_cuda():
 
 
 def test_defaults_are_the_cpu_sweeps_best():
-    # n = 2 fractal layers (at most the model's depth) evenly spaced, no placeholder window
-    dec = Decoder(tiny_model("llama", num_hidden_layers=4), "fractal")
-    assert dec.plugin.positions == evenly_spaced(4, 2) and dec.plugin.w == 0
+    # n = 4 fractal layers (at most the model's depth) evenly spaced, no placeholder window
+    dec = Decoder(tiny_model("llama", num_hidden_layers=8), "fractal")
+    assert dec.plugin.positions == evenly_spaced(8, 4) == [1, 3, 5, 7] and dec.plugin.w == 0
+    dec = Decoder(tiny_model("llama", num_hidden_layers=2), "fractal")
+    assert dec.plugin.positions == [0, 1]
     dec = Decoder(tiny_model("llama", num_hidden_layers=1), "fractal")
     assert dec.plugin.positions == [0]
     # the paper's setting stays one option away: n = L/4 = 1 here, w = n
     dec = Decoder(tiny_model("llama", num_hidden_layers=4), "fractal", {"n": 1, "w": 1})
     assert dec.plugin.positions == evenly_spaced(4, 1) and dec.plugin.w == 1
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3, 5, 9])
+def test_drafts_stay_within_the_depth_the_host_keeps(budget):
+    # a pass drafts w + n + 1 tokens: near the budget's end the window shrinks first, then the
+    # fractal layers, so no draft is cut by the host and no row runs past the prompt plus the
+    # budget, even where that is the model's last position
+    L, positions = 8, 24
+    model = tiny_model("llama", num_hidden_layers=L, max_position_embeddings=positions)
+    prompt = [3 + i % 50 for i in range(positions - budget)]
+    result = assert_lossless(model, "fractal", prompt, budget, {"n": 4, "w": 2, "draft_weights": "none"})
+    assert result.stats.truncated_drafts == 0
+    assert len(result.output_ids) == budget
+    if budget >= 3:  # room for a draft with a fractal layer: the early drafts are accepted
+        assert result.stats.accepted > 0
