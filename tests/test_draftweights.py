@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import selfspec
 from selfspec import DraftWeightsError, Runner, draft_weights, skip_layer_draft
-from selfspec._engine.draftweights import built_nbytes, linears, resolve_backend, vocab
+from selfspec._engine.draftweights import built_nbytes, linears, quantize, resolve_backend, vocab
 from selfspec._engine.draftweights.layers import FusedMember, FusedProduct
 from selfspec._engine.runner.native import ENV as NATIVE_ENV
 from selfspec._engine.runner.native import (
@@ -335,7 +335,7 @@ def test_bad_vocabularies_are_refused():
 def test_quantization_is_the_same_in_any_chunking(monkeypatch):
     w = torch.randn(37, 16)
     q_all, s_all = linears.quantize_rows(w)
-    monkeypatch.setattr(linears, "CHUNK_ROWS", 5)  # built a few rows at a time
+    monkeypatch.setattr(quantize, "CHUNK_ROWS", 5)  # built a few rows at a time (the quantizers' own constant)
     q, s = linears.quantize_rows(w)
     assert torch.equal(q, q_all) and torch.equal(s, s_all)
     assert (q.float() * s[:, None] - w).abs().max() <= s.max() / 2 + 1e-6

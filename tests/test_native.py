@@ -310,7 +310,7 @@ def test_the_flags_variable_picks_the_target_and_is_part_of_the_build_key(monkey
 @given(out_f=st.integers(1, 70), in_f=st.integers(1, 300), group=st.sampled_from([7, 32, 128]),
        width=st.sampled_from([4, 8, 16, 32]), seed=st.integers(0, 2**16))
 def test_the_kernels_building_helpers_write_bitwise_what_the_torch_definitions_write(out_f, in_f, group, width, seed):
-    from selfspec._engine.draftweights.linears import quantize_groups, quantize_groups_torch
+    from selfspec._engine.draftweights.quantize import quantize_groups, quantize_groups_torch
     from selfspec._engine.runner.panels import from_panels_into, to_int4_quad_panels
 
     gen = torch.Generator().manual_seed(seed)

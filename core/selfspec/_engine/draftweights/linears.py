@@ -38,11 +38,10 @@ import warnings
 import torch
 from torch import nn
 
-from selfspec._engine.draftweights.quantize import (  # noqa: F401 (the backends' quantizers, named here too)
+from selfspec._engine.draftweights.quantize import (
     CHUNK_ROWS,
     INT4_GROUP,
     quantize_groups,
-    quantize_groups_torch,
     quantize_rows,
 )
 

@@ -182,7 +182,6 @@ def native_linear_i4avx2(x: torch.Tensor, panels: torch.Tensor, gscale: torch.Te
     return y
 
 
-# ------------------------------------------------------------------------------ products
 def native_linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """``x [n, in] @ W.T + bias`` -> ``[n, out_features]``, float32 on CPU, ``W`` as
     :func:`to_panels` laid it out. ``x`` must be contiguous."""

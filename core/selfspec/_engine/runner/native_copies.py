@@ -32,7 +32,7 @@ class NativeLinear(nn.Linear):
     @property
     def weight(self) -> torch.Tensor:  # type: ignore[override]
         """The ``[out, in]`` weight, rebuilt from the panels (a new tensor on every access)."""
-        return self.weight_into(torch.empty(self.out_features, self.in_features, dtype=self.panels.dtype))
+        return self.weight_rows(self.out_features)
 
     def weight_spec(self) -> tuple[torch.Size, torch.dtype, torch.device]:
         """The weight's shape, dtype and device, without rebuilding it."""

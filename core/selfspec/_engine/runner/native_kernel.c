@@ -882,7 +882,7 @@ void selfspec_native_linear_i4vnni(const float *x, const unsigned char *panels, 
 
 /* ---- building the copies: rearrangements and quantization, threads over tiles or rows ------
    What the runner and the draft weights do once per weight when they are built. Each writes
-   what the torch code in panels.py and linears.py writes, bitwise (a rearrangement; the
+   what the torch code in panels.py and draftweights/quantize.py writes, bitwise (a rearrangement; the
    quantizer with the same IEEE float32 operations in the same order), in one pass and on
    every thread, where torch's strided copies and chains of whole-tensor operations take
    several passes, each into new memory. */
