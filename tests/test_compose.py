@@ -23,6 +23,7 @@ from selfspec._engine.composetree import (
     Trie,
     cut,
     node_values,
+    without_member,
     worth_calling,
 )
 from selfspec._engine.costcurve import CostCurve
@@ -168,6 +169,50 @@ def test_a_choice_not_taken_for_long_is_measured_again():
         steps += 1
         assert steps < 500
     assert out.rate(False) is None and steps > 10
+
+
+def test_a_step_without_a_member_commits_the_path_through_the_other_members_nodes():
+    # merged draft: 0 -> 1 (member 0 = the free draft), 0 -> 2 -> 3 (member 1), node 0 shared
+    trie = Trie()
+    trie.add([7, 8], None, 0)
+    trie.add([7, 9, 4], None, 1)
+    args = (trie.tokens, trie.parents, trie.owners)
+    assert without_member([7, 8, 5], *args, member=1) == (3, 3)  # member 0's path: all of it is kept
+    assert without_member([7, 9, 4, 6], *args, member=1) == (2, 3)  # past node 0 the path was member 1's
+    assert without_member([7, 9, 4, 6], *args, member=0) == (4, 4)
+    assert without_member([6], *args, member=1) == (1, 3)  # nothing accepted: the bonus alone
+
+
+def test_a_called_step_measures_the_skip_choice_too():
+    """With the counterfactual, the steps that call a member measure both choices, so the rule
+    never skips it only to find out what skipping gives (a free draft that is never right)."""
+    out = CallOutcomes()
+    for _ in range(3):
+        out.observe(True, tokens=6, forwards=2.0, skipped=(1, 1.0))
+    assert out.rate(True) == pytest.approx(3.0) and out.rate(False) == pytest.approx(1.0)
+    assert out.choose(predicted=False) is True
+    blind = CallOutcomes()  # without it, the unmeasured skip is explored
+    for _ in range(3):
+        blind.observe(True, tokens=6, forwards=2.0)
+    assert blind.choose(predicted=True) is False
+
+
+def test_the_counterfactual_takes_the_members_proposing_and_its_nodes_verify_share_off():
+    comp = Composer("x+y", [])
+    comp.curve = CostCurve((1, 5), (1.0, 2.0))  # each row a quarter of a forward
+    comp.forward_s, comp.forward_w = 1.0, 1.0  # a forward is one second
+    trie = Trie()
+    trie.add([7, 8], None, 0)
+    trie.add([7, 9, 4], None, 1)
+    comp._verified, comp._width = (trie.tokens, trie.parents, trie.owners), 5
+    m = type("M", (), {"index": 1})()
+    step = [_Proposal(m, [7, 9, 4], None, [0, 2, 3], 0.5)]  # type: ignore[arg-type]
+    verdict = Verdict(accepted=(7, 9, 4), bonus=6, accepted_nodes=(0, 2, 3), kv_slots=(0, 1, 3, 4))
+    tokens, forwards = comp.without(m, step, verdict, took=3.0, verify=2.0)  # type: ignore[arg-type,misc]
+    assert tokens == 2  # the shared first node, then the bonus
+    assert forwards == pytest.approx(3.0 - 0.5 - 2.0 * (1 - 1.5 / 2.0))
+    comp.counterfactual = False
+    assert comp.without(m, step, verdict, took=3.0, verify=2.0) is None  # type: ignore[arg-type]
 
 
 def test_the_measured_choices_start_afresh_in_every_decode():

@@ -9,8 +9,8 @@ and each step:
    cache state (the cache is cropped back to the committed prefix after every member), skipping
    a member the cheap-first rule finds not worth its cost once a draft exists (predicted by
    :func:`~selfspec._engine.composetree.worth_calling` until the tokens per forward of the steps
-   that called it and of those that skipped it are measured,
-   :class:`~selfspec._engine.composetree.CallOutcomes`); a member sees the draft merged so far as
+   that called it and of those that skipped it, or would have (option ``counterfactual``), are
+   measured, :class:`~selfspec._engine.composetree.CallOutcomes`); a member sees the draft merged so far as
    ``state.prior`` (valued by :func:`~selfspec._engine.composetree.node_values`), which it may
    extend; every member draft is checked and cut like a single plugin's and any error names
    the member;
@@ -46,6 +46,7 @@ from selfspec._engine.composetree import (
     Trie,
     cut,
     node_values,
+    without_member,
     worth_calling,
 )
 from selfspec._engine.draftcheck import (
@@ -165,6 +166,7 @@ class Composer:
         self.members = members
         self.budget: int | None = None
         self.cheap_first = True
+        self.counterfactual = True
         self.curve: Callable[[int], float] | None = None
         self.forward_s = 0.0  # running one-token full-forward seconds (from the verify phase)
         self.forward_w = 0.0
@@ -174,6 +176,7 @@ class Composer:
         self._t_start = 0.0
         self._remap: dict[int, int] = {}
         self._width = 1
+        self._verified: tuple[list[int], list[int], list[set[int]]] = ([], [], [])
         self._t_proposed = 0.0
 
     @classmethod
@@ -195,6 +198,9 @@ class Composer:
                         "expected tokens per unit of cost on this machine's cost curve) or N", check=check_budget))
         register(Option("cheap_first", bool, True, "skip a member whose expected extra accepted tokens do not pay "
                         "for its proposing and verify cost, given the draft the cheaper members made"))
+        register(Option("counterfactual", bool, True, "measure what skipping a member gives from the steps that "
+                        "call it (the step less its nodes and its proposing time), instead of skipping it to "
+                        "find out"))
         for m in self.members:
             for opt in declared_options(m.pm).values():
                 register(_prefixed(opt, m.name))
@@ -204,6 +210,7 @@ class Composer:
         spec = str(options["budget"]).strip().lower()
         self.budget = None if spec == "auto" else int(spec)
         self.cheap_first = bool(options["cheap_first"])
+        self.counterfactual = bool(options["counterfactual"])
         from selfspec._engine.costcurve import cost_curve
 
         self.curve = cost_curve(runner)
@@ -267,6 +274,7 @@ class Composer:
         keep = cut(node_values(trie, stats), self.curve if self.budget is None else None, spent, self.budget)
         tokens, parents, self._remap = trie.subtree(keep)
         self._width = len(tokens) + 1
+        self._verified = (tokens, parents, [trie.owners[i] for i in sorted(keep)])
         self._t_proposed = time.perf_counter()
         ids = torch.tensor(tokens, dtype=torch.long, device=dev)
         if parents == list(range(-1, len(parents) - 1)):
@@ -283,7 +291,8 @@ class Composer:
         if self._judged:  # the cheap-first choices of this step, and what the step gave
             took = self.forwards(time.perf_counter() - self._t_start)
             for m, called in self._judged:
-                m.outcomes.observe(called, len(verdict.committed), took)
+                m.outcomes.observe(called, len(verdict.committed), took,
+                                   self.without(m, step, verdict, took, self.forwards(seconds)) if called else None)
         mine = [self.member_verdict(p, verdict) for p in step]
         longest = max((len(v.accepted) for v in mine), default=0)
         for p, v in zip(step, mine):
@@ -309,6 +318,20 @@ class Composer:
         """``seconds`` in one-token full forwards: over the mean one-forward time measured from
         the verify phases so far (0 before any was measured)."""
         return seconds * self.forward_w / self.forward_s if self.forward_s else 0.0
+
+    def without(self, m: Member, step: Sequence[_Proposal], verdict: Verdict, took: float,
+                verify: float) -> tuple[int, float] | None:
+        """``(tokens, forwards)`` this step would have given without ``m`` (which it called
+        after a cheaper draft): the path through the other members' verified nodes
+        (:func:`~selfspec._engine.composetree.without_member`), for the step's forwards less
+        ``m``'s proposing time and its nodes' share of the verification (``verify`` forwards,
+        scaled on the cost curve); None with ``counterfactual`` off or before a cost is known."""
+        if not self.counterfactual or self.curve is None or not took:
+            return None
+        tokens, width = without_member(verdict.committed, *self._verified, m.index)
+        own = sum(self.forwards(p.seconds) for p in step if p.member is m)
+        saved = verify * (1.0 - self.curve(width) / self.curve(self._width))
+        return tokens, max(took - own - saved, 1e-9)
 
     def order(self) -> list[Member]:
         """Members in proposing order: by measured proposing cost, cheapest first (a member not

@@ -16,9 +16,10 @@ Pure functions and small records, no model: :mod:`selfspec._engine.compose` call
   expected extra accepted tokens pay for its proposing cost and its nodes' verify cost.
   :class:`CallOutcomes` then measures the rule's two choices: tokens committed per forward of
   the steps in which the member was called after a cheaper draft, and of those in which it
-  was skipped. Once both are measured the faster one decides (the member's own statistics are
-  gathered only on the steps it is called, which the rule picks: they cannot say what it
-  would have given on the steps it skipped).
+  was skipped, or would have been (:func:`without_member`: a step that called it, less its
+  nodes and its proposing time). Once both are measured the faster one decides (the member's
+  own statistics are gathered only on the steps it is called, which the rule picks: they
+  cannot say what it would have given on the steps it skipped).
 """
 
 from __future__ import annotations
@@ -236,15 +237,22 @@ class CallOutcomes:
     forwards: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     weight: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
 
-    def observe(self, called: bool, tokens: int, forwards: float) -> None:
+    def observe(self, called: bool, tokens: int, forwards: float,
+                skipped: tuple[int, float] | None = None) -> None:
         """One judged step: the member was ``called`` or not; the step committed ``tokens`` in
-        ``forwards``."""
+        ``forwards``. ``skipped``: for a step that called it, ``(tokens, forwards)`` the same step
+        would have given without it (:func:`without_member`), measured for the skip choice in
+        the same step."""
         for xs in (self.tokens, self.forwards, self.weight):
             for k in xs:
                 xs[k] *= DECAY
         self.tokens[called] += tokens
         self.forwards[called] += forwards
         self.weight[called] += 1.0
+        if called and skipped is not None:
+            self.tokens[False] += skipped[0]
+            self.forwards[False] += skipped[1]
+            self.weight[False] += 1.0
 
     def rate(self, called: bool) -> float | None:
         """Tokens per forward of the steps with that choice; None below :data:`MIN_OUTCOMES`."""
@@ -261,3 +269,31 @@ class CallOutcomes:
         if call is None or skip is None:
             return call is None
         return call >= skip
+
+
+def without_member(committed: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                   owners: Sequence[set[int]], member: int) -> tuple[int, int]:
+    """What a verified step would have committed without ``member``'s draft: ``(tokens,
+    width)``, the committed path's longest prefix among the verified nodes (``tokens``,
+    ``parents``, ``owners`` of the merged draft as verified) that another member proposed, plus
+    its bonus token, and the verified block's width (the pending token and those nodes).
+
+    ``committed`` is the step's committed tokens (its accepted path, then the bonus). A step
+    without the member verifies the same tree less the nodes only it proposed, so the same
+    verification accepts the same path as far as it runs through the others' nodes (the
+    drafts the others would have made without it as ``state.prior`` are not known: they are
+    taken to be the ones they made)."""
+    children: dict[int, dict[int, int]] = {}
+    others = 0
+    for i, tok in enumerate(tokens):
+        if owners[i] - {member}:
+            children.setdefault(parents[i], {})[int(tok)] = i
+            others += 1
+    cur, a = -1, 0
+    for tok in committed[:-1]:
+        nxt = children.get(cur, {}).get(int(tok))
+        if nxt is None:
+            break
+        cur, a = nxt, a + 1
+    return a + 1, others + 1
+

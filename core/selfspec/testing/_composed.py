@@ -12,7 +12,7 @@ the composed decode: one merged draft verified in one pass, each member given th
 its own draft. The audit checks every member's hooks as they return, so a lossy member fails
 with an error naming the member, not the composition.
 
-Options: a composition declares its own (``budget``, ``cheap_first``) and each member's as
+Options: a composition declares its own (``budget``, ``cheap_first``, ``counterfactual``) and each member's as
 ``MEMBER.name``. Only the composition's own and the member options named in
 ``option_strategies`` are drawn; every other member option keeps its default (members' options
 often constrain each other: the member's own suite explores them).
@@ -40,7 +40,7 @@ class ComposedSuite(PluginSuite):
         plugin_object: ``{member: class, module or instance}`` for members that are not
             installed (a plugin under development, the authoring template).
         option_strategies: strategies for ``MEMBER.option`` names (and ``budget``,
-            ``cheap_first``); other member options keep their defaults.
+            ``cheap_first``, ``counterfactual``); other member options keep their defaults.
 
     Returns:
         Nothing; its tests pass or fail with a ``LosslessError`` naming the hook, the step and
