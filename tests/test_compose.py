@@ -215,24 +215,6 @@ def test_the_counterfactual_takes_the_members_proposing_and_its_nodes_verify_sha
     assert comp.without(m, step, verdict, took=3.0, verify=2.0) is None  # type: ignore[arg-type]
 
 
-def test_an_unmeasured_member_is_called_with_the_counterfactual_and_predicted_without():
-    # a long confident free draft: the prediction skips the costly member; with the
-    # counterfactual on, calling it measures both choices, so it is called until they are measured
-    from selfspec._engine.compose import Member
-
-    comp = Composer("x+y", [])
-    comp.curve = CostCurve((1, 16), (1.0, 1.3))
-    costly = _stats([0.9, 0.8], lengths={0: 2, 1: 3, 2: 5}, cost=0.6, size=2)
-    m = Member("y", 1, None, None, stats=costly)  # type: ignore[arg-type]
-    assert comp.judge(m, covered=5.0, nodes=6, spent=0.0) is True
-    comp.counterfactual = False
-    assert comp.judge(m, covered=5.0, nodes=6, spent=0.0) is False
-    for _ in range(3):
-        m.outcomes.observe(True, tokens=2, forwards=2.0, skipped=(6, 1.0))
-    comp.counterfactual = True
-    assert comp.judge(m, covered=5.0, nodes=6, spent=0.0) is False  # measured: skipping is faster
-
-
 def test_the_measured_choices_start_afresh_in_every_decode():
     """A decode's cheap-first outcomes are its own: what an earlier prompt measured (a prompt
     that copies, say) does not decide for the next."""

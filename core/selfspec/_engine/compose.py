@@ -246,7 +246,7 @@ class Composer:
         for m in self.order():
             values = node_values(trie, stats) if len(trie) else []
             if self.cheap_first and values and self.curve is not None and self.forward_w:
-                called = self.judge(m, sum(values), len(trie), spent)
+                called = m.outcomes.choose(worth_calling(m.stats, sum(values), len(trie), spent, self.curve))
                 self._judged.append((m, called))
                 if not called:
                     m.stats.skipped()
@@ -298,6 +298,7 @@ class Composer:
         for p, v in zip(step, mine):
             m = p.member
             kept = [i for i, n in enumerate(p.where) if n in self._remap]
+            depth = 0
             depths: list[int] = []
             for i in range(len(p.tokens)):
                 par = (i - 1) if p.parents is None else p.parents[i]
@@ -317,13 +318,6 @@ class Composer:
         """``seconds`` in one-token full forwards: over the mean one-forward time measured from
         the verify phases so far (0 before any was measured)."""
         return seconds * self.forward_w / self.forward_s if self.forward_s else 0.0
-
-    def judge(self, m: Member, covered: float, nodes: int, spent: float) -> bool:
-        """Call ``m`` after a draft of ``nodes`` nodes worth ``covered`` tokens for ``spent`` forwards?
-        The faster measured choice; unmeasured: call it with ``counterfactual`` on (that measures
-        both), else the prediction (:func:`~selfspec._engine.composetree.worth_calling`)."""
-        assert self.curve is not None
-        return m.outcomes.choose(self.counterfactual or worth_calling(m.stats, covered, nodes, spent, self.curve))
 
     def without(self, m: Member, step: Sequence[_Proposal], verdict: Verdict, took: float,
                 verify: float) -> tuple[int, float] | None:
