@@ -10,9 +10,9 @@ and each step:
    a member the cheap-first rule finds not worth its cost once a draft exists (predicted by
    :func:`~selfspec._engine.composetree.worth_calling` until the tokens per forward of the steps
    that called it and of those that skipped it, or would have (option ``counterfactual``), are
-   measured, :class:`~selfspec._engine.composetree.CallOutcomes`); a member sees the draft merged so far as
-   ``state.prior`` (valued by :func:`~selfspec._engine.composetree.node_values`), which it may
-   extend; every member draft is checked and cut like a single plugin's and any error names
+   measured, :class:`~selfspec._engine.composetree.CallOutcomes`); a member sees the draft
+   merged so far as ``state.prior`` (valued by
+   :func:`~selfspec._engine.composetree.node_values`), which it may extend; every member draft is checked and cut like a single plugin's and any error names
    the member;
 2. merges the drafts into one trie (a shared prefix is one node, each node remembers its
    members) and keeps the nodes that maximise expected committed tokens per unit of cost on
@@ -44,6 +44,7 @@ from selfspec._engine.composetree import (
     CallOutcomes,
     MemberStats,
     Trie,
+    committed_path,
     cut,
     node_values,
     without_member,
@@ -348,14 +349,7 @@ class Composer:
             if p.where[i] in self._remap:
                 par = (i - 1) if p.parents is None else p.parents[i]
                 children.setdefault(par, {}).setdefault(tok, i)
-        path: list[int] = []
-        cur = -1
-        for tok in committed[:-1]:  # never past the verdict's own accepted path
-            nxt = children.get(cur, {}).get(tok)
-            if nxt is None:
-                break
-            path.append(nxt)
-            cur = nxt
+        path = committed_path(children, committed)
         a = len(path)
         merged = [self._remap[p.where[i]] for i in path]
         logits = None

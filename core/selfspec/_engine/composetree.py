@@ -289,11 +289,20 @@ def without_member(committed: Sequence[int], tokens: Sequence[int], parents: Seq
         if owners[i] - {member}:
             children.setdefault(parents[i], {})[int(tok)] = i
             others += 1
-    cur, a = -1, 0
+    return len(committed_path(children, committed)) + 1, others + 1
+
+
+def committed_path(children: dict[int, dict[int, int]], committed: Sequence[int]) -> list[int]:
+    """The nodes of the committed path's longest prefix in a draft given as ``children``
+    (``{parent: {token: node}}``, ``-1`` the pending token), never past the step's accepted
+    tokens (``committed`` ends with the bonus)."""
+    path: list[int] = []
+    cur = -1
     for tok in committed[:-1]:
         nxt = children.get(cur, {}).get(int(tok))
         if nxt is None:
             break
-        cur, a = nxt, a + 1
-    return a + 1, others + 1
+        path.append(nxt)
+        cur = nxt
+    return path
 

@@ -40,8 +40,8 @@ class Decoder:
             ``+`` (``"lookup+selfsd"``) or listed (``["lookup", "selfsd"]``): a composed draft
             (``docs/api.md``, "Composed drafts").
         options: the plugin's options (``{"ngram": 3}``), validated against its declaration; a
-            composition's are its own (``budget``, ``cheap_first``, ``counterfactual``) and each member's under
-            ``MEMBER.name`` (``{"selfsd.gamma": 0.5}``).
+            composition's are its own (``budget``, ``cheap_first``, ``counterfactual``) and each
+            member's under ``MEMBER.name`` (``{"selfsd.gamma": 0.5}``).
         tokenizer: the model's tokenizer, passed to ``selfspec_setup`` and used for
             ``Result.text`` and the default EOS ids.
         plugin_object: a class, instance or module to register under ``plugin`` instead of

@@ -12,8 +12,8 @@ the composed decode: one merged draft verified in one pass, each member given th
 its own draft. The audit checks every member's hooks as they return, so a lossy member fails
 with an error naming the member, not the composition.
 
-Options: a composition declares its own (``budget``, ``cheap_first``, ``counterfactual``) and each member's as
-``MEMBER.name``. Only the composition's own and the member options named in
+Options: a composition declares its own (``budget``, ``cheap_first``, ``counterfactual``) and
+each member's as ``MEMBER.name``. Only the composition's own and the member options named in
 ``option_strategies`` are drawn; every other member option keeps its default (members' options
 often constrain each other: the member's own suite explores them).
 """
