@@ -16,7 +16,7 @@ from selfspec._engine.artefacts import ArtefactStore
 from selfspec._engine.draftweights import agreement, shadow
 from selfspec.testing import tiny_model
 
-SECONDS = {"int8": {1: 0.060, 4: 0.060}, "none": {1: 0.200, 4: 0.300}, "int4avx2": {1: 0.036, 4: 0.048}}
+SECONDS = {"int8": {1: 0.060, 4: 0.060}, "none": {1: 0.200, 4: 0.300}, "int4": {1: 0.036, 4: 0.048}}
 
 
 @pytest.fixture(autouse=True)
@@ -58,24 +58,24 @@ def test_rate_is_the_best_chain_length_of_committed_tokens_per_second():
 
 @pytest.mark.parametrize(("gated", "fallback", "admitted"), [(0.95, 0.97, True), (0.80, 0.97, False)])
 def test_a_4bit_winner_runs_only_when_its_rate_beats_the_fallbacks(monkeypatch, gated, fallback, admitted):
-    _speed_says(monkeypatch, "int4avx2")
-    measure = _agree({"int4avx2": gated, "int8": fallback})
+    _speed_says(monkeypatch, "int4")
+    measure = _agree({"int4": gated, "int8": fallback})
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     chosen = shadow.measured_backend(runner, measure_agreement=measure)
-    assert chosen == ("int4avx2" if admitted else "int8")
-    assert measure.calls == [("int4avx2", "int8")]  # against the fastest ungated copy
+    assert chosen == ("int4" if admitted else "int8")
+    assert measure.calls == [("int4", "int8")]  # against the fastest ungated copy
     how = runner.choices["draft_weights"].how
     assert ("admitted" if admitted else "refused") in how and f"{gated:.3f}" in how
     assert runner.choices["draft_weights"].seconds == SECONDS  # the timings that chose it are kept
 
 
 def test_the_fallback_is_the_fastest_ungated_copy(monkeypatch):
-    seconds = {**SECONDS, "int8native": {1: 0.040, 4: 0.050}}
-    _speed_says(monkeypatch, "int4avx2", seconds)
-    measure = _agree({"int4avx2": 0.5, "int8native": 0.97})
+    seconds = {**SECONDS, "int8-intmm": {1: 0.040, 4: 0.050}}
+    _speed_says(monkeypatch, "int4", seconds)
+    measure = _agree({"int4": 0.5, "int8-intmm": 0.97})
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
-    assert shadow.measured_backend(runner, measure_agreement=measure) == "int8native"
-    assert measure.calls == [("int4avx2", "int8native")]
+    assert shadow.measured_backend(runner, measure_agreement=measure) == "int8-intmm"
+    assert measure.calls == [("int4", "int8-intmm")]
 
 
 def test_an_ungated_winner_is_not_gated(monkeypatch):
@@ -118,9 +118,9 @@ def test_the_measured_agreement_is_kept_per_weights_and_read_back(monkeypatch):
 
 
 def test_the_verdict_note_names_both_copies_and_the_outcome():
-    v = agreement.Verdict("int4avx2", "int8", True, {"int4avx2": 0.948, "int8": 0.979},
-                          {"int4avx2": 11.4, "int8": 10.8}, 96)
-    assert v.note() == ("int4avx2 agrees 0.948 with the model, int8 0.979 (96 positions, measured; "
+    v = agreement.Verdict("int4", "int8", True, {"int4": 0.948, "int8": 0.979},
+                          {"int4": 11.4, "int8": 10.8}, 96)
+    assert v.note() == ("int4 agrees 0.948 with the model, int8 0.979 (96 positions, measured; "
                         "11.4 against 10.8 tokens/s by the rule): admitted")
 
 
@@ -134,8 +134,8 @@ def test_the_weights_digest_names_the_weights_not_their_layout():
 def test_measuring_keeps_only_the_gated_copy_it_built_and_every_copy_built_before():
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     backends = lambda: {k[0] for k in shadow._LAYERS.get(runner.model, {})}  # noqa: E731
-    shadow.agreement_measure(runner)(runner, ("int8wo", "int8"), tokens=12, positions=8)
-    assert backends() == {"int8wo"}  # the fallback's copy, built for the measurement, is freed
+    shadow.agreement_measure(runner)(runner, ("int8-weights", "int8"), tokens=12, positions=8)
+    assert backends() == {"int8-weights"}  # the fallback's copy, built for the measurement, is freed
     kept = draft_weights(runner, "int8")
-    shadow.agreement_measure(runner)(runner, ("int8wo", "int8"), tokens=12, positions=8)
-    assert backends() == {"int8wo", "int8"} and draft_weights(runner, "int8").layers is kept.layers
+    shadow.agreement_measure(runner)(runner, ("int8-weights", "int8"), tokens=12, positions=8)
+    assert backends() == {"int8-weights", "int8"} and draft_weights(runner, "int8").layers is kept.layers

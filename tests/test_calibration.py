@@ -20,9 +20,9 @@ from selfspec._engine.calibration import (
     choose_weight_layout,
     decide,
 )
+from selfspec._engine.formats import candidates
 from selfspec._engine.machine import cpu_capability
 from selfspec._engine.runner.layout import packing_unsupported
-from selfspec._engine.runner.native import native_unsupported
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128)
@@ -167,8 +167,7 @@ def test_a_real_measurement_is_saved_reused_and_reported_in_the_stats(capsys):
     assert "measuring which weight layout is fastest here" in err and "weight layout" in err
     choice = dec.runner.choices["weight_layout"]
     assert choice.how == "measured" or choice.how.startswith("static:")
-    native = {"native"} if native_unsupported() is None else set()
-    assert set(choice.seconds) == {"model", "transposed", "packed"} | native
+    assert set(choice.seconds) == set(candidates("layout", "cpu", torch.float32))
     assert all(s > 0 for ws in choice.seconds.values() for s in ws.values())
     assert dec.runner.weight_layout == choice.chosen
     saved = list(calibration.STORE.path("x").parent.glob("weight_layout-*.json"))
@@ -207,20 +206,21 @@ def test_a_choice_measured_on_a_busy_machine_is_kept_while_busy_and_measured_aga
     assert Decoder(model, "vanilla").runner.choices["weight_layout"].how.startswith("cached")
 
 
-@pytest.mark.skipif(not PACKS or native_unsupported() is not None, reason="packed or native cannot run here")
-@pytest.mark.parametrize("switched_off", [False, True])
-def test_auto_measures_the_native_layout_where_it_runs_and_picks_it_when_fastest(monkeypatch, switched_off):
-    from selfspec._engine.runner import Runner, native
+@pytest.mark.skipif(not PACKS, reason="packed cannot run here")
+@pytest.mark.parametrize("fastest", ["packed-mkl", "transposed"])
+def test_auto_measures_every_registered_layout_that_runs_here_and_picks_the_fastest(monkeypatch, fastest):
+    from selfspec._engine.runner import Runner
 
-    if switched_off:
-        monkeypatch.setenv(native.ENV, "0")
-    fake = _fake({"model": 3.0, "transposed": 2.0, "packed": 1.0, "native": 0.5})
+    runs = candidates("layout", "cpu", torch.float32)
+    if fastest not in runs:
+        pytest.skip(f"{fastest} does not run here")
+    fake = _fake({c: 0.5 if c == fastest else 3.0 for c in runs})
     real = calibration.choose_weight_layout
     monkeypatch.setattr(calibration, "choose_weight_layout", lambda *a, **k: real(*a, **k, measure=fake))
     r = Runner(_model())
     choice = r.choices["weight_layout"]
-    assert set(choice.seconds) == {"model", "transposed", "packed"} | (set() if switched_off else {"native"})
-    assert r.weight_layout == choice.chosen == ("packed" if switched_off else "native")
+    assert set(choice.seconds) == set(runs) >= {"model", "transposed", "packed"}
+    assert r.weight_layout == choice.chosen == fastest
 
 
 def test_an_explicit_layout_is_never_measured(capsys):
@@ -261,10 +261,10 @@ def test_a_new_candidate_is_measured_again_not_answered_from_an_earlier_choice()
     args = (model, list(ad.layers), ad.lm_head)
     first = choose_weight_layout(*args, static="model", candidates=["model", "transposed"],
                                  measure=_fake({"model": 1.0, "transposed": 2.0}))
-    again = choose_weight_layout(*args, static="model", candidates=["model", "transposed", "native"],
-                                 measure=_fake({"model": 1.0, "transposed": 2.0, "native": 0.5}))
-    assert first.chosen == "model" and set(again.seconds) == {"model", "transposed", "native"}
-    assert again.chosen == "native" and again.key != first.key
+    again = choose_weight_layout(*args, static="model", candidates=["model", "transposed", "packed"],
+                                 measure=_fake({"model": 1.0, "transposed": 2.0, "packed": 0.5}))
+    assert first.chosen == "model" and set(again.seconds) == {"model", "transposed", "packed"}
+    assert again.chosen == "packed" and again.key != first.key
 
 
 def test_a_cached_choice_is_read_without_sampling_the_model(monkeypatch):

@@ -230,20 +230,16 @@ def test_plugins_text_and_json(tmp_path):
     # measures, then what it measured on this machine
     lines = r.stdout.splitlines()
     host = next(line for line in lines if line.startswith("host: "))
-    assert lines[lines.index(host) + 1].startswith("measured here")
+    assert lines[lines.index(host) + 1].startswith("weight formats")
+    assert any(line.startswith("measured here") for line in lines[lines.index(host):])
     assert host.startswith("host: ") and "float32: packed" in host and "float64: model" in host
-    # and which of the native kernel's draft weights run here (each one resolve_backend accepts)
-    from selfspec._engine.draftweights import NATIVE_BACKENDS, DraftWeightsError, resolve_backend
-    from selfspec._engine.runner.native import native_unsupported
+    # then every registered weight format, each saying whether it runs here or why not
+    from selfspec._engine.formats import weight_formats
 
-    if native_unsupported() is None:
-        listed = host.split("its draft weights here: ")[1].split(", ")
-        for backend in NATIVE_BACKENDS:
-            try:
-                resolve_backend(backend, torch.device("cpu"))
-                assert backend in listed
-            except DraftWeightsError:
-                assert backend not in listed
+    listed = lines[lines.index(host) + 2:]
+    for name, fmt in weight_formats().items():
+        line = next(x for x in listed if x.split(":")[0].split() == [fmt.role, name])
+        assert ("runs here" in line) == (fmt.why_not("cpu", torch.float32) is None)
     entries = json.loads(invoke("plugins", "--json").stdout)
     vanilla = next(e for e in entries if e["name"] == "vanilla")
     assert vanilla["version"] and vanilla["options"] == [] and vanilla["hooks"]

@@ -32,6 +32,7 @@ def test_the_hook_set():
     assert HOOKS == sorted([
         "selfspec_options", "selfspec_commands", "selfspec_setup", "selfspec_start", "selfspec_end",
         "selfspec_propose", "selfspec_verify", "selfspec_cache", "selfspec_update_policy",
+        "selfspec_weight_formats",
     ])
     assert {h for h in HOOKS if spec_opts(h).get("firstresult")} == {"selfspec_propose", "selfspec_verify"}
 

@@ -211,16 +211,16 @@ DRAFTING = {"draft_weights": Option("draft_weights", str, "auto", "weights", cho
 @given(data=st.data())
 def test_an_option_strategy_may_depend_on_the_model(data):
     """A callable option strategy is called with the model; ``draft_weights`` draws only the
-    backends that run on the model's device (on a CPU never ``bnb``)."""
+    backends that run on the model's device (on a CPU never a GPU-only format)."""
     model = tiny_model("llama", dtype=torch.float32)
-    drawn = data.draw(sst.options(DRAFTING, strategies={"draft_weights": lambda m: sst.draft_weights(m, ("int8", "bnb"))},
+    drawn = data.draw(sst.options(DRAFTING, strategies={"draft_weights": lambda m: sst.draft_weights(m, ("int8", "gpu-only"))},
                                   model=model))
     assert drawn.get("draft_weights", "int8") == "int8"
 
 
 def test_draft_weights_strategy_refuses_when_nothing_runs():
     with pytest.raises(ValueError, match="runs on cpu"):
-        sst.draft_weights(tiny_model("llama", dtype=torch.float32), ("bnb",))
+        sst.draft_weights(tiny_model("llama", dtype=torch.float32), ("gpu-only",))
 
 
 @given(draft=sst.drafts(max_nodes=6), prompt=sst.prompts(min_len=2, max_len=5), n=sst.lengths(3, 9))

@@ -44,7 +44,7 @@ def _pass(runner: Runner, weights, width: int, *, lean: bool, write: bool, tree:
 
 
 @pytest.mark.parametrize("arch", LEAN_ARCHS)
-@pytest.mark.parametrize(("backend", "dtype"), [("int8", torch.float32), ("int8wo", torch.float32),
+@pytest.mark.parametrize(("backend", "dtype"), [("int8", torch.float32), ("int8-weights", torch.float32), ("int8-intmm", torch.float32),
                                                 ("int8", torch.bfloat16)])
 def test_a_draft_pass_on_lean_blocks_equals_the_modules_pass(arch, backend, dtype):  # a)
     model = tiny_model(arch, dtype=dtype)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How a forward's time splits between the weight products and the rest, per block width.
 
-    python lab/scripts/forward_split.py [--model qwen2.5-coder-1.5b] [--layout native]
+    python lab/scripts/forward_split.py [--model qwen2.5-coder-1.5b] [--layout packed]
         [--widths 1,4,8] [--repeats 6] [--threads 2] [--json FILE]
 
 ``bench``'s roofline holds ``vanilla`` against the machine's streaming read over the bytes of
@@ -10,7 +10,7 @@ attention, cache writes, activations, the Python of the layer loop) is what keep
 limit, and a verification block's extra cost over one token is what its products and that rest
 add with the width. This script runs the runner's forward of ``--widths`` new tokens (a chain,
 every row's logits, as a verification asks) after a cached prompt of about 60 tokens, times
-each call of the layout's product modules inside it (``native``: ``NativeLinear``; the others:
+each call of the layout's product modules inside it (``packed``: ``PackedLinear``; the others:
 ``nn.Linear`` and the layout's linear modules) and prints, for the fastest of ``--repeats``
 forwards, the forward's wall time, the products' and the rest.
 """
@@ -36,7 +36,7 @@ PROMPT = "Write a Python function that checks whether a number is prime, with te
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lab/scripts/forward_split.py", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--layout", default="native")
+    ap.add_argument("--layout", default="packed")
     ap.add_argument("--widths", default="1,4,8")
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)

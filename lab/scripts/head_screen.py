@@ -15,7 +15,7 @@ prompts (teacher-forced, the first ``--tokens`` tokens of each), checks that the
 (float64) is always among them, and does the same for int8 activations as PyTorch's dynamic
 int8 kernel rounds them (one scale per row: ``(max − min) / 255``), whose bound adds
 ``step / 2 · ||ŵ_v||_1``. It then times, at 1 and 8 rows, the runner's float32 head against
-the native kernel's int8 head (float32 activations) plus the float32 rows of 32 candidates.
+the int8-weights head (float32 activations) plus the float32 rows of 32 candidates.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from selfspec._engine.draftweights.linears import LINEARS
+from selfspec._engine.draftweights.layers import draft_linear
 from selfspec._engine.machine import machine_info
 from selfspec._engine.runner import Runner
 from selfspec.app._data import load_task
@@ -111,9 +111,9 @@ def screen(X: torch.Tensor, W: torch.Tensor, *, activations: bool) -> dict:
 
 
 def timings(runner: Runner, W: torch.Tensor, X: torch.Tensor, repeats: int) -> dict:
-    """Median ms of the runner's float32 head, the native int8 head and 32 float32 rows."""
+    """Median ms of the runner's float32 head, the int8-weights head and 32 float32 rows."""
     head = runner.adapter.lm_head
-    int8 = LINEARS["int8native"](W, None)
+    int8 = draft_linear("int8-weights", W, None)
     rows = W[:32].clone()
     out = {}
     with torch.inference_mode():

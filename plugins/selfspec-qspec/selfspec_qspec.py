@@ -44,7 +44,7 @@ class QSpec:
     def selfspec_setup(self, runner, options: dict[str, Any], tokenizer: Any = None) -> None:
         if options["draft_weights"] == "none":
             raise ValueError("qspec drafts on compressed weights: draft_weights=none would draft with the "
-                             "full model itself (choose auto, int8, int8wo or bf16 on a CPU; bf16 or bnb on CUDA)")
+                             "full model itself (auto, or a registered draft format: int8, int8-weights, int4, bf16 on a CPU; bf16 or bnb-int8 on CUDA)")
         self.num_draft = options["num_draft"]
         self.exit = options["exit"]
         vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)

@@ -356,7 +356,7 @@ def _busy_load() -> float | None:
 
 
 def _weight_bytes(module: nn.Module) -> int:
-    """Bytes of product weights ``module`` holds, in any layout (a packed or native product's
+    """Bytes of product weights ``module`` holds, in any layout (a packed product's
     weights are buffers, not parameters)."""
     from selfspec._engine.runner.traffic import product_bytes
 
@@ -364,17 +364,8 @@ def _weight_bytes(module: nn.Module) -> int:
 
 
 def _candidates_key(candidates: Sequence[str]) -> str:
-    """The candidates, sorted, and the native kernel's build where one of them runs on it (a
-    new candidate or a rebuilt kernel is measured again)."""
-    extra = ",".join(sorted(candidates))
-    from selfspec._engine.draftweights.linears import NATIVE_BACKENDS
-
-    if any(c == "native" or c in NATIVE_BACKENDS for c in candidates):
-        from selfspec._engine.runner.native import kernel_key, native_unsupported
-
-        if native_unsupported() is None:
-            extra += f"-native{kernel_key()}"
-    return extra
+    """The candidates, sorted (a new candidate is measured again)."""
+    return ",".join(sorted(candidates))
 
 
 def _key(what: str, model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, extra: str) -> str:
@@ -397,4 +388,4 @@ def _machine() -> dict[str, Any]:
     from selfspec._engine import machine
 
     return {"cpu": machine.cpu_model(), "cpu_capability": machine.cpu_capability().label,
-            "forced_isa": machine.forced_isa(), "threads": torch.get_num_threads()}
+            "forced_isa": machine.forced_isa(), "threads": torch.get_num_threads(), "torch": torch.__version__}

@@ -152,41 +152,29 @@ def cost_curve(runner: Runner, *, store: ArtefactStore | None = None, refresh: b
 
 
 def curve_key(runner: Runner) -> str:
-    """The file-name key of a cost curve: model shape, dtype, layout, a hash of the machine,
-    and the native kernel's build where the layout runs on it (a rebuilt kernel, from a new
-    source, compiler or CPU, is measured again)."""
+    """The file-name key of a cost curve: model shape, dtype, layout and a hash of the machine
+    (torch's version among its facts: a new kernel is measured again)."""
     m = _machine(runner)
     shape = f"{getattr(runner.config, 'model_type', 'model')}-{runner.n_layers}x{runner.hidden_size}x{runner.vocab_size}"
     dtype = str(runner.dtype).removeprefix("torch.")
     digest = hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()[:10]
-    kernel = _kernel_key() if runner.weight_layout == "native" else ""
-    return f"{shape}-{dtype}-{runner.weight_layout}-{digest}{kernel}"
+    return f"{shape}-{dtype}-{runner.weight_layout}-{digest}"
 
 
 # ------------------------------------------------------------------------------ helpers
 def _weights_key(weights: Any) -> str:
-    """Draft weights in a curve's key: backend, compressed layers, vocabulary, and the native
-    kernel's build where the backend runs on it."""
-    from selfspec._engine.draftweights.shadow import NATIVE_BACKENDS
-
+    """Draft weights in a curve's key: backend, compressed layers, vocabulary."""
     vocab = "all" if weights.vocab is None else hashlib.sha256(
         weights.vocab.detach().to("cpu", torch.int64).numpy().tobytes()).hexdigest()[:8]
-    kernel = _kernel_key() if weights.backend in NATIVE_BACKENDS else ""
-    return f"{weights.backend}-{len(weights.layers)}-{vocab}{kernel}"
-
-
-def _kernel_key() -> str:
-    """``-k<key>``: the native kernel's build (:func:`selfspec._engine.runner.native.kernel_key`)."""
-    from selfspec._engine.runner.native import kernel_key
-
-    return f"-k{kernel_key()}"
+    return f"{weights.backend}-{len(weights.layers)}-{vocab}"
 
 
 def _machine(runner: Runner) -> dict[str, Any]:
     """What the curve depends on besides the model's shape."""
     from selfspec._engine import machine
 
-    info: dict[str, Any] = {"device": str(runner.device), "threads": torch.get_num_threads()}
+    info: dict[str, Any] = {"device": str(runner.device), "threads": torch.get_num_threads(),
+                            "torch": torch.__version__}
     if runner.device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(runner.device)
     else:

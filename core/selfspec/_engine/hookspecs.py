@@ -4,6 +4,7 @@ Hooks are grouped by phase. The loop (``selfspec._engine.loop``) calls them in t
 
     selfspec_options            once, when the plugin is loaded
     selfspec_commands           once, when the CLI builds its command list
+    selfspec_weight_formats     once per process, from every package that ships formats
     selfspec_setup              once per decoder, after the model is loaded
     selfspec_start              once per decode, after prefill
       selfspec_propose  ->  selfspec_verify  ->  selfspec_cache  ->  selfspec_update_policy
@@ -36,6 +37,7 @@ from selfspec._engine.markers import hookspec
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
 
+    from selfspec._engine.formats import WeightFormat
     from selfspec._engine.options import Option
     from selfspec._engine.runner import Runner
     from selfspec._engine.types import DecodeState, Draft, Result, Verdict
@@ -89,6 +91,40 @@ def selfspec_commands(register: Callable[[Any], None]) -> None:
         Import heavy modules inside the command, not here. The command receives a
         :class:`selfspec.app.CommandContext` as ``ctx.obj`` (``@click.pass_obj``): the user's
         model, decoders for it, the plugin's ``-o`` options.
+    """
+
+
+@hookspec
+def selfspec_weight_formats(register: Callable[[WeightFormat], None]) -> None:
+    """Add weight formats: ways to hold a linear layer's weights (a layout or a draft copy).
+
+    Called:
+        Once per process, the first time a format is looked up; every plugin that ships
+        formats is called: the host's built-in formats and every installed package whose
+        module is named in the ``selfspec.weight_formats`` entry-point group, whichever method
+        plugin runs. Not called on method plugins' managers.
+
+    Args:
+        register: call ``register(selfspec.WeightFormat(name, role, summary, build, ...))``
+            once per format. ``build(weight, bias)`` gets a ``[out, in]`` weight in the model's
+            dtype and returns a module mapping ``[..., in]`` to ``[..., out]`` in the caller's
+            dtype.
+
+    Returns:
+        Nothing.
+
+    Host enforces:
+        Names are lower case, unique across every package and never ``auto``; the role is
+        ``"layout"`` or ``"draft"``; anything else is a ``PluginError`` naming the package.
+        A format whose ``unsupported(device, dtype)`` gives a reason is refused for that model
+        with the reason, and ``auto`` never measures it there. A layout must compute the
+        model's own product in its dtype (the kit's losslessness tests hold it to that); a
+        draft copy may be any precision.
+
+    Notes:
+        The format then appears in ``--weight-layout`` or ``-o draft_weights=`` choices, in
+        ``auto``'s candidates (``auto=True``) and in ``specdec plugins``. Import heavy
+        libraries inside ``build`` and ``unsupported``, not at module import.
     """
 
 

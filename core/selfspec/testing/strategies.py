@@ -138,9 +138,9 @@ def options(declared: Mapping[str, Option], *, fixed: Mapping[str, Any] | None =
 
 def draft_weights(model: Any, choices: Sequence[str] | None = None) -> st.SearchStrategy[str]:
     """The draft-weights backends (the ``draft_weights`` option) among ``choices`` (default:
-    every one) that run for ``model`` on this machine: ``int8``, ``int8wo`` and the native
-    kernel's only on the CPU (the native ones where the kernel builds), ``bnb`` only on CUDA
-    with bitsandbytes installed. Give it as an option strategy that takes the model:
+    every registered draft format) that run for ``model`` on this machine: each format's own
+    ``unsupported`` decides (the int8 and 4-bit library products on the CPU, ``bnb-*`` where
+    bitsandbytes is installed). Give it as an option strategy that takes the model:
     ``option_strategies = {"draft_weights": lambda m: sst.draft_weights(m, ("int8", "bf16"))}``.
     Raises ``ValueError`` when none of ``choices`` runs there."""
     from selfspec._engine.draftweights import BACKENDS, DraftWeightsError
@@ -151,7 +151,7 @@ def draft_weights(model: Any, choices: Sequence[str] | None = None) -> st.Search
     runs = []
     for backend in choices if choices is not None else BACKENDS:
         try:
-            resolve_backend(backend, device)
+            resolve_backend(backend, device, next(model.parameters()).dtype)
         except DraftWeightsError:
             continue
         runs.append(backend)

@@ -42,8 +42,9 @@ class Fractal:
         register(Option("draft_weights", str, "auto",
                         "the host's compressed draft weights the injected copy runs: auto (the fastest copy "
                         "measured here; a 4-bit one only if its agreement with the model is worth its speed; "
-                        "bnb on CUDA), int8 (dynamic), int8wo (weight-only), the native kernel's copies, bf16, "
-                        "bnb (LLM.int8, CUDA), none (the model's own weights: a control)", choices=DRAFT_WEIGHTS))
+                        "bnb-int8 on CUDA), a registered draft format (int8, int8-weights, int4, bf16, bnb-int8, "
+                        "...; `specdec plugins` lists them), none (the model's own weights: a control)",
+                        choices=DRAFT_WEIGHTS))
         register(Option("draft_vocab", int, 0, "draft vocabulary: the compressed head "
                         "projects onto the N most frequent tokens of the corpus (0: all)", min=0))
         register(Option("kv", str, "shared",

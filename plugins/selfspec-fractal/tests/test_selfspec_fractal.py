@@ -9,7 +9,7 @@ from selfspec import Decoder, OptionError, PluginError, Runner, draft_weights
 from selfspec.testing import ARCHS, PluginSuite, assert_lossless, tiny_model
 from selfspec.testing import strategies as sst
 
-BACKENDS = ("auto", "int8", "int8wo", "bf16", "none", "bnb")  # drawn where they run
+BACKENDS = ("auto", "int8", "int8-weights", "bf16", "none", "bnb-int8")  # drawn where they run
 
 
 class TestFractal(PluginSuite):
@@ -56,7 +56,7 @@ def _prefilled(arch="llama", prompt=(3, 9, 4, 1, 7, 2)):
 @pytest.mark.parametrize("kv", ["shared", "none"])
 def test_one_pass_drafts_w_plus_n_plus_1_tokens(n, w, kv):
     model, runner, committed, cache = _prefilled()
-    cm = draft_weights(runner, "int8wo")
+    cm = draft_weights(runner, "int8-weights")
     positions = evenly_spaced(runner.n_layers, n) if n <= runner.n_layers else list(range(runner.n_layers))
     tokens = draft_pass(runner, cm, cache, committed, positions[:n], w, kv)
     assert tokens.shape == (w + len(positions[:n]) + 1,)
@@ -142,7 +142,7 @@ def test_evenly_spaced_follows_the_paper():
         ({"positions": "0,1", "n": 3}, "n=3"),
         ({"positions": "a"}, "not a layer"),
         ({"n": 9}, "only 3 layers"),
-        ({"draft_weights": "bnb"}, "CUDA"),
+        ({"draft_weights": "int8native"}, "not one of"),
     ],
 )
 def test_bad_options_are_refused(opts, message):
@@ -155,10 +155,10 @@ def test_bad_options_are_refused(opts, message):
 def test_bitsandbytes_on_cuda():
     pytest.importorskip("bitsandbytes")
     model = tiny_model("llama", dtype=torch.float16, device="cuda")
-    result = assert_lossless(model, "fractal", [3, 4, 5, 6, 7], 24, {"draft_weights": "bnb", "n": 2, "w": 2},
+    result = assert_lossless(model, "fractal", [3, 4, 5, 6, 7], 24, {"draft_weights": "bnb-int8", "n": 2, "w": 2},
                              tolerance=0.05)
     assert result.stats.drafted > 0
-    assert draft_weights(Runner(model), "bnb").nbytes > 0
+    assert draft_weights(Runner(model), "bnb-int8").nbytes > 0
 
 
 def test_defaults_are_the_cpu_sweeps_best():

@@ -90,7 +90,7 @@ class HiSpec:
         register_tree_options(register)  # tree: a tree from the L_d exit, verified by the full model
         register(Option("draft_weights", str, "auto",
                         "weights of the exit heads' LM head (the host's shared compressed copy; the layers stay the "
-                        "model's own, whose states verification reuses): none, int8, int8wo, bf16, bnb (CUDA), auto",
+                        "model's own, whose states verification reuses): none, a registered draft format (int8, int8-weights, bf16, bnb-int8, ...; `specdec plugins`), auto",
                         choices=DRAFT_WEIGHTS))
         register(Option("draft_vocab", int, 0,
                         "draft vocabulary of the exit heads: the N most frequent corpus tokens (0: all; a "

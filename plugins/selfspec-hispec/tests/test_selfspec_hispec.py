@@ -56,7 +56,7 @@ class TestHiSpec(PluginSuite):
         "num_draft": st.integers(1, 8),
         "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
         "tree_topk": st.integers(1, 4),
-        "draft_weights": lambda m: sst.draft_weights(m, ("auto", "none", "int8", "int8wo", "bf16", "bnb")),
+        "draft_weights": lambda m: sst.draft_weights(m, ("auto", "none", "int8", "int8-weights", "bf16", "bnb-int8")),
         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     reach_options = {"round_size": 4, "num_draft": 8, "profile": "none", "draft_weights": "none",

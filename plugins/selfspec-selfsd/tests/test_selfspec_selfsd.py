@@ -27,7 +27,7 @@ class TestSelfSD(PluginSuite):
         "alpha": st.sampled_from([0.5, 0.9]),
         "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
         "tree_topk": st.integers(1, 4),
-        "draft_weights": lambda m: sst.draft_weights(m, ("auto", "none", "int8", "int8wo", "bf16", "bnb")),  # those that run on m's device
+        "draft_weights": lambda m: sst.draft_weights(m, ("auto", "none", "int8", "int8-weights", "bf16", "bnb-int8")),  # those that run on m's device
         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     # see b): one late MLP skipped, no exit threshold: drafts every step, many accepted

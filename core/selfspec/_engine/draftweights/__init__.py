@@ -4,7 +4,6 @@ that only draft passes read (see :mod:`.shadow`, :mod:`.layers`, :mod:`.linears`
 from selfspec._engine.draftweights.options import register_draft_options
 from selfspec._engine.draftweights.shadow import (
     BACKENDS,
-    NATIVE_BACKENDS,
     DraftWeights,
     DraftWeightsError,
     built_nbytes,
@@ -15,7 +14,6 @@ from selfspec._engine.draftweights.vocab import draft_vocab, vocab_ranking
 
 __all__ = [
     "BACKENDS",
-    "NATIVE_BACKENDS",
     "DraftWeights",
     "DraftWeightsError",
     "built_nbytes",

@@ -2,8 +2,8 @@
 (nearly) as well as the copy that would run otherwise.
 
 ``auto`` times every draft-weights candidate on the model's shapes
-(:func:`selfspec._engine.calibration.choose_draft_weights`). The 4-bit copies (``int4avx2``,
-``int4vnni``, :data:`GATED`) read half the bytes of the 8-bit ones and are often the fastest, but
+(:func:`selfspec._engine.calibration.choose_draft_weights`). The 4-bit copies (the
+formats registered ``gated=True``: ``int4``, ``bnb-nf4``; :func:`gated`) read half the bytes of the 8-bit ones and are often the fastest, but
 they round the weights more coarsely: on one model that costs a point of agreement with the
 model, on another many, and a draft that agrees less has fewer of its tokens accepted. Speed
 alone cannot see that, so a gated candidate that wins on speed must also pass this gate, on the
@@ -35,7 +35,7 @@ model's own weights:
 
 The agreements are kept per weights (a hash of the embedding's and the norms' values, which no
 layout re-lays, not of the model's shape: two models of one shape share a timing, not an
-agreement), backend pair and kernel build, beside the timings in
+agreement), backend pair and machine, beside the timings in
 ``<cache dir>/calibration/``. It takes seconds once (a 1.5B model: about 15 s on 2 cores, and
 building the gated copy). ``SELFSPEC_CALIBRATE=0`` never measures, and never picks a gated copy.
 """
@@ -51,8 +51,15 @@ from typing import Any
 
 import torch
 
+
 #: The backends ``auto`` may pick only through this gate.
-GATED: tuple[str, ...] = ("int4avx2", "int4vnni")
+def gated(backend: str) -> bool:
+    """Whether ``auto`` runs the draft format ``backend`` only through this gate (registered
+    ``gated=True``)."""
+    from selfspec._engine.formats import weight_formats
+
+    fmt = weight_formats("draft").get(backend)
+    return fmt is not None and fmt.gated
 #: Tokens of the model's own text.
 TOKENS = 112
 #: Positions (the text's last) at which agreement is counted.
@@ -90,7 +97,7 @@ class Verdict:
     how: str = "measured"
 
     def note(self) -> str:
-        """``int4avx2 agrees 0.948 with the model, int8 0.979 (96 positions, measured; 29.1
+        """``int4 agrees 0.948 with the model, int8 0.979 (96 positions, measured; 29.1
         against 25.6 tokens/s by the rule): admitted``."""
         a, r = self.agreement, self.rate
         verdict = "admitted" if self.admitted else "refused"
@@ -107,14 +114,15 @@ def rate(agreement: float, draft_s: float, verify_s: float, depth: int = DEPTH) 
     return max((1 - a ** (k + 1)) / (1 - a) / (k * draft_s + verify_s) for k in range(1, depth + 1))
 
 
-def gate_terms(seconds: dict[str, dict[int, float]]) -> tuple[str, dict[str, float], float]:
+def gate_terms(seconds: dict[str, dict[int, float]], static: str = "int8"
+               ) -> tuple[str, dict[str, float], float]:
     """``(fallback, draft_s, verify_s)`` from ``auto``'s draft-weights timings (``{copy: {width:
     seconds}}``, :attr:`selfspec._engine.calibration.Choice.seconds`): the fastest ungated copy
-    (``int8`` when too close to call), each copy's mean pass over the widths timed (chains' and
+    (``static`` when too close to call), each copy's mean pass over the widths timed (chains' and
     trees' passes), and the model's own (``none``) forward at the widest block timed."""
     from selfspec._engine.calibration import decide
 
-    fallback = decide({c: s for c, s in seconds.items() if c not in GATED}, {}, "int8")[0]
+    fallback = decide({c: s for c, s in seconds.items() if not gated(c)}, {}, static)[0]
     draft_s = {c: sum(s.values()) / len(s) for c, s in seconds.items()}
     return fallback, draft_s, max(seconds["none"].items())[1]
 
@@ -125,7 +133,7 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
     model, given each one's seconds per draft pass ``draft_s`` and a verification's
     ``verify_s``. ``measure(runner, (gated, fallback))`` measures the agreements (the draft
     weights' own: :func:`selfspec._engine.draftweights.shadow.agreement_measure`). With
-    ``remember``, they are measured once per weights, backend pair and kernel build and then
+    ``remember``, they are measured once per weights and backend pair and then
     read from the store (``False``: measured every call, nothing kept; for tests). The verdict
     is printed once per process where the agreements were measured now, or with ``report``
     (the timings were: their progress line named the gated copy, which may not run)."""
@@ -142,7 +150,7 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
 
 def cached_agreements(store: Any = None) -> list[str]:
     """One line per agreement measured here so far (``specdec plugins`` lists them):
-    ``qwen2 28x1536 (Qwen2.5-Coder-1.5B): int4avx2 1.000, int8 1.000 (96 positions)``. Which
+    ``qwen2 28x1536 (Qwen2.5-Coder-1.5B): int4 1.000, int8 1.000 (96 positions)``. Which
     copy runs also depends on the timings, which the rule weighs at each use."""
     from selfspec._engine.calibration import STORE
 
@@ -195,8 +203,8 @@ def measure_agreement(runner: Any, backends: Sequence[str], copy: Callable[[str]
 
 # ------------------------------------------------------------------------------ helpers
 def _key(runner: Any, gated: str, fallback: str) -> str:
-    """The pair's name in the store: the weights' hash, both backends, the kernel's build."""
-    return f"agreement-{_weights_digest(runner)}-{gated}-{fallback}{_kernel_suffix((gated, fallback))}"
+    """The pair's name in the store: the weights' hash and both backends."""
+    return f"agreement-{_weights_digest(runner)}-{gated}-{fallback}"
 
 
 def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: MeasureAgreement,
@@ -272,15 +280,3 @@ def _weights_digest(runner: Any) -> str:
         h.update(flat[::step].to("cpu", torch.float64).numpy().tobytes())
     h.update(f"{len(runner.layers)}".encode())
     return h.hexdigest()[:16]
-
-
-def _kernel_suffix(backends: Sequence[str]) -> str:
-    """``-native<key>`` where a backend runs on the native kernel (a rebuilt kernel measures
-    again), else empty."""
-    from selfspec._engine.draftweights.linears import NATIVE_BACKENDS
-
-    if not any(b in NATIVE_BACKENDS for b in backends):
-        return ""
-    from selfspec._engine.runner.native import kernel_key
-
-    return f"-native{kernel_key()}"

@@ -1,6 +1,7 @@
 """Compressed copies of decoder layers: the model's own layer module, copied, sharing every
-parameter and buffer, with each ``nn.Linear`` replaced by a compressed linear of one backend
-(and the linears Hugging Face models call on one input, fused into one product)."""
+parameter and buffer, with each ``nn.Linear`` replaced by a compressed linear of one draft
+format (:mod:`selfspec._engine.formats`), and the linears Hugging Face models call on one
+input fused into one product."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from selfspec._engine.draftweights.linears import LINEARS, CompressedLinear
+from selfspec._engine.draftweights.linears import CompressedLinear
+from selfspec._engine.formats import weight_format
 from selfspec._engine.runner.layout import rebuilt_weight, weight_into, weight_spec
 from selfspec._engine.runner.placement import detach_hooks, own_tensors, share_hooks
 
@@ -22,7 +24,32 @@ FUSE_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("ga
 
 def compress_linear(linear: nn.Module, backend: str) -> CompressedLinear:
     """A compressed copy of ``linear`` (an ``nn.Linear``, or any module with its ``weight``)."""
-    return LINEARS[backend](stacked_weight([linear]), getattr(linear, "bias", None))
+    return draft_linear(backend, stacked_weight([linear]), getattr(linear, "bias", None))
+
+
+def draft_linear(backend: str, weight: torch.Tensor, bias: torch.Tensor | None) -> CompressedLinear:
+    """The draft format ``backend``'s module for ``weight`` ``[out, in]`` and ``bias``, as a
+    :class:`CompressedLinear` (a format's own module that is not one is wrapped)."""
+    module = weight_format(backend, "draft").build(weight, bias)
+    if not isinstance(module, CompressedLinear):
+        module = _Wrapped(module, weight.shape[1], weight.shape[0])
+    module.weight_format = backend
+    return module
+
+
+class _Wrapped(CompressedLinear):
+    """A registered draft format's module that is not a :class:`CompressedLinear`: its bytes
+    are those of its tensors."""
+
+    def __init__(self, inner: nn.Module, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.inner, self.in_features, self.out_features = inner, in_features, out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.inner.parameters(), *self.inner.buffers()])
 
 
 # The buffer :func:`reused_buffer` lends to :func:`stacked_weight` (a flat tensor), and how many
@@ -84,7 +111,7 @@ class FusedProduct:
         if any(b is not None for b in biases):
             bias = torch.cat([b.detach() if b is not None else weight.new_zeros(lin.out_features)
                               for b, lin in zip(biases, linears)])
-        self.linear = LINEARS[backend](weight, bias)
+        self.linear = draft_linear(backend, weight, bias)
         del weight
         bounds = [0]
         for lin in linears:

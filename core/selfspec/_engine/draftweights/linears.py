@@ -1,39 +1,32 @@
-"""Compressed linear modules of the draft weights, one class per backend.
+"""Compressed linear modules of the draft weights: each a library product (torch's, oneDNN's
+through torch, or bitsandbytes'), registered as a draft format in
+:mod:`selfspec._engine.builtin.formats`.
 
 Every module takes and returns the caller's dtype (it computes in its own), so a compressed
 layer can attend to the model's own KV cache without changing its dtype. Each is built from
 a ``[out, in]`` weight a few thousand rows at a time, so building one never needs a float32
 temporary bigger than a slice of that weight (see :data:`CHUNK_ROWS`).
 
-* :class:`Int8WeightOnlyLinear` (``int8wo``): int8 weights, one float scale per output
-  channel, float activations (``aten._weight_int8pack_mm``, gpt-fast's CPU path). CPU.
-* :class:`DynamicInt8Linear` (``int8``): PyTorch's dynamic quantization (int8 weights,
-  activations quantized per call, the x86/fbgemm int8 GEMM, VNNI where the CPU has it). CPU.
-* :class:`NativeInt8Linear` (``int8native``): int8 weights, one float scale per output channel,
-  float activations, in the native kernel compiled for this CPU (``selfspec._engine.runner.
-  native``). CPU, where that kernel builds.
-* :class:`NativeVnniLinear` (``int8vnni``): the same int8 weights and scales, each row of
-  activations rounded to integers of a scale of its own (16-bit for products of up to 2 rows,
-  8-bit beyond) and multiplied by integer dot products (AVX-512 VNNI), in the native kernel. CPU,
-  where that kernel builds for a target with VNNI.
-* :class:`NativeInt4Linear` (``int4native``): 4-bit weights, a float scale and offset per output
-  channel and group of 128 inputs, float activations, in the native kernel. CPU, where that
-  kernel builds.
-* :class:`NativeInt4VnniLinear` (``int4vnni``): the ``int4native`` weights, activations rounded
-  as ``int8vnni`` rounds them and multiplied by integer dot products (AVX-512 VNNI), in the
-  native kernel. CPU, where that kernel builds for a target with VNNI.
-* :class:`NativeInt4Avx2Linear` (``int4avx2``): the ``int4native`` weights, each row of
-  activations rounded to integers of a scale of its own (15-bit for products of up to 2 rows,
-  8-bit beyond) and multiplied by 8-bit integer products (AVX2 ``vpmaddubsw``), in the native
-  kernel. CPU, where that kernel builds for a target with AVX2.
+* :class:`Int8Linear` (``int8``): int8 weights (a scale per output channel), activations
+  rounded to uint8 per call (one scale per call), oneDNN's int8 product
+  (``torch.ops.onednn.qlinear_pointwise``; VNNI/AMX where the CPU has them). CPU.
+* :class:`IntMmLinear` (``int8-intmm``): the same int8 weights, each row of activations rounded
+  to int8 with a scale of its own, ``torch._int_mm``. CPU.
+* :class:`Int8WeightOnlyLinear` (``int8-weights``): int8 weights, one float scale per output
+  channel, float activations (``aten._weight_int8pack_mm``). CPU.
+* :class:`Int4Linear` (``int4``): 4-bit weights in groups of :data:`INT4_GROUP` inputs (a scale
+  and offset each), bfloat16 activations (``aten._weight_int4pack_mm_for_cpu``). CPU.
+* :class:`Fp16WeightsLinear` (``fp16-weights``): float16 weights, float32 activations
+  (``torch.ops.onednn.linear_dynamic_fp16``). CPU.
 * :class:`Bf16Linear` (``bf16``): bfloat16 weights, prepacked for oneDNN where it has bf16
   kernels (AVX-512 BF16 / AMX), else a plain bf16 product. CPU or GPU.
-* :class:`BnbInt8Linear` (``bnb``): bitsandbytes LLM.int8 (``Linear8bitLt``, threshold 6.0). CUDA.
+* :class:`BnbLinear` (``bnb-int8``, ``bnb-nf4``): bitsandbytes' ``Linear8bitLt`` (LLM.int8) or
+  ``Linear4bit`` (NF4). CPU or CUDA, where bitsandbytes is installed.
 """
 
 from __future__ import annotations
 
-import warnings
+import logging
 
 import torch
 from torch import nn
@@ -44,6 +37,7 @@ from selfspec._engine.draftweights.quantize import (
     quantize_groups,
     quantize_rows,
 )
+from selfspec._engine.machine import cpu_capability
 
 
 class CompressedLinear(nn.Module):
@@ -76,203 +70,118 @@ class Int8WeightOnlyLinear(CompressedLinear):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-class DynamicInt8Linear(CompressedLinear):
-    """Dynamic quantization: int8 weights (a scale per output channel), activations quantized
-    per call; PyTorch's quantized engine (x86: fbgemm/oneDNN int8 GEMM), the kernels of
-    ``torch.ao.nn.quantized.dynamic.Linear`` called directly (no float module, no extra copy)."""
+class Int8Linear(CompressedLinear):
+    """int8 weights (a scale per output channel) prepacked for oneDNN; activations rounded to
+    uint8 per call with one scale (the block's largest magnitude over 127) and offset 128."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         q, scale = quantize_rows(weight)
         out_f, in_f = weight.shape
-        b = None if bias is None else bias.detach().float().clone()
-        with warnings.catch_warnings():  # quantized tensors are deprecated, the kernels still work
-            warnings.simplefilter("ignore")
-            qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros(out_f, dtype=torch.long), 0)
-            self._packed = torch.ops.quantized.linear_prepack(qw, b)  # the engine's own int8 copy
-        del q, qw
+        self.register_buffer("packed", torch.ops.onednn.qlinear_prepack(q, None), persistent=False)
+        del q
+        self.register_buffer("scale", scale)
+        self.register_buffer("zeros", torch.zeros(out_f, dtype=torch.long), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.in_features, self.out_features = in_f, out_f
-        self._bytes = out_f * in_f + out_f * 8 + (0 if bias is None else out_f * 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x if x.dtype == torch.float32 else x.float()
-        # reduce_range: 7-bit activations, as the quantized module does on x86 (no int16 saturation)
-        y = torch.ops.quantized.linear_dynamic(x2, self._packed, reduce_range=True)
-        return y if x.dtype == torch.float32 else y.to(x.dtype)
+        x2 = x.reshape(-1, self.in_features).float()  # x2: [n, in]
+        xs = float(x2.abs().max()) / 127 or 1.0
+        xq = (x2 / xs).round_().add_(128).clamp_(0, 255).to(torch.uint8)
+        y = torch.ops.onednn.qlinear_pointwise(xq, xs, 128, self.packed, self.scale, self.zeros, self.bias,
+                                               1.0, 0, torch.float32, "none", [], "")  # y: [n, out]
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def nbytes(self) -> int:
-        return self._bytes  # the packed weight is opaque to torch: its int8 size and scales
+        n = self.out_features * self.in_features + self.out_features * 4  # the packed weight is opaque
+        return n + (0 if self.bias is None else self.out_features * 4)
 
 
-class _NativeCompressed(CompressedLinear):
-    """Base of the linears the native kernel computes: inputs of any dtype and leading shape,
-    computed as float32 rows by :meth:`_product` (``[n, in]`` -> ``[n, out]``)."""
+class IntMmLinear(CompressedLinear):
+    """int8 weights (a scale per output channel); each row of activations rounded to int8 with a
+    scale of its own; ``torch._int_mm`` (int32 accumulation), rescaled in float32."""
 
-    def _product(self, x2: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        q, scale = quantize_rows(weight)
+        self.register_buffer("qweight_t", q.t())  # [in, out], a view of the [out, in] rows
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.out_features, self.in_features = weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._product(x.reshape(-1, self.in_features).float().contiguous())
+        x2 = x.reshape(-1, self.in_features).float()  # x2: [n, in]
+        xs = (x2.abs().amax(1, keepdim=True) / 127).clamp_min_(1e-12)  # [n, 1]
+        acc = torch._int_mm((x2 / xs).round_().to(torch.int8), self.qweight_t)  # acc: [n, out] int32
+        y = acc * (xs * self.scale)
+        if self.bias is not None:
+            y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-class NativeInt8Linear(_NativeCompressed):
-    """int8 weights (a float32 scale per output row, as ``int8wo``) in the native kernel's
-    panels (:mod:`selfspec._engine.runner.native`), float32 activations. CPU, where the native
-    kernel builds."""
+class Int4Linear(CompressedLinear):
+    """4-bit weights in groups of :data:`INT4_GROUP` inputs (:func:`quantize_groups`: a scale and
+    offset per output row and group) in aten's packed int4 layout; bfloat16 activations
+    (``aten._weight_int4pack_mm_for_cpu``). The kernel takes whole groups of inputs and outputs
+    in multiples of 16: a layer of other shapes is padded (zero inputs, extra rows dropped)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        from selfspec._engine.runner import native  # noqa: PLC0415 (builds the kernel)
-
         super().__init__()
-        q, scale = quantize_rows(weight)
-        width = native.tile_q()
-        self.register_buffer("qpanels", native.to_panels(q, width, torch.int8))
-        del q
-        self.register_buffer("scale", _padded(scale, self.qpanels.shape[0] * width))
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.out_features, self.in_features = weight.shape
-
-    def _product(self, x2: torch.Tensor) -> torch.Tensor:
-        from selfspec._engine.runner.native import native_linear_int8  # noqa: PLC0415
-
-        return native_linear_int8(x2, self.qpanels, self.scale, self.bias, self.out_features)
-
-    def nbytes(self) -> int:
-        n = self.out_features * self.in_features + self.out_features * 4  # the padding rows excluded
-        return n + (0 if self.bias is None else self.out_features * 4)
-
-
-class NativeVnniLinear(_NativeCompressed):
-    """int8 weights (a float32 scale per output row, as ``int8wo``) in the native kernel's VNNI
-    panels, products of integer activations (:func:`selfspec._engine.runner.native.
-    native_linear_i8vnni`). CPU, where the native kernel builds with AVX-512 VNNI."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        from selfspec._engine.runner import native  # noqa: PLC0415 (builds the kernel)
-
-        super().__init__()
-        q, scale = quantize_rows(weight)
-        panels, colsum = native.to_vnni_panels(q)
-        del q
-        self.register_buffer("qpanels", panels)
-        self.register_buffer("colsum", colsum)
-        self.register_buffer("scale", _padded(scale, colsum.numel()))
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.out_features, self.in_features = weight.shape
-
-    def _product(self, x2: torch.Tensor) -> torch.Tensor:
-        from selfspec._engine.runner.native import native_linear_i8vnni  # noqa: PLC0415
-
-        return native_linear_i8vnni(x2, self.qpanels, self.colsum, self.scale, self.bias, self.out_features)
-
-    def nbytes(self) -> int:
-        n = self.out_features * self.in_features + self.out_features * 8  # q, scale and row sum per row
-        return n + (0 if self.bias is None else self.out_features * 4)
-
-
-class NativeInt4Linear(_NativeCompressed):
-    """4-bit weights in groups of :data:`INT4_GROUP` inputs, each group with a float32 scale and
-    offset per output row (:func:`quantize_groups`), in the native kernel's 4-bit panels, float32
-    activations. Half the bytes of the int8 copies and a larger error. CPU, where the native
-    kernel builds."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        from selfspec._engine.runner import native  # noqa: PLC0415 (builds the kernel)
-
-        super().__init__()
+        out_f, in_f = weight.shape
+        self.in_pad = -(-in_f // INT4_GROUP) * INT4_GROUP
+        out_pad = -(-out_f // 16) * 16
         codes, scale, offset = quantize_groups(weight, INT4_GROUP)
-        width = native.tile_q()
-        self.register_buffer("panels", native.to_int4_panels(codes, width))
+        full = torch.zeros(out_pad, self.in_pad, dtype=torch.int32)
+        full[:out_f, :in_f] = codes  # padded inputs meet zero activations: their codes add nothing
         del codes
-        self.register_buffer("gscale", native.to_group_panels(scale, width))
-        self.register_buffer("gzero", native.to_group_panels(offset, width))
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(full, 1))
+        del full
+        # aten's form: w = (code - 8) * scale + zero, so zero = offset + 8 * scale; [groups, out, 2]
+        sz = torch.zeros(out_pad, self.in_pad // INT4_GROUP, 2)
+        sz[:out_f, :, 0], sz[:out_f, :, 1] = scale, offset + 8 * scale
+        self.register_buffer("scale_zero", sz.transpose(0, 1).contiguous().to(torch.bfloat16))
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.out_features, self.in_features = weight.shape
+        self.out_features, self.in_features = out_f, in_f
 
-    def _product(self, x2: torch.Tensor) -> torch.Tensor:
-        from selfspec._engine.runner.native import native_linear_int4  # noqa: PLC0415
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # x2: [n, in]
+        if self.in_pad != self.in_features:
+            x2 = nn.functional.pad(x2, (0, self.in_pad - self.in_features))
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, INT4_GROUP, self.scale_zero)
+        y = y[:, : self.out_features].float()  # y: [n, out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
-        return native_linear_int4(x2, self.panels, self.gscale, self.gzero, INT4_GROUP, self.bias, self.out_features)
 
-    def nbytes(self) -> int:
-        groups = -(-self.in_features // INT4_GROUP)
-        n = self.out_features * (-(-self.in_features // 2) + groups * 8)  # the padding rows excluded
-        return n + (0 if self.bias is None else self.out_features * 4)
-
-
-class NativeInt4VnniLinear(_NativeCompressed):
-    """The ``int4native`` weights (:func:`quantize_groups`, groups of :data:`INT4_GROUP` inputs) in
-    the native kernel's 4-bit VNNI panels, products of integer activations
-    (:func:`selfspec._engine.runner.native.native_linear_i4vnni`). CPU, where the native kernel
-    builds with AVX-512 VNNI."""
+class Fp16WeightsLinear(CompressedLinear):
+    """float16 weights prepacked for oneDNN, float32 activations and accumulation
+    (``torch.ops.onednn.linear_dynamic_fp16``)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        from selfspec._engine.runner import native  # noqa: PLC0415 (builds the kernel)
-
         super().__init__()
-        codes, scale, offset = quantize_groups(weight, INT4_GROUP)
-        panels, gsum = native.to_int4_vnni_panels(codes, INT4_GROUP)
-        del codes
-        self.register_buffer("panels", panels)
-        self.register_buffer("gsum", gsum)
-        self.register_buffer("gscale", native.to_group_panels(scale, native.VNNI_TILE))
-        self.register_buffer("gzero", native.to_group_panels(offset, native.VNNI_TILE))
+        out_f, in_f = weight.shape
+        w = torch.empty(out_f, in_f, dtype=torch.float32)
+        for r in range(0, out_f, CHUNK_ROWS):
+            w[r : r + CHUNK_ROWS] = weight[r : r + CHUNK_ROWS].detach()
+        self.register_buffer("packed", torch.ops.onednn.linear_prepack_fp16(w, None), persistent=False)
+        del w
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.out_features, self.in_features = weight.shape
+        self.in_features, self.out_features = in_f, out_f
 
-    def _product(self, x2: torch.Tensor) -> torch.Tensor:
-        from selfspec._engine.runner.native import native_linear_i4vnni  # noqa: PLC0415
-
-        return native_linear_i4vnni(x2, self.panels, self.gsum, self.gscale, self.gzero, INT4_GROUP, self.bias,
-                                    self.out_features)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).float()
+        y = torch.ops.onednn.linear_dynamic_fp16(x2, self.packed, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def nbytes(self) -> int:
-        groups = -(-self.in_features // INT4_GROUP)
-        n = self.out_features * (-(-self.in_features // 2) + groups * 12)  # codes; scale, offset, sum per group
-        return n + (0 if self.bias is None else self.out_features * 4)
-
-
-class NativeInt4Avx2Linear(_NativeCompressed):
-    """The ``int4native`` weights (:func:`quantize_groups`, groups of :data:`INT4_GROUP` inputs) in
-    the native kernel's AVX2 4-bit panels, products of integer activations, 15-bit for up to 2
-    rows and 8-bit beyond (:func:`selfspec._engine.runner.native.native_linear_i4avx2`). CPU,
-    where the native kernel builds with AVX2."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        from selfspec._engine.runner import native, native_copies  # noqa: PLC0415 (builds the kernel)
-
-        super().__init__()
-        built = native_copies.quantize_int4_quad(weight, INT4_GROUP, native.INT4_AVX2_TILE)  # one pass where it runs
-        if built is None:
-            codes, scale, offset = quantize_groups(weight, INT4_GROUP)
-            built = (native.to_int4_quad_panels(codes, native.INT4_AVX2_TILE), scale, offset)
-            del codes
-        panels, scale, offset = built
-        self.register_buffer("panels", panels)
-        self.register_buffer("gscale", native.to_group_panels(scale, native.INT4_AVX2_TILE))
-        self.register_buffer("gzero", native.to_group_panels(offset, native.INT4_AVX2_TILE))
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.out_features, self.in_features = weight.shape
-
-    def _product(self, x2: torch.Tensor) -> torch.Tensor:
-        from selfspec._engine.runner.native import native_linear_i4avx2  # noqa: PLC0415
-
-        return native_linear_i4avx2(x2, self.panels, self.gscale, self.gzero, INT4_GROUP, self.bias,
-                                    self.out_features)
-
-    def nbytes(self) -> int:
-        groups = -(-self.in_features // INT4_GROUP)
-        n = self.out_features * (-(-self.in_features // 2) + groups * 8)  # codes; scale and offset per group
+        n = self.out_features * self.in_features * 2  # the packed weight is opaque
         return n + (0 if self.bias is None else self.out_features * 4)
 
 
 def _onednn_bf16(device: torch.device) -> bool:
-    if device.type != "cpu":
-        return False
-    from selfspec._engine.machine import cpu_capability  # noqa: PLC0415
-
-    return cpu_capability().onednn_bf16
+    return device.type == "cpu" and cpu_capability().onednn_bf16
 
 
 class Bf16Linear(CompressedLinear):
@@ -306,57 +215,51 @@ class Bf16Linear(CompressedLinear):
 
 def bnb_module():
     """The ``bitsandbytes`` module, or ``None`` when it is missing or cannot load."""
+    # bitsandbytes warns on import that it could not fetch an optional 4-bit kernel from a model
+    # hub (selfspec never downloads at run time); its own CPU kernels run instead
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     try:
-        import bitsandbytes  # noqa: PLC0415 (optional, CUDA only)
-    except Exception:  # ImportError, or a broken CUDA set-up inside the package
+        import bitsandbytes  # noqa: PLC0415 (optional: the [bnb] extra)
+    except Exception:  # ImportError, or a broken set-up inside the package
         return None
     return bitsandbytes
 
 
-class BnbInt8Linear(CompressedLinear):  # pragma: no cover - needs CUDA and bitsandbytes
-    """bitsandbytes LLM.int8 (``Linear8bitLt``, threshold 6.0) in float16, on CUDA."""
+class BnbLinear(CompressedLinear):
+    """bitsandbytes: ``Linear8bitLt`` (``kind="int8"``: LLM.int8, threshold 6.0, float32
+    activations on CPU, float16 on CUDA) or ``Linear4bit`` (``kind="nf4"``: NF4 in blocks of 64,
+    bfloat16 activations). Quantized on the weight's device."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> None:
         super().__init__()
         bnb = bnb_module()
         out_f, in_f = weight.shape
-        lin = bnb.nn.Linear8bitLt(in_f, out_f, bias=bias is not None, has_fp16_weights=False, threshold=6.0)
-        lin.weight = bnb.nn.Int8Params(weight.detach().to("cpu", torch.float16), requires_grad=False,
-                                       has_fp16_weights=False)
+        device = weight.device
+        half = torch.float16 if device.type == "cuda" else torch.float32
+        self.compute = half if kind == "int8" else torch.bfloat16
+        if kind == "int8":
+            lin = bnb.nn.Linear8bitLt(in_f, out_f, bias=bias is not None, has_fp16_weights=False, threshold=6.0,
+                                      device="meta")
+            lin.weight = bnb.nn.Int8Params(weight.detach().to("cpu", half).clone(), requires_grad=False,
+                                           has_fp16_weights=False)
+        else:
+            lin = bnb.nn.Linear4bit(in_f, out_f, bias=bias is not None, quant_type="nf4",
+                                    compute_dtype=torch.bfloat16, device="meta")
+            lin.weight = bnb.nn.Params4bit(weight.detach().to("cpu", torch.float32).clone(), requires_grad=False,
+                                           quant_type="nf4")
         if bias is not None:
-            lin.bias = nn.Parameter(bias.detach().to("cpu", torch.float16), requires_grad=False)
-        self.q = lin.to(weight.device)  # quantizes on the move to CUDA
+            lin.bias = nn.Parameter(bias.detach().to("cpu", self.compute).clone(), requires_grad=False)
+        self.q = lin.to(device)  # bitsandbytes quantizes on the move
         self.in_features, self.out_features = in_f, out_f
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.q(x.to(torch.float16)).to(x.dtype)
+        return self.q(x.to(self.compute)).to(x.dtype)
 
     def nbytes(self) -> int:
         w = self.q.weight
-        extra = getattr(w, "SCB", None)
-        return w.numel() * w.element_size() + (0 if extra is None else extra.numel() * extra.element_size())
-
-
-def _padded(scale: torch.Tensor, length: int) -> torch.Tensor:
-    """Per-row scales as float32 ``[length]``, zero past the real rows (a kernel's padding rows)."""
-    out = torch.zeros(length, dtype=torch.float32)
-    out[: scale.numel()] = scale
-    return out
-
-
-#: The backends the native kernel computes (they run where it builds; the ``*vnni`` ones where
-#: its target has AVX-512 VNNI too, ``int4avx2`` where it has AVX2).
-NATIVE_BACKENDS: tuple[str, ...] = ("int8native", "int8vnni", "int4native", "int4vnni", "int4avx2")
-
-#: backend name -> linear class
-LINEARS: dict[str, type[CompressedLinear]] = {
-    "int8": DynamicInt8Linear,
-    "int8wo": Int8WeightOnlyLinear,
-    "int8native": NativeInt8Linear,
-    "int8vnni": NativeVnniLinear,
-    "int4native": NativeInt4Linear,
-    "int4vnni": NativeInt4VnniLinear,
-    "int4avx2": NativeInt4Avx2Linear,
-    "bf16": Bf16Linear,
-    "bnb": BnbInt8Linear,
-}
+        n = w.numel() * w.element_size()
+        for extra in (getattr(w, "SCB", None), getattr(getattr(w, "quant_state", None), "absmax", None)):
+            if isinstance(extra, torch.Tensor):
+                n += extra.numel() * extra.element_size()
+        b = self.q.bias
+        return n + (0 if b is None else b.numel() * b.element_size())

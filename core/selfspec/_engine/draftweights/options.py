@@ -7,8 +7,8 @@ from collections.abc import Callable
 from selfspec._engine.draftweights.shadow import BACKENDS
 from selfspec._engine.options import Option
 
-#: The host's default draft weights for every drafter that declares them: ``auto`` (int8 on a
-#: CPU, bitsandbytes on CUDA where installed). A draft token on the shared int8 copy costs a
+#: The host's default draft weights for every drafter that declares them: ``auto`` (the
+#: fastest registered draft format measured on a CPU, bitsandbytes on CUDA where installed). A draft token on the shared int8 copy costs a
 #: fraction of one on the model's own float32 weights while keeping the same acceptance
 #: (docs/performance.md, "Draft weights"); ``none`` is the papers' setting.
 DEFAULT_DRAFT_WEIGHTS = "auto"
@@ -27,9 +27,8 @@ def register_draft_options(register: Callable[[Option], None], *, weights: str =
     options["draft_vocab"], tokenizer))``."""
     register(Option("draft_weights", str, weights,
                     "weights the draft model reads (the host's shared compressed copy): none (the model's "
-                    "own), int8, int8wo, int8native (the kernel compiled for this CPU), int8vnni (same kernel, integer "
-                    "products, AVX-512 VNNI), int4native (4-bit, same kernel; never auto), int4vnni (4-bit, "
-                    "integer products), int4avx2 (4-bit, 8-bit integer products, AVX2), bf16, bnb (CUDA), "
+                    "own), a registered draft format (`specdec plugins` lists them and where each runs: "
+                    "int8, int8-intmm, int8-weights, int4, fp16-weights, bf16, bnb-int8, bnb-nf4, ...), or "
                     "auto (the fastest measured here; a 4-bit copy only if its agreement with the model "
                     "is worth its speed)",
                     choices=BACKENDS))

@@ -1,6 +1,5 @@
 """The draft weights' quantizers: int8 per output row (:func:`quantize_rows`) and 4-bit per
-output row and group of inputs (:func:`quantize_groups`; the native kernel's one-pass version
-where it runs, bitwise the same)."""
+output row and group of inputs (:func:`quantize_groups`)."""
 
 from __future__ import annotations
 
@@ -33,19 +32,12 @@ def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
     """Asymmetric 4-bit per output row and group of ``group`` inputs: ``(codes [out, in] uint8
     in 0..15, scale [out, groups], offset [out, groups])`` float32, with ``weight[o, i] ~=
     codes[o, i] * scale[o, g] + offset[o, g]`` for ``g = i // group`` (the group's minimum
-    and its range over 15 steps). Where the native kernel runs, its quantizer computes them
-    (bitwise the same) in one pass; else torch, :data:`CHUNK_ROWS` rows at a time."""
-    if weight.device.type == "cpu" and weight.dtype == torch.float32:
-        from selfspec._engine.runner.native_copies import quantize_groups as native_quantize  # noqa: PLC0415
-
-        done = native_quantize(weight.contiguous(), group)  # None where the kernel cannot run
-        if done is not None:
-            return done
+    and its range over 15 steps); built :data:`CHUNK_ROWS` rows at a time."""
     return quantize_groups_torch(weight, group)
 
 
 def quantize_groups_torch(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`quantize_groups` in torch operations (the definition the native quantizer matches)."""
+    """:func:`quantize_groups` in torch operations ."""
     out_f, in_f = weight.shape
     groups = -(-in_f // group)
     codes = torch.empty(out_f, in_f, dtype=torch.uint8)

@@ -36,7 +36,8 @@ from selfspec._engine.draftweights.layers import (
     layer_nbytes,
     reused_buffer,
 )
-from selfspec._engine.draftweights.linears import NATIVE_BACKENDS, CompressedLinear, bnb_module
+from selfspec._engine.draftweights.linears import CompressedLinear, bnb_module
+from selfspec._engine.formats import FormatChoices, WeightFormatError, candidates, weight_format
 from selfspec._engine.runner.placement import (
     detach_hooks,
     is_offloaded,
@@ -46,55 +47,51 @@ from selfspec._engine.runner.placement import (
     tensor_key,
 )
 
-#: Backends of the draft weights (``auto`` resolves to one of the others).
-BACKENDS: tuple[str, ...] = ("auto", "none", "int8", "int8wo", "int8native", "int8vnni", "int4native", "int4vnni",
-                             "int4avx2", "bf16", "bnb")
+#: Names of the draft weights: ``auto`` and every registered draft format
+#: (:mod:`selfspec._engine.formats`), read from the registry when used.
+BACKENDS: FormatChoices = FormatChoices("draft")
 
 
-class DraftWeightsError(ValueError):
+class DraftWeightsError(WeightFormatError):
     """A backend this device, dtype or installation cannot run, or a bad draft vocabulary."""
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """The backend that runs for ``backend`` on ``device``.
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+    """The backend that runs for ``backend`` on ``device`` for a model in ``dtype``.
 
-    ``auto``: ``int8`` on CPU (dynamic int8 measured fastest per draft token at 1.5B on
-    AVX-512 with VNNI, see ``lab/results/logs/draftweights.md``), ``bnb`` on CUDA with bitsandbytes
-    installed, else ``none``. Raises :class:`DraftWeightsError` for an explicit backend that
-    cannot run here: ``int8``/``int8wo`` off the CPU, ``bnb`` without CUDA or bitsandbytes,
-    the native backends where the native kernel cannot run (``int8vnni``, ``int4vnni``: or has no
-    VNNI; ``int4avx2``: or has no AVX2). ``auto`` never picks ``int4native`` (slower in a
-    decode than the int8 copies), and ``int4vnni`` or ``int4avx2`` only through the agreement
-    gate (:func:`measured_backend`).
+    ``auto``: ``int8`` on CPU where its kernel runs, else ``int8-intmm`` (``auto`` then
+    measures the candidates, :func:`measured_backend`), ``bnb-int8`` on CUDA with bitsandbytes
+    installed, else ``none``. An explicit registered format that cannot run here (its
+    ``unsupported`` gives a reason) raises :class:`DraftWeightsError` with that reason; an
+    unknown name raises it listing the registered ones.
     """
-    if backend not in BACKENDS:
-        raise DraftWeightsError(f"unknown draft weights {backend!r}; choose one of {', '.join(BACKENDS)}")
+    device = torch.device(device)
     if backend == "auto":
         if device.type == "cpu":
-            return "int8"
+            return next((b for b in ("int8", "int8-intmm", "int8-weights")
+                         if weight_format(b, "draft").why_not(device, dtype) is None), "none")
         if device.type == "cuda" and bnb_module() is not None:
-            return "bnb"
+            return "bnb-int8"
         return "none"
-    if (backend in ("int8", "int8wo") or backend in NATIVE_BACKENDS) and device.type != "cpu":
-        raise DraftWeightsError(f"draft weights {backend!r} run on CPU only, the model is on {device}; "
-                                "use 'bnb', 'bf16' or 'none'")
-    if backend in NATIVE_BACKENDS:
-        from selfspec._engine.runner.native import (
-            int4avx2_unsupported,
-            native_unsupported,
-            vnni_unsupported,
-        )
-
-        why = (vnni_unsupported() if backend.endswith("vnni") else int4avx2_unsupported() if backend == "int4avx2"
-               else native_unsupported("cpu", torch.float32))
-        if why:
-            raise DraftWeightsError(f"draft weights {backend!r} cannot run here: {why}; use 'int8' or 'int8wo'")
-    if backend == "bnb":
-        if device.type != "cuda" or not torch.cuda.is_available():
-            raise DraftWeightsError(f"draft weights 'bnb' (LLM.int8) need CUDA, the model is on {device}")
-        if bnb_module() is None:
-            raise DraftWeightsError("draft weights 'bnb' need the bitsandbytes package: pip install bitsandbytes")
+    try:
+        fmt = weight_format(backend, "draft")
+    except WeightFormatError as exc:
+        raise DraftWeightsError(str(exc)) from None
+    why = fmt.why_not(device, dtype)
+    if why:
+        raise DraftWeightsError(f"draft weights {backend!r} cannot run here: {why}; "
+                                f"use 'auto' or one of {', '.join(_runnable(device, dtype))}")
     return backend
+
+
+def _runnable(device: torch.device, dtype: torch.dtype) -> list[str]:
+    return [n for n, f in FORMATS().items() if f.why_not(device, dtype) is None]
+
+
+def FORMATS() -> dict:  # noqa: N802 (the registry's draft formats, read when called)
+    from selfspec._engine.formats import weight_formats
+
+    return weight_formats("draft")
 
 
 class RowHead(nn.Module):
@@ -199,8 +196,8 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
     ``layers=False``: the head only (``layers`` empty, nothing built for them), for a drafter
     that runs the model's own layers and compresses only its projection onto the vocabulary.
     """
-    kind = resolve_backend(backend, runner.device)
-    if backend == "auto" and kind == "int8":
+    kind = resolve_backend(backend, runner.device, runner.dtype)
+    if backend == "auto" and runner.device.type == "cpu":
         kind = measured_backend(runner)
     V = int(runner.vocab_size)
     if vocab is not None:
@@ -243,46 +240,34 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
 
 def measured_backend(runner, *, measure_agreement=None) -> str:
     """``auto`` on a CPU: the draft weights fastest per draft token here, measured once per
-    machine and model shape among ``int8``, ``int8wo``, ``none`` (the model's own weights in
-    the runner's layout), ``bf16`` where oneDNN has bf16 kernels, ``int8native`` where the
-    native kernel builds, ``int8vnni`` and ``int4vnni`` where it builds with AVX-512 VNNI and
-    ``int4avx2`` where it builds with AVX2 (see :mod:`selfspec._engine.calibration`); ``int8``
-    when the measurement cannot tell. A 4-bit winner runs only if it passes the agreement gate
-    (:mod:`.agreement`: its lower agreement with the model must cost less than its cheaper
-    draft tokens save) against the fastest of the others, which runs otherwise
+    machine and model shape among ``none`` (the model's own weights in the runner's layout)
+    and every registered draft format with ``auto=True`` that runs here (see
+    :mod:`selfspec._engine.calibration`); the static choice (:func:`resolve_backend`) when the
+    measurement cannot tell. A ``gated`` winner (a 4-bit copy) runs only if it passes the
+    agreement gate (:mod:`.agreement`: its lower agreement with the model must cost less than
+    its cheaper draft tokens save) against the fastest of the others, which runs otherwise
     (``measure_agreement`` replaces the gate's measurement, for tests). The choice is recorded
     in ``runner.choices["draft_weights"]``."""
     if "draft_weights" in getattr(runner, "choices", {}):
         return runner.choices["draft_weights"].chosen
     from selfspec._engine.calibration import Choice, choose_draft_weights
-    from selfspec._engine.machine import cpu_capability
     from selfspec._engine.runner.placement import is_dispatched
 
+    static = resolve_backend("auto", runner.device, runner.dtype)
     if is_dispatched(runner.model):  # offloaded layers are not in memory to time
-        choice = Choice("draft_weights", "int8", "static: a model accelerate dispatched")
+        choice = Choice("draft_weights", static, "static: a model accelerate dispatched")
         runner.choices["draft_weights"] = choice
         return choice.chosen
 
-    from selfspec._engine.draftweights.agreement import GATED, gate, gate_terms
-    from selfspec._engine.runner.native import (
-        int4avx2_unsupported,
-        native_unsupported,
-        vnni_unsupported,
-    )
+    from selfspec._engine.draftweights.agreement import gate, gate_terms, gated
 
     if runner.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        candidates = ["int8"]  # float64: the compressed copies only (the static rule)
+        found = [static]  # float64: the static rule
     else:
-        candidates = ["int8", "int8wo", "none"] + (["bf16"] if cpu_capability().onednn_bf16 else [])
-        if native_unsupported("cpu", torch.float32) is None:  # builds the kernel: only where it can be a candidate
-            candidates.append("int8native")
-            if vnni_unsupported() is None:
-                candidates += ["int8vnni", "int4vnni"]
-            if int4avx2_unsupported() is None:
-                candidates.append("int4avx2")
-    choice = choose_draft_weights(runner, static="int8", candidates=candidates)
-    if choice.chosen in GATED:
-        fallback, draft_s, verify_s = gate_terms(choice.seconds)
+        found = candidates("draft", runner.device, runner.dtype)
+    choice = choose_draft_weights(runner, static=static, candidates=found)
+    if gated(choice.chosen):
+        fallback, draft_s, verify_s = gate_terms(choice.seconds, static)
         before = _built_keys(runner.model)
         verdict = gate(runner, choice.chosen, fallback, draft_s, verify_s,
                        measure=measure_agreement or agreement_measure(runner), remember=measure_agreement is None,

@@ -21,11 +21,12 @@
   are :class:`PackedLinear` modules. On CPU MKL runs a single-row product on one thread
   whatever ``torch.set_num_threads`` says; oneDNN uses them all. Same rounding caveat and
   memory cost as ``"transposed"``.
-* ``"native"`` (CPU, float32): like ``"packed"``, but the copies are panels for a small
-  product kernel compiled for this CPU at first use (:mod:`.native`), which reads the weights
-  for one row or a few at the memory's speed. Needs a C compiler; where it cannot run,
-  ``"auto"`` leaves it out and asking for it is an error saying why. Same rounding caveat and
-  memory cost as ``"packed"``; a row's result does not depend on the rows beside it.
+* ``"packed-mkl"`` (CPU, float32, where torch has MKL): a one-row product reads a copy packed
+  for MKL's sgemm at one row (:class:`MklPackedLinear`); wider blocks run the model's own
+  weights through ``F.linear``. A layout per width class: it keeps the model's weights beside
+  the packed copy (adopting it releases nothing).
+* any layout a package registers (:mod:`selfspec._engine.formats`): its ``build`` replaces
+  each ``nn.Linear`` as ``"packed"``'s does.
 
 The layout is applied to *copies* of the layer modules that share every other parameter and
 buffer with the model; the model itself is never modified, and each copy runs its own
@@ -55,15 +56,14 @@ import weakref
 import torch
 from torch import nn
 
+from selfspec._engine.formats import WeightFormatError, build_copy, format_names, weight_format
 from selfspec._engine.machine import CpuCapability, cpu_capability
-from selfspec._engine.runner.native_copies import NativeLinear
 from selfspec._engine.runner.placement import is_offloaded, share_hooks, tensor_key
 
-LAYOUTS: tuple[str, ...] = ("auto", "model", "transposed", "packed", "native")
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class WeightLayoutError(ValueError):
+class WeightLayoutError(WeightFormatError):
     """An unknown weight layout, or one this device/dtype/CPU cannot run."""
 
 
@@ -87,49 +87,56 @@ def packing_unsupported(device_type: str, dtype: torch.dtype, cpu: CpuCapability
 
 
 def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCapability | None,
-                  native_why: str | None = "not probed") -> str:
+                  why: str | None = None) -> str:
     """Resolve a requested weight layout to the one that runs before anything is measured (a
-    pure function: ``native_why`` is :func:`.native.native_unsupported`'s answer).
+    pure function: ``why`` is the registered format's ``unsupported`` answer for an explicit
+    layout).
 
     ``"auto"`` is ``"packed"`` where oneDNN can prepack for this device, dtype and CPU
     (:func:`packing_unsupported` says ``None``), and ``"model"`` everywhere else: float64,
     GPUs, bf16/fp16 on a CPU without oneDNN's low-precision kernels. It never raises for a
-    capability. An explicit ``"packed"`` or ``"native"`` that cannot run raises
-    :class:`WeightLayoutError` saying why; ``"model"`` and ``"transposed"`` run everywhere.
+    capability. An explicit layout that cannot run raises :class:`WeightLayoutError` saying
+    why; ``"model"`` and ``"transposed"`` run everywhere.
     """
-    if layout not in LAYOUTS:
-        raise WeightLayoutError(f"unknown weight layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    why = packing_unsupported(device_type, dtype, cpu) if layout in ("auto", "packed") else None
-    if layout == "native":
-        why = native_why
     if layout == "auto":
-        return "model" if why else "packed"
-    if layout in ("packed", "native") and why:
+        return "model" if packing_unsupported(device_type, dtype, cpu) else "packed"
+    if layout not in layouts():
+        raise WeightLayoutError(f"unknown weight layout {layout!r}; choose one of {', '.join(layouts())}")
+    if layout == "packed":  # decided from the capability given, not this process's CPU
+        why = packing_unsupported(device_type, dtype, cpu)
+    if why:
         raise WeightLayoutError(f"weight layout {layout!r} cannot run here: {why}; use 'auto', "
                                 f"'transposed' or 'model'")
     return layout
 
 
 def check_layout(layout: str, device: torch.device, dtype: torch.dtype) -> str:
-    """:func:`choose_layout` with this process's CPU capability (and, for ``"native"``, whether
-    its kernel builds here)."""
+    """:func:`choose_layout` with this process's CPU capability and the registered format's
+    answer; an unknown name is a :class:`WeightLayoutError` listing the registered layouts."""
+    if layout != "auto":
+        try:
+            fmt = weight_format(layout, "layout")
+        except WeightFormatError as exc:
+            raise WeightLayoutError(str(exc)) from None
+        why = fmt.why_not(device, dtype)
+    else:
+        why = None
     cpu = cpu_capability() if device.type == "cpu" else None
-    native_why = None
-    if layout == "native":
-        from selfspec._engine.runner.native import native_unsupported
+    return choose_layout(layout, device.type, dtype, cpu, why)
 
-        native_why = native_unsupported(device.type, dtype)
-    return choose_layout(layout, device.type, dtype, cpu, native_why)
+
+def layouts() -> tuple[str, ...]:
+    """``("auto", ...)``: every registered layout's name."""
+    return format_names("layout")
 
 
 def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, layout: str) -> nn.Module:
     """Apply ``layout`` to ``model`` itself: no copy, the original weights are released.
 
-    ``"packed"`` / ``"native"``: every ``nn.Linear`` inside ``layers``, and ``lm_head``, is
-    replaced in its parent module by a :class:`PackedLinear` / :class:`.native_copies.NativeLinear`
-    (which still answers ``.weight``, rebuilt on demand, so code that reads a weight once
-    keeps working). ``"transposed"``: each such
-    weight is replaced by its ``[in, out]``-contiguous version. ``"model"``: nothing. Returns
+    Every ``nn.Linear`` inside ``layers``, and ``lm_head``, is replaced in its parent module by
+    the layout's module (:class:`PackedLinear` for ``"packed"``; it still answers ``.weight``,
+    rebuilt on demand, so code that reads a weight once keeps working; ``"transposed"``: an
+    ``nn.Linear`` over the ``[in, out]``-contiguous weight). ``"model"``: nothing. Returns
     the LM head module now in the model. Idempotent. Tied weights (an LM head that is the
     embedding matrix) are not released: the embedding still holds them. Offloaded modules
     (weights on the meta device, see the module doc) are left as they are.
@@ -138,71 +145,20 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
         return lm_head
     layers = [layer for layer in layers if not is_offloaded(layer)]
     layout_head = not is_offloaded(lm_head)
-    if layout == "transposed":
-        for module in [*layers, *([lm_head] if layout_head else [])]:
-            for sub in module.modules():
-                if _is_plain_linear(sub) and not is_transposed(sub.weight):
-                    sub.weight = nn.Parameter(sub.weight.detach().t().contiguous().t(), requires_grad=False)
-        return lm_head
-    cls = _linear_class(layout)
-    mapped = _file_mappings()
+    fmt = weight_format(layout, "layout")
     for layer in layers:
         for sub in list(layer.modules()):
             for name, child in list(sub.named_children()):
                 if _is_plain_linear(child):
-                    setattr(sub, name, cls(child))
-                    _release_file_pages(child.weight, mapped)
+                    setattr(sub, name, build_copy(fmt, child))
     if not _is_plain_linear(lm_head) or not layout_head:
         return lm_head
-    packed_head = cls(lm_head)
+    laid_head = build_copy(fmt, lm_head)
     for parent in model.modules():
         for name, child in list(parent.named_children()):
             if child is lm_head:
-                setattr(parent, name, packed_head)
-    _release_file_pages(lm_head.weight, mapped)
-    return packed_head
-
-
-def _file_mappings() -> list[tuple[int, int]]:
-    """``[(start, end)]`` of this process's file-backed memory mappings (Linux; else ``[]``)."""
-    ranges = []
-    try:
-        with open("/proc/self/maps") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) >= 6 and parts[4] != "0" and not parts[5].startswith("["):
-                    lo, hi = parts[0].split("-")
-                    ranges.append((int(lo, 16), int(hi, 16)))
-    except OSError:
-        return []
-    return ranges
-
-
-def _release_file_pages(weight: torch.Tensor, mapped: list[tuple[int, int]]) -> None:
-    """Drop from the resident set the pages of a replaced weight that lie in a mapped file.
-
-    Transformers loads safetensors weights as views of a memory-mapped file; a weight that a
-    packed copy replaced is freed, but its pages stay mapped (and resident) while any other
-    tensor of that file lives. ``madvise(MADV_DONTNEED)`` on the weight's whole pages drops
-    them: for a clean file mapping that is always safe (a later access reads the file again).
-    Done only when nothing else shares the weight's storage, only on Linux, and only for
-    pages inside a file mapping; anything else is left alone.
-    """
-    if not mapped or weight.device.type != "cpu" or not hasattr(torch._C, "_storage_Use_Count"):
-        return
-    if torch._C._storage_Use_Count(weight.untyped_storage()._cdata) > 2:  # ours + this query
-        return
-    import ctypes
-    import mmap
-
-    page = mmap.PAGESIZE
-    start = weight.data_ptr()
-    end = start + weight.numel() * weight.element_size()
-    lo, hi = -(-start // page) * page, end // page * page
-    if hi <= lo or not any(a <= lo and hi <= b for a, b in mapped):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
+                setattr(parent, name, laid_head)
+    return laid_head
 
 
 def layout_copy(module: nn.Module, layout: str) -> nn.Module:
@@ -210,19 +166,12 @@ def layout_copy(module: nn.Module, layout: str) -> nn.Module:
     (see the module doc)."""
     if layout == "model" or is_offloaded(module):
         return module
-    if layout == "transposed":
-        return transposed_copy(module)
-    return replace_linears(module, _linear_class(layout))
-
-
-def _linear_class(layout: str) -> type[nn.Module]:
-    """The product module a layout replaces ``nn.Linear`` by (``"packed"``, ``"native"``)."""
-    return NativeLinear if layout == "native" else PackedLinear
+    return replace_linears(module, layout)
 
 
 def _is_plain_linear(module: nn.Module) -> bool:
-    """An ``nn.Linear`` not yet laid out (not a packed or native product module)."""
-    return isinstance(module, nn.Linear) and not isinstance(module, (PackedLinear, NativeLinear))
+    """An ``nn.Linear`` not yet laid out (no layout's module)."""
+    return isinstance(module, nn.Linear) and getattr(module, "weight_format", None) is None
 
 
 #: Layout copies already made, per model: every Runner over one model shares them, so ten
@@ -270,35 +219,40 @@ def transposed_copy(module: nn.Module) -> nn.Module:
     Every other parameter and buffer (norms, biases, rotary tables) is shared with
     ``module``, not copied; the new weights hold the same values as the old ones.
     """
-    memo = _shared_memo(module)
-    for sub in module.modules():
-        if _is_plain_linear(sub):
-            w = sub.weight.detach()
-            # w_t: [out, in] with strides (1, out), a view of a contiguous [in, out] matrix
-            w_t = w.t().contiguous().t()
-            memo[id(sub.weight)] = nn.Parameter(w_t, requires_grad=False)
-    return copy.deepcopy(module, memo)
+    return replace_linears(module, "transposed")
 
 
 def packed_copy(module: nn.Module) -> nn.Module:
     """A copy of ``module`` (sharing every parameter and buffer) whose ``nn.Linear``
     submodules are replaced by :class:`PackedLinear` (a plain ``nn.Linear`` module itself
     becomes one)."""
-    return replace_linears(module, PackedLinear)
+    return replace_linears(module, "packed")
 
 
-def replace_linears(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
+def replace_linears(module: nn.Module, layout: str) -> nn.Module:
     """A copy of ``module`` (sharing every parameter and buffer) whose plain ``nn.Linear``
-    submodules are ``cls(linear)``; a plain ``nn.Linear`` itself becomes one, any other
-    product module (already laid out) is returned as it is."""
+    submodules are the registered layout ``layout``'s modules; a plain ``nn.Linear`` itself
+    becomes one, any other product module (already laid out) is returned as it is."""
+    fmt = weight_format(layout, "layout")
     if isinstance(module, nn.Linear):
-        return cls(module) if _is_plain_linear(module) else module
+        return build_copy(fmt, module) if _is_plain_linear(module) else module
     twin = copy.deepcopy(module, _shared_memo(module))
     for sub in list(twin.modules()):
         for child_name, child in list(sub.named_children()):
             if _is_plain_linear(child):
-                setattr(sub, child_name, cls(child))
+                setattr(sub, child_name, build_copy(fmt, child))
     return twin
+
+
+def transposed_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """An ``nn.Linear`` over ``weight`` stored as a contiguous ``[in, out]`` matrix (its
+    ``weight`` the ``[out, in]`` transpose view) and the same ``bias`` tensor."""
+    out_f, in_f = weight.shape
+    linear = nn.Linear(in_f, out_f, bias=False, device="meta", dtype=weight.dtype)
+    # w_t: [out, in] with strides (1, out), a view of a contiguous [in, out] matrix
+    linear.weight = nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
+    linear.bias = bias if isinstance(bias, nn.Parameter) or bias is None else nn.Parameter(bias, requires_grad=False)
+    return linear
 
 
 class PackedLinear(nn.Linear):
@@ -316,13 +270,15 @@ class PackedLinear(nn.Linear):
     wider block (draft verification, trees, branches) 20-35 % slower on CPU; see
     ``docs/performance.md``, "Prepacking for one row or for any width"."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, weight: torch.Tensor | nn.Linear, bias: torch.Tensor | None = None) -> None:
         nn.Module.__init__(self)  # not nn.Linear's: it would allocate a weight
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        w = linear.weight.detach()
+        if isinstance(weight, nn.Module):  # an nn.Linear: its weight and bias
+            weight, bias = weight.weight, weight.bias
+        w = weight.detach()
+        self.out_features, self.in_features = w.shape
         # opaque oneDNN layout, any width
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w), persistent=False)
-        self.bias = linear.bias
+        self.bias = bias
 
     @property
     def weight(self) -> torch.Tensor:  # type: ignore[override]
@@ -350,9 +306,33 @@ class PackedLinear(nn.Linear):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
 
 
+class MklPackedLinear(nn.Linear):
+    """``nn.Linear`` whose one-row products read a copy of the weight packed for MKL's sgemm at
+    one row (``torch.ops.mkl._mkl_linear``); any other row count runs ``F.linear`` on the
+    original weight, which it keeps (shared, not copied). float32, CPU with MKL."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a weight
+        w = weight.detach()
+        self.out_features, self.in_features = w.shape
+        self.weight = w if isinstance(weight, nn.Parameter) else nn.Parameter(w, requires_grad=False)
+        self.register_buffer("packed", torch.ops.mkl._mkl_reorder_linear_weight(w, 1), persistent=False)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # rows: [n, in]
+        if rows.shape[0] != 1:
+            return nn.functional.linear(x, self.weight, self.bias)
+        y = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, self.bias, 1)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, MKL-packed for one row"
+
+
 def weight_spec(module: nn.Module) -> tuple[torch.Size, torch.dtype, torch.device]:
     """Shape, dtype and device of a product module's ``[out, in]`` weight, without rebuilding
-    it (a native or packed layout's ``.weight`` is a new copy on every access)."""
+    it (a packed layout's ``.weight`` is a new copy on every access)."""
     spec = getattr(module, "weight_spec", None)
     if callable(spec):
         return spec()
@@ -371,7 +351,8 @@ def weight_rows(module: nn.Module, rows: int) -> torch.Tensor:
 
 def weight_into(module: nn.Module, out: torch.Tensor) -> torch.Tensor:
     """A product module's ``[out, in]`` weight written into ``out`` (a contiguous tensor of its
-    shape); returns ``out``. A native layout writes its panels there directly."""
+    shape); returns ``out``. A layout that rebuilds its weight may write it there directly
+    (a ``weight_into(out)`` method)."""
     write = getattr(module, "weight_into", None)
     if callable(write):
         return write(out)
@@ -379,7 +360,7 @@ def weight_into(module: nn.Module, out: torch.Tensor) -> torch.Tensor:
 
 
 def rebuilt_weight(module: nn.Module) -> bool:
-    """Whether ``module.weight`` is rebuilt on access (a layout's panels or packed copy) rather
+    """Whether ``module.weight`` is rebuilt on access (a layout's packed copy) rather
     than a stored tensor."""
     return isinstance(getattr(type(module), "weight", None), property)
 

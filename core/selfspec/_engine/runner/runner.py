@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from selfspec._engine import formats
 from selfspec._engine.runner import masks, placement
 from selfspec._engine.runner.adapters import Adapter, adapter_for
 from selfspec._engine.runner.cache import KVCache
@@ -54,7 +55,7 @@ class Runner:
 
     ``weight_layout``: ``"auto"`` (default: the fastest layout measured here, see
     :meth:`_measured_layout`), ``"model"`` (bitwise the model's own forward), or
-    ``"transposed"`` / ``"packed"`` / ``"native"`` (runner-side copies of the linear weights laid out for
+    ``"transposed"`` / ``"packed"`` / ``"packed-mkl"`` or a registered layout (runner-side copies of the linear weights laid out for
     faster CPU products: equal up to rounding, one extra copy of those weights; see
     :mod:`.layout`). ``layers`` stays the model's own modules whatever the layout.
     ``adopt=True`` applies the layout to the model in place instead of to copies
@@ -117,20 +118,17 @@ class Runner:
         self.max_positions: int | None = int(limit) if limit else None
 
     def _measured_layout(self, model: nn.Module) -> str:
-        """``auto``: the fastest layout measured here among those that can run (the model's own,
-        the transposed and packed copies where oneDNN can pack this dtype, the native kernel's
-        panels where it builds here), the static rule's choice when the measurement cannot
-        tell them apart."""
+        """``auto``: the fastest layout measured here among the registered layouts that run for
+        this device and dtype (:func:`selfspec._engine.formats.candidates`), the static rule's
+        choice when the measurement cannot tell them apart or where none but it runs (a layout
+        of the model's own dtype only: a GPU, float64)."""
         from selfspec._engine.calibration import Choice, choose_weight_layout
-        from selfspec._engine.runner.native import native_unsupported
 
         static = self.weight_layout
         if placement.is_dispatched(model):  # offloaded weights are not in memory to time
             self.choices["weight_layout"] = Choice("weight_layout", static, "static: a model accelerate dispatched")
             return static
-        candidates = ["model", "transposed", "packed"] if static == "packed" else [static]
-        if native_unsupported(self.device.type, self.dtype) is None:
-            candidates.append("native")
+        candidates = formats.candidates("layout", self.device, self.dtype) if static == "packed" else [static]
         choice = choose_weight_layout(model, list(self.layers), self.adapter.lm_head, static=static,
                                       candidates=candidates)
         self.choices["weight_layout"] = choice

@@ -38,13 +38,12 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "needs one); implies --device-map auto."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="Torch CPU threads (default: physical cores)."),
-        click.option("--weight-layout", type=click.Choice(["auto", "model", "transposed", "packed", "native"]),
-                     default=None,
+        click.option("--weight-layout", type=LayoutChoice(), default=None,
                      help="How the runner holds the linear weights: auto (default: the fastest of those "
                           "that run here, measured once per model shape and machine; `specdec plugins` "
                           "says which), model (bitwise the model's forward), transposed, packed (oneDNN), "
-                          "native (float32: a kernel compiled for this CPU at first use; needs a C "
-                          "compiler). See docs/performance.md."),
+                          "packed-mkl (MKL's packed sgemm for one row), or any registered layout "
+                          "(`specdec plugins` lists them). See docs/performance.md."),
         click.option("--exact", is_flag=True, default=None,
                      help="Exact mode: every forward's rows bitwise equal one-token forwards, so the "
                           "output equals `vanilla --exact` bit for bit in every dtype (slower; "
@@ -55,6 +54,24 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     for d in reversed(decorators):
         f = d(f)
     return f
+
+
+class LayoutChoice(click.ParamType):
+    """A registered weight layout's name or ``auto``, read from the registry when a value is
+    given (so ``specdec --help`` imports no torch)."""
+
+    name = "layout"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "LAYOUT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from selfspec._engine.formats import format_names
+
+        names = format_names("layout")
+        if value not in names:
+            self.fail(f"{value!r} is not a registered weight layout; choose one of {', '.join(names)}", param, ctx)
+        return value
 
 
 def _generation_options(f: Callable[..., Any]) -> Callable[..., Any]:

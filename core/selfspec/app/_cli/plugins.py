@@ -66,42 +66,41 @@ def host_line() -> str:
         why = packing_unsupported("cpu", dtype, cpu) if layout != "packed" else None
         parts.append(f"{name}: {layout}" + (f" ({why})" if why and dtype != torch.float64 else ""))
     line = (f"host: {cpu_model()} [{cpu.label}]; before measuring, --weight-layout auto on CPU runs "
-            + "; ".join(parts) + f"; the native float32 layout: {native_line()}")
-    return "\n".join([line, *measured_lines()])
+            + "; ".join(parts))
+    return "\n".join([line, *format_lines(), *measured_lines()])
 
 
-def native_line() -> str:
-    """Whether the native kernel runs here, and which of its draft weights (the ``*vnni`` ones
-    need AVX-512 VNNI in its target, ``int4avx2`` AVX2)."""
+def format_lines() -> list[str]:
+    """The registered weight formats (:mod:`selfspec._engine.formats`), one line each: role,
+    name, what it is, where it can run, whether it runs for a float32 model on this CPU (or
+    why not), whether ``auto`` measures it, and the package that registered it."""
     import torch
 
-    from selfspec._engine.draftweights import NATIVE_BACKENDS, DraftWeightsError, resolve_backend
-    from selfspec._engine.runner.native import native_unsupported
+    from selfspec._engine.formats import weight_formats
 
-    why_not = native_unsupported("cpu", torch.float32)
-    if why_not is not None:
-        return f"unavailable: {why_not}"
-    runs = []
-    for backend in NATIVE_BACKENDS:
-        try:
-            runs.append(resolve_backend(backend, torch.device("cpu")))
-        except DraftWeightsError:
-            continue
-    return f"auto also measures it; its draft weights here: {', '.join(runs)}"
+    lines = ["weight formats (--weight-layout: layout; -o draft_weights=: draft; for a float32 model on this CPU):"]
+    for name, fmt in weight_formats().items():
+        why = fmt.why_not("cpu", torch.float32)
+        here = "runs here" if why is None else f"not here: {why}"
+        auto = ", auto measures it" if fmt.auto and why is None else ""
+        gate = " through the agreement gate" if auto and fmt.gated else ""
+        owner = "" if fmt.owner == "selfspec" else f" [from {fmt.owner}]"
+        lines.append(f"  {fmt.role:6} {name}: {fmt.summary} ({fmt.runs_on}; {here}{auto}{gate}){owner}")
+    return lines
 
 
 def measured_lines() -> list[str]:
     """What ``auto`` measured on this machine so far, one line per model shape and choice."""
     from selfspec._engine.calibration import cached_choices
-    from selfspec._engine.draftweights.agreement import GATED, cached_agreements
+    from selfspec._engine.draftweights.agreement import cached_agreements, gated
 
     found = cached_choices()
     if not found:
         return ["measured here: nothing yet (auto measures the layout and draft weights at a model's first use)"]
     lines = ["measured here (auto, per model shape; SELFSPEC_CALIBRATE=0 keeps the rule above):"]
     for key, choice in found:
-        gated = "; a 4-bit copy runs only where the agreement gate admits it" if choice.chosen in GATED else ""
-        lines.append(f"  {key.rsplit('-', 1)[0]}: {choice.note()}{gated}")
+        note = "; a 4-bit copy runs only where the agreement gate admits it" if gated(choice.chosen) else ""
+        lines.append(f"  {key.rsplit('-', 1)[0]}: {choice.note()}{note}")
     agreements = cached_agreements()
     if agreements:
         lines.append("agreement gate (per model: how often each copy ranks the model's token in its top two):")
