@@ -84,26 +84,3 @@ def test_an_adopting_decoder_decodes_like_a_copying_one():
                                                                                    eos_token_ids=[])
     assert got.output_ids == ref.output_ids
     assert got.stats.weight_layout == "packed"
-
-
-def _rss_file_kb() -> int:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("RssFile:"))
-
-
-@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc/self")
-def test_released_file_pages_leave_the_resident_set_and_the_values_intact(tmp_path):
-    from selfspec._engine.runner.layout import _file_mappings, _release_file_pages
-
-    n = 8 * 1024 * 1024  # 32 MB of float32
-    path = tmp_path / "weights.bin"
-    torch.arange(n, dtype=torch.float32).numpy().tofile(path)
-    weight = torch.from_file(str(path), shared=True, size=n, dtype=torch.float32)  # a file mapping
-    assert float(weight.sum()) > 0  # touch every page
-    before = _rss_file_kb()
-    _release_file_pages(weight, _file_mappings())
-    assert before - _rss_file_kb() > 16 * 1024  # most of the 32 MB left the resident set
-    assert torch.equal(weight, torch.arange(n, dtype=torch.float32))  # read again from the file
-    anon = torch.ones(n)
-    _release_file_pages(anon, _file_mappings())  # anonymous memory is never touched
-    assert bool((anon == 1).all())

@@ -24,8 +24,9 @@ import selfspec
 from selfspec import Decoder, Runner, WeightFormat, WeightFormatError, draft_weights, weight_formats
 from selfspec._engine import calibration, formats
 from selfspec._engine.draftweights import resolve_backend, shadow
+from selfspec._engine.formats import check_layout
 from selfspec._engine.plugins import PluginError
-from selfspec._engine.runner.layout import WeightLayoutError, check_layout
+from selfspec._engine.runner.layout import WeightLayoutError
 from selfspec.testing import assert_lossless, tiny_model
 
 PACKAGE = '''

@@ -85,7 +85,8 @@ _FORCED_SCRIPT = textwrap.dedent("""
     import torch
     from selfspec import Decoder
     from selfspec._engine.machine import cpu_capability, machine_info
-    from selfspec._engine.runner.layout import WeightLayoutError, check_layout
+    from selfspec._engine.formats import check_layout
+    from selfspec._engine.runner.layout import WeightLayoutError
     from selfspec.testing import NearTieWarning, assert_lossless, tiny_model
 
     cap = cpu_capability()

@@ -49,7 +49,7 @@ _API: dict[str, tuple[str, str]] = {
     "draft_vocab": ("draftweights", "draft_vocab"),
     "register_draft_options": ("draftweights", "register_draft_options"),
     "DRAFT_WEIGHTS": ("draftweights", "BACKENDS"),
-    "WeightFormat": ("formats", "WeightFormat"),
+    "WeightFormat": ("types", "WeightFormat"),
     "WeightFormatError": ("formats", "WeightFormatError"),
     "weight_formats": ("formats", "weight_formats"),
     "NgramIndex": ("ngram", "NgramIndex"),

@@ -114,13 +114,14 @@ def choose_weight_layout(model: nn.Module, layers: Sequence[nn.Module], lm_head:
     choice, the fallback). One candidate: that one, unmeasured."""
     if len(candidates) < 2:
         return Choice("weight_layout", static, "static: the only layout that runs here")
+    from selfspec._engine.formats import weight_format
     from selfspec._engine.runner.layout import layout_copy
 
     def prepare() -> tuple[Build, tuple[float, float]]:
         sample, head, scale_layers, scale_head = _sample(layers, lm_head)
 
         def build(layout: str) -> list[nn.Module]:
-            return [layout_copy(m, layout) for m in (*sample, head)]
+            return [layout_copy(m, weight_format(layout, "layout")) for m in (*sample, head)]
 
         return build, (scale_layers, scale_head)
 

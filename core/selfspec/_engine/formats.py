@@ -18,17 +18,17 @@ format as it adds a plugin. The CLI's choices, ``auto``'s candidates (every form
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-import pluggy
 import torch
-from torch import nn
 
-from selfspec._engine import hookspecs
+from selfspec._engine.machine import cpu_capability
 from selfspec._engine.markers import PROJECT
+from selfspec._engine.plugins import PluginError
+from selfspec._engine.runner.layout import choose_layout
+from selfspec._engine.types import WeightFormat
 
 #: The entry-point group whose modules implement ``selfspec_weight_formats``.
 ENTRY_POINT_GROUP = "selfspec.weight_formats"
@@ -38,45 +38,6 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9.+-]*\Z")
 
 class WeightFormatError(ValueError):
     """An unknown weight format, one that cannot run here, or a malformed registration."""
-
-
-def _runs_everywhere(device: torch.device, dtype: torch.dtype) -> str | None:
-    return None
-
-
-@dataclass(frozen=True)
-class WeightFormat:
-    """One registered way to hold a linear layer's weights (see the module doc).
-
-    ``name``: what it is (``"int8"``, ``"fp16-weights"``), lower case. ``role``: ``"layout"``
-    or ``"draft"``. ``summary``: one line for ``specdec plugins`` and the option help.
-    ``build(weight, bias)``: a module computing ``x @ weight.T + bias`` for inputs ``[..., in]``
-    of the caller's dtype, returning that dtype (``weight``: ``[out, in]``, the model's dtype;
-    ``bias``: ``[out]`` or ``None``); ``None`` for the two formats that are the model's own
-    weights (``model``, ``none``). ``unsupported(device, dtype)``: why it cannot run for a
-    model on ``device`` in ``dtype`` (one clause, e.g. ``"it needs bitsandbytes"``), or
-    ``None``. ``auto``: whether ``auto`` measures it where it runs. ``gated``: a draft copy so
-    coarse (4-bit) that ``auto`` uses it only when its agreement with the model is worth its
-    speed (:mod:`selfspec._engine.draftweights.agreement`). ``runs_on``: where it can run,
-    in words, for the listing. ``owner``: the package that registered it (set by the registry).
-    """
-
-    name: str
-    role: str
-    summary: str
-    build: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None
-    unsupported: Callable[[torch.device, torch.dtype], str | None] = _runs_everywhere
-    auto: bool = True
-    gated: bool = False
-    runs_on: str = "any device, any dtype"
-    owner: str = field(default="", compare=False)
-
-    def why_not(self, device: torch.device | str, dtype: torch.dtype) -> str | None:
-        """:attr:`unsupported`, with a failure inside it reported as the reason."""
-        try:
-            return self.unsupported(torch.device(device), dtype)
-        except Exception as exc:  # a third-party check that breaks must not break the host
-            return f"its check failed ({type(exc).__name__}: {exc})"
 
 
 def weight_formats(role: str | None = None) -> dict[str, WeightFormat]:
@@ -116,14 +77,15 @@ def reload_weight_formats() -> None:
     _REGISTRY = None
 
 
-def build_copy(fmt: WeightFormat, linear: nn.Module) -> nn.Module:
-    """``fmt.build`` on a linear module's weight and bias, the result marked with the format's
-    name (``module.weight_format``), so it is never laid out twice."""
-    if fmt.build is None:
-        return linear
-    module = fmt.build(linear.weight.detach(), getattr(linear, "bias", None))
-    module.weight_format = fmt.name
-    return module
+def check_layout(layout: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The weight layout that runs for ``layout`` on ``device`` in ``dtype`` before anything is
+    measured (:func:`selfspec._engine.runner.layout.choose_layout` with this process's CPU
+    capability and the registered layouts); :class:`WeightLayoutError` for an unknown name,
+    listing the registered ones, or for one that cannot run here, saying why."""
+    why = None if layout == "auto" or layout not in weight_formats("layout") else (
+        weight_formats("layout")[layout].why_not(device, dtype))
+    cpu = cpu_capability() if torch.device(device).type == "cpu" else None
+    return choose_layout(layout, torch.device(device).type, dtype, cpu, why, known=tuple(weight_formats("layout")))
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -131,22 +93,20 @@ _REGISTRY: dict[str, WeightFormat] | None = None
 
 
 def _load() -> dict[str, WeightFormat]:
-    """Call every ``selfspec_weight_formats`` implementation: the host's, then each entry point's."""
+    """Call every ``selfspec_weight_formats`` implementation: the host's own first, then each
+    package's in the entry-point group."""
     from selfspec._engine.builtin import (
-        formats as builtin,  # the host's formats register through the same hook
+        formats as builtin,  # below: it imports the product modules, never this
     )
-    from selfspec._engine.plugins import PluginError
 
-    pm = pluggy.PluginManager(PROJECT)
-    pm.add_hookspecs(hookspecs)
-    sources: list[tuple[str, Any]] = [("selfspec", builtin)]
-    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        owner = f"{ep.dist.name if ep.dist else ep.name}"
+    sources: list[tuple[str, Any]] = [(PROJECT, builtin)]
+    eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    for ep in sorted(eps, key=lambda e: (_owner(e), e.name)):
         try:
-            sources.append((owner, ep.load()))
+            sources.append((_owner(ep), ep.load()))
         except Exception as exc:
-            raise PluginError(owner, f"weight formats entry point {ep.value!r} cannot be imported: "
-                                     f"{type(exc).__name__}: {exc}") from exc
+            raise PluginError(_owner(ep), f"weight formats entry point {ep.value!r} cannot be imported: "
+                                          f"{type(exc).__name__}: {exc}") from exc
     found: dict[str, WeightFormat] = {}
     for owner, obj in sources:
         impl = getattr(obj, "selfspec_weight_formats", None)
@@ -194,3 +154,8 @@ class FormatChoices(Sequence):
 
     def __repr__(self) -> str:
         return repr(format_names(self.role))
+
+
+def _owner(ep: metadata.EntryPoint) -> str:
+    """The distribution that declares ``ep`` (its entry point's name where unknown)."""
+    return ep.dist.name if ep.dist is not None else ep.name

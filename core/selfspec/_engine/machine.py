@@ -263,3 +263,15 @@ def machine_info() -> dict[str, Any]:
 
     info["selfspec"] = __version__
     return info
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations (Linux ``MemAvailable``), else ``None``."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -25,7 +25,6 @@ from selfspec._engine.draftweights.linears import (
     IntMmLinear,
     bnb_module,
 )
-from selfspec._engine.formats import WeightFormat
 from selfspec._engine.machine import cpu_capability
 from selfspec._engine.runner.layout import (
     MklPackedLinear,
@@ -33,13 +32,14 @@ from selfspec._engine.runner.layout import (
     packing_unsupported,
     transposed_linear,
 )
+from selfspec._engine.types import WeightFormat
 
 
 def selfspec_weight_formats(register: Callable[[WeightFormat], None]) -> None:
     """The host's formats, layouts first (``auto``'s static choice among them comes first)."""
     register(WeightFormat(
         "model", "layout", "the model's weights as they are: bitwise the model's own forward", None,
-        auto=True))
+        memory=0.0))
     register(WeightFormat(
         "transposed", "layout", "a copy of each weight stored [in, out] (a plain BLAS product)",
         transposed_linear))
@@ -47,8 +47,8 @@ def selfspec_weight_formats(register: Callable[[WeightFormat], None]) -> None:
         "packed", "layout", "a copy of each weight prepacked for oneDNN's inner product (any row count)",
         PackedLinear, unsupported=_packing, runs_on="CPU: float32; bf16/fp16 where oneDNN has kernels for them"))
     register(WeightFormat(
-        "packed-mkl", "layout", "one row on a copy packed for MKL's sgemm, wider blocks on the model's weights",
-        MklPackedLinear, unsupported=_mkl_packing, runs_on="CPU with MKL, float32"))
+        "packed-mkl", "layout", "one row on a copy packed for MKL's sgemm, wider blocks on oneDNN's (2.3x the bytes)",
+        MklPackedLinear, unsupported=_mkl_packing, runs_on="CPU with MKL and oneDNN, float32", memory=2.3))
     register(WeightFormat(
         "none", "draft", "no copy: drafts read the model's own weights (the papers' setting)", None))
     register(WeightFormat(
@@ -90,6 +90,8 @@ def _mkl_packing(device: torch.device, dtype: torch.dtype) -> str | None:
         return f"MKL's packed sgemm is float32 only, not {str(dtype).removeprefix('torch.')}"
     if not torch.backends.mkl.is_available():
         return "this torch build has no MKL"
+    if (why := _packing(device, dtype)) is not None:
+        return why
     return _probe("packed-mkl", MklPackedLinear)
 
 

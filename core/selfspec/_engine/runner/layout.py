@@ -21,10 +21,10 @@
   are :class:`PackedLinear` modules. On CPU MKL runs a single-row product on one thread
   whatever ``torch.set_num_threads`` says; oneDNN uses them all. Same rounding caveat and
   memory cost as ``"transposed"``.
-* ``"packed-mkl"`` (CPU, float32, where torch has MKL): a one-row product reads a copy packed
-  for MKL's sgemm at one row (:class:`MklPackedLinear`); wider blocks run the model's own
-  weights through ``F.linear``. A layout per width class: it keeps the model's weights beside
-  the packed copy (adopting it releases nothing).
+* ``"packed-mkl"`` (CPU, float32, where torch has MKL): a layout per width class
+  (:class:`MklPackedLinear`): a one-row product reads a copy packed for MKL's sgemm at one row,
+  wider blocks ``"packed"``'s oneDNN copy. It holds both: about 2.3x the float32 weights, where
+  the others hold 1x; ``auto`` measures it only where that fits in the memory available.
 * any layout a package registers (:mod:`selfspec._engine.formats`): its ``build`` replaces
   each ``nn.Linear`` as ``"packed"``'s does.
 
@@ -52,18 +52,20 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections.abc import Callable, Collection
+from types import SimpleNamespace
+from typing import Protocol
 
 import torch
 from torch import nn
 
-from selfspec._engine.formats import WeightFormatError, build_copy, format_names, weight_format
-from selfspec._engine.machine import CpuCapability, cpu_capability
+from selfspec._engine.machine import CpuCapability
 from selfspec._engine.runner.placement import is_offloaded, share_hooks, tensor_key
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class WeightLayoutError(WeightFormatError):
+class WeightLayoutError(ValueError):
     """An unknown weight layout, or one this device/dtype/CPU cannot run."""
 
 
@@ -86,11 +88,16 @@ def packing_unsupported(device_type: str, dtype: torch.dtype, cpu: CpuCapability
     return None
 
 
+#: The host's own layouts (registered in :mod:`selfspec._engine.builtin.formats`); a layout a
+#: package registers reaches the functions below as its registered format.
+OWN_LAYOUTS: tuple[str, ...] = ("model", "transposed", "packed", "packed-mkl")
+
+
 def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCapability | None,
-                  why: str | None = None) -> str:
+                  why: str | None = None, known: Collection[str] = OWN_LAYOUTS) -> str:
     """Resolve a requested weight layout to the one that runs before anything is measured (a
-    pure function: ``why`` is the registered format's ``unsupported`` answer for an explicit
-    layout).
+    pure function: ``why`` is the layout's registered ``unsupported`` answer, ``known`` the
+    registered names; :func:`selfspec._engine.formats.check_layout` gives both).
 
     ``"auto"`` is ``"packed"`` where oneDNN can prepack for this device, dtype and CPU
     (:func:`packing_unsupported` says ``None``), and ``"model"`` everywhere else: float64,
@@ -100,8 +107,8 @@ def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCap
     """
     if layout == "auto":
         return "model" if packing_unsupported(device_type, dtype, cpu) else "packed"
-    if layout not in layouts():
-        raise WeightLayoutError(f"unknown weight layout {layout!r}; choose one of {', '.join(layouts())}")
+    if layout not in known:
+        raise WeightLayoutError(f"unknown weight layout {layout!r}; choose one of auto, {', '.join(known)}")
     if layout == "packed":  # decided from the capability given, not this process's CPU
         why = packing_unsupported(device_type, dtype, cpu)
     if why:
@@ -110,27 +117,37 @@ def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCap
     return layout
 
 
-def check_layout(layout: str, device: torch.device, dtype: torch.dtype) -> str:
-    """:func:`choose_layout` with this process's CPU capability and the registered format's
-    answer; an unknown name is a :class:`WeightLayoutError` listing the registered layouts."""
-    if layout != "auto":
-        try:
-            fmt = weight_format(layout, "layout")
-        except WeightFormatError as exc:
-            raise WeightLayoutError(str(exc)) from None
-        why = fmt.why_not(device, dtype)
-    else:
-        why = None
-    cpu = cpu_capability() if device.type == "cpu" else None
-    return choose_layout(layout, device.type, dtype, cpu, why)
+class _Layout(Protocol):
+    """What the functions below need of a layout: its registered name and ``build(weight,
+    bias)`` (``None``: the model's own weights)."""
+
+    name: str
+    build: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None
 
 
-def layouts() -> tuple[str, ...]:
-    """``("auto", ...)``: every registered layout's name."""
-    return format_names("layout")
+def _as_layout(layout: str | _Layout) -> _Layout:
+    """A layout given by name (one of :data:`OWN_LAYOUTS`) or as its registered format."""
+    if not isinstance(layout, str):
+        return layout
+    builds = {"model": None, "transposed": transposed_linear, "packed": PackedLinear, "packed-mkl": MklPackedLinear}
+    if layout not in builds:
+        raise WeightLayoutError(f"unknown weight layout {layout!r}; pass a package's layout as its registered "
+                                "format (selfspec.weight_formats())")
+    return SimpleNamespace(name=layout, build=builds[layout])
 
 
-def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, layout: str) -> nn.Module:
+def build_copy(layout: str | _Layout, linear: nn.Module) -> nn.Module:
+    """``layout``'s module for a linear module's weight and bias, marked with the layout's name
+    (``module.weight_format``), so it is never laid out twice."""
+    fmt = _as_layout(layout)
+    if fmt.build is None:
+        return linear
+    module = fmt.build(linear.weight.detach(), getattr(linear, "bias", None))
+    module.weight_format = fmt.name
+    return module
+
+
+def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, layout: str | _Layout) -> nn.Module:
     """Apply ``layout`` to ``model`` itself: no copy, the original weights are released.
 
     Every ``nn.Linear`` inside ``layers``, and ``lm_head``, is replaced in its parent module by
@@ -141,11 +158,11 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
     embedding matrix) are not released: the embedding still holds them. Offloaded modules
     (weights on the meta device, see the module doc) are left as they are.
     """
-    if layout == "model":
+    fmt = _as_layout(layout)
+    if fmt.build is None:
         return lm_head
     layers = [layer for layer in layers if not is_offloaded(layer)]
     layout_head = not is_offloaded(lm_head)
-    fmt = weight_format(layout, "layout")
     for layer in layers:
         for sub in list(layer.modules()):
             for name, child in list(sub.named_children()):
@@ -161,10 +178,10 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
     return laid_head
 
 
-def layout_copy(module: nn.Module, layout: str) -> nn.Module:
+def layout_copy(module: nn.Module, layout: str | _Layout) -> nn.Module:
     """``module`` itself for ``"model"`` or an offloaded module, else a copy with the layout
     (see the module doc)."""
-    if layout == "model" or is_offloaded(module):
+    if _as_layout(layout).build is None or is_offloaded(module):
         return module
     return replace_linears(module, layout)
 
@@ -182,17 +199,17 @@ _COPIES: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[list[nn.Module],
 
 
 def shared_layout_copies(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module,
-                         layout: str) -> tuple[list[nn.Module], nn.Module]:
+                         layout: str | _Layout) -> tuple[list[nn.Module], nn.Module]:
     """``(layer copies, LM head copy)`` with ``layout`` for ``model``, made once and shared.
 
     The copies are stateless (weights only), so runners can share them. They are made again
     when any weight of ``layers``/``lm_head`` was replaced or changed in place since (the key
     holds each weight's storage pointer and version counter), so a shared copy is never stale.
     """
-    if layout == "model":
+    if _as_layout(layout).build is None:
         return list(layers), lm_head
     weights = [p for m in [*layers, lm_head] for p in m.parameters()]
-    key = (layout, len(layers), tuple(tensor_key(p) for p in weights))
+    key = (_as_layout(layout).name, len(layers), tuple(tensor_key(p) for p in weights))
     per_model = _COPIES.setdefault(model, {})
     if key not in per_model:
         per_model.clear()  # older copies of this model's weights are stale
@@ -229,11 +246,11 @@ def packed_copy(module: nn.Module) -> nn.Module:
     return replace_linears(module, "packed")
 
 
-def replace_linears(module: nn.Module, layout: str) -> nn.Module:
+def replace_linears(module: nn.Module, layout: str | _Layout) -> nn.Module:
     """A copy of ``module`` (sharing every parameter and buffer) whose plain ``nn.Linear``
-    submodules are the registered layout ``layout``'s modules; a plain ``nn.Linear`` itself
-    becomes one, any other product module (already laid out) is returned as it is."""
-    fmt = weight_format(layout, "layout")
+    submodules are the layout's modules; a plain ``nn.Linear`` itself becomes one, any other
+    product module (already laid out) is returned as it is."""
+    fmt = _as_layout(layout)
     if isinstance(module, nn.Linear):
         return build_copy(fmt, module) if _is_plain_linear(module) else module
     twin = copy.deepcopy(module, _shared_memo(module))
@@ -306,28 +323,31 @@ class PackedLinear(nn.Linear):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
 
 
-class MklPackedLinear(nn.Linear):
-    """``nn.Linear`` whose one-row products read a copy of the weight packed for MKL's sgemm at
-    one row (``torch.ops.mkl._mkl_linear``); any other row count runs ``F.linear`` on the
-    original weight, which it keeps (shared, not copied). float32, CPU with MKL."""
+class MklPackedLinear(PackedLinear):
+    """A layout per width class: one-row products read a copy of the weight packed for MKL's
+    sgemm at one row (``torch.ops.mkl._mkl_linear``, the fastest one-row product on some CPUs),
+    every other row count reads :class:`PackedLinear`'s oneDNN copy. Two copies: MKL's packs
+    1.1-1.6x the bytes of a large weight (5x a small one), so about 2.3x the float32 weights in
+    all. float32, CPU with MKL."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a weight
+    def __init__(self, weight: torch.Tensor | nn.Linear, bias: torch.Tensor | None = None) -> None:
+        if isinstance(weight, nn.Module):
+            weight, bias = weight.weight, weight.bias
+        super().__init__(weight, bias)
         w = weight.detach()
-        self.out_features, self.in_features = w.shape
-        self.weight = w if isinstance(weight, nn.Parameter) else nn.Parameter(w, requires_grad=False)
-        self.register_buffer("packed", torch.ops.mkl._mkl_reorder_linear_weight(w, 1), persistent=False)
-        self.bias = bias
+        self.register_buffer("mkl", torch.ops.mkl._mkl_reorder_linear_weight(w, 1), persistent=False)
+        # _mkl_linear reads its unpacked weight only for another row count, never taken here
+        self.register_buffer("_unused", torch.zeros(1).expand(self.out_features, self.in_features), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # rows: [n, in]
         if rows.shape[0] != 1:
-            return nn.functional.linear(x, self.weight, self.bias)
-        y = torch.ops.mkl._mkl_linear(rows, self.packed, self.weight, self.bias, 1)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        y = torch.ops.mkl._mkl_linear(rows, self.mkl, self._unused, self.bias, 1)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, MKL-packed for one row"
+        return f"in_features={self.in_features}, out_features={self.out_features}, MKL-packed for one row, oneDNN"
 
 
 def weight_spec(module: nn.Module) -> tuple[torch.Size, torch.dtype, torch.device]:

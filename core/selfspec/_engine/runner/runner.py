@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from selfspec._engine import formats
+from selfspec._engine import formats, machine
 from selfspec._engine.runner import masks, placement
 from selfspec._engine.runner.adapters import Adapter, adapter_for
 from selfspec._engine.runner.cache import KVCache
 from selfspec._engine.runner.exact_attention import position_mask
-from selfspec._engine.runner.layout import adopt_layout, check_layout, shared_layout_copies
+from selfspec._engine.runner.layout import adopt_layout, shared_layout_copies
 from selfspec._engine.runner.lean import LeanBlocks
 from selfspec._engine.runner.traffic import block_bytes, product_bytes
 
@@ -71,18 +71,18 @@ class Runner:
         self.adapter = adapter or adapter_for(model)
         self.config = model.config
         self.layers = self.adapter.layers
-        self.weight_layout = check_layout(weight_layout, self.device, self.dtype)
+        self.weight_layout = formats.check_layout(weight_layout, self.device, self.dtype)
         #: how each ``auto`` of this runner was decided (``{"weight_layout": Choice, ...}``;
         #: :mod:`selfspec._engine.calibration`); the draft weights add theirs when built
         self.choices: dict[str, Any] = {}
         if weight_layout == "auto":
             self.weight_layout = self._measured_layout(model)
         if adopt:
-            self.adapter.lm_head = adopt_layout(model, list(self.layers), self.adapter.lm_head, self.weight_layout)
+            self.adapter.lm_head = adopt_layout(model, list(self.layers), self.adapter.lm_head, self._layout())
         # the modules forward() executes: the model's own, or copies with another weight layout
         # (shared by every runner over this model: copies are stateless and made once)
         self._run_layers, self.adapter.lm_head = shared_layout_copies(  # the runner's own adapter
-            model, list(self.layers), self.adapter.lm_head, "model" if adopt else self.weight_layout)
+            model, list(self.layers), self.adapter.lm_head, "model" if adopt else self._layout())
         if self.weight_layout == "packed" and not placement.is_dispatched(model):
             self._measured_one_row_width()
         #: exact mode (:mod:`.exact`): every row of a forward bitwise its one-token forward's
@@ -129,10 +129,19 @@ class Runner:
             self.choices["weight_layout"] = Choice("weight_layout", static, "static: a model accelerate dispatched")
             return static
         candidates = formats.candidates("layout", self.device, self.dtype) if static == "packed" else [static]
+        fits = _fitting(candidates, product_bytes(model), machine.available_memory())
         choice = choose_weight_layout(model, list(self.layers), self.adapter.lm_head, static=static,
-                                      candidates=candidates)
+                                      candidates=fits)
+        if len(fits) < len(candidates):
+            left = ", ".join(c for c in candidates if c not in fits)
+            choice = Choice("weight_layout", choice.chosen, f"{choice.how}; not measured, its copy would not fit "
+                            f"in the memory available: {left}", choice.seconds, choice.key)
         self.choices["weight_layout"] = choice
         return choice.chosen
+
+    def _layout(self) -> formats.WeightFormat:
+        """The registered format of this runner's layout."""
+        return formats.weight_format(self.weight_layout, "layout")
 
     def _measured_one_row_width(self) -> None:
         """The packed products compute a one-token input in the number of rows measured fastest
@@ -379,3 +388,14 @@ def _to(x, device: torch.device):
     if isinstance(x, tuple):
         return tuple(t.to(device) for t in x)
     return x.to(device)
+
+
+def _fitting(candidates: list[str], weight_bytes: int, available: int | None) -> list[str]:
+    """The layouts among ``candidates`` whose copy of ``weight_bytes`` of weights (their
+    registered ``memory`` factor) fits in three quarters of the ``available`` bytes (all of them
+    when that is unknown); the static first candidate always."""
+    if available is None:
+        return list(candidates)
+    found = formats.weight_formats("layout")
+    return [c for i, c in enumerate(candidates)
+            if i == 0 or found[c].memory * weight_bytes <= 0.75 * available]

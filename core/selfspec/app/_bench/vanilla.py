@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from selfspec._engine.formats import check_layout, format_names
 from selfspec._engine.loop import Decoder
 from selfspec._engine.reference import compare, reference_generate
-from selfspec._engine.runner.layout import LAYOUTS, check_layout
 from selfspec.app._models import Loaded, format_prompt
 
 #: SMOKE PROMPTS, not benchmark data: short instructions of the kinds a chat model gets.
@@ -153,7 +153,7 @@ def usable_layouts(model: torch.nn.Module) -> list[str]:
     """Every runner weight layout that can run the model on its device and dtype."""
     p = next(model.parameters())
     usable = []
-    for layout in LAYOUTS:
+    for layout in format_names("layout"):
         try:
             usable.append(check_layout(layout, p.device, p.dtype))
         except ValueError:

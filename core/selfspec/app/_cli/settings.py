@@ -129,7 +129,7 @@ class Settings:
     def validate_model_args(self) -> None:
         """Check dtype, device and weight layout before anything is loaded: an explicit
         ``--weight-layout packed`` this CPU cannot run fails here, in one line."""
-        from selfspec._engine.runner.layout import check_layout
+        from selfspec._engine.formats import check_layout
         from selfspec.app import _models as models
 
         dtype = models.parse_dtype(self.dtype or "float32")
