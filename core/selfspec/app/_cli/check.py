@@ -129,7 +129,8 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
 
 def _long_case(loaded: Any, texts: list[str]) -> tuple[str, list[int], int, tuple[int, ...]]:
     """The long example: ``texts`` repeated into a prompt of ``CHECK_LONG_PROMPT`` tokens or
-    more and ``CHECK_LONG_NEW`` new tokens without EOS (shortened to fit the model's positions),
+    more and ``CHECK_LONG_NEW`` new tokens without EOS (a model with fewer positions gets half
+    of them for each, the prompt's end kept),
     so the decode runs to its budget as the kit's long examples do."""
     from selfspec.app import _models as models
 
@@ -139,7 +140,10 @@ def _long_case(loaded: Any, texts: list[str]) -> tuple[str, list[int], int, tupl
         text = f"{text} {' '.join(texts)}"
         ids = models.format_prompt(loaded, text)
     limit = getattr(loaded.model.config, "max_position_embeddings", None)
-    new = CHECK_LONG_NEW if limit is None else max(1, min(CHECK_LONG_NEW, int(limit) - len(ids)))
+    new = CHECK_LONG_NEW
+    if limit is not None and len(ids) + new > int(limit):  # a small model: half its positions each
+        new = max(1, min(new, int(limit) // 2))
+        ids = ids[len(ids) + new - int(limit):]  # the prompt's end (the template's answer turn) kept
     return f"(long: the prompts repeated, {len(ids)} tokens, {new} new tokens, no EOS)", ids, new, ()
 
 
