@@ -262,7 +262,31 @@ def test_check_vanilla_passes(model_dir):
                "--prompt", "the cat sat", "--prompt", "hello world")
     lines = r.stdout.splitlines()
     assert lines[0].startswith("OK") and lines[1].startswith("OK")
-    assert "2 OK, 0 near-tie, 0 diverged" in lines[-1]
+    assert "2 OK, 0 near-tie, 0 diverged" in lines[-2]
+    # the summary says what the run could not see: its own prompts get no long example
+    assert "outputs up to 8 new tokens: a bug that starts later is not seen here" in lines[-1]
+
+
+def test_check_with_its_defaults_catches_a_bug_that_starts_after_200_tokens(model_dir, tmp_path):
+    late = plugin_file(tmp_path, "late", """
+        from dataclasses import replace
+
+        from selfspec import hookimpl, verify_greedy
+
+        @hookimpl
+        def selfspec_verify(state, draft):
+            v = verify_greedy(state, draft)
+            if state.generated + len(v.accepted) < 200:
+                return v
+            return replace(v, bonus=(v.bonus + 1) % state.runner.vocab_size)  # wrong from token 200 on
+        """)
+    r = invoke("check", "--plugin-file", late, "-m", model_dir, "--dtype", "float64", ok=False)
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    lines = r.stdout.splitlines()
+    assert all(line.startswith("OK") for line in lines[:4])  # the short prompts stop before token 200
+    assert lines[4].startswith("DIVERGED  [5] '(long: the prompts repeated")
+    assert "first difference at new token 200" in lines[4]
+    assert "outputs up to 256 new tokens" in lines[-1]  # the tiny model holds 512 positions: half each
 
 
 def test_check_default_prompts_json(model_dir):

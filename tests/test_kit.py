@@ -17,7 +17,7 @@ from selfspec import Draft, Option, Verdict
 from selfspec._engine.builtin.verify import verify_greedy
 from selfspec.testing import ARCHS, LosslessError, NearTieWarning, assert_lossless, tiny_model
 from selfspec.testing import strategies as sst
-from selfspec.testing.pytest_plugin import CI_PROFILE, DEV_PROFILE, profile_name
+from selfspec.testing.pytest_plugin import CI_PROFILE, DEV_PROFILE, RELEASE_PROFILE, profile_name
 
 
 class Lossy:
@@ -125,6 +125,9 @@ def test_hypothesis_profiles(monkeypatch):
     ci = hs.get_profile(CI_PROFILE)
     assert ci.derandomize and ci.deadline is None and ci.max_examples <= 20
     assert hs.get_profile(DEV_PROFILE).deadline is None
+    release = hs.get_profile(RELEASE_PROFILE)  # the deep one, for a release check
+    assert not release.derandomize and release.deadline is None
+    assert release.max_examples >= 5 * hs.get_profile(DEV_PROFILE).max_examples
     monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
     monkeypatch.setenv("CI", "1")
     assert profile_name() == CI_PROFILE

@@ -51,7 +51,7 @@ from selfspec._engine.composetree import (
     worth_calling,
 )
 from selfspec._engine.draftcheck import (
-    check_draft,  # the host's own draft checks, blamed on the member
+    check_draft_kept,  # the host's own draft checks, blamed on the member
 )
 from selfspec._engine.markers import PROJECT, hookimpl
 from selfspec._engine.options import Option
@@ -154,6 +154,7 @@ class _Proposal:
     parents: list[int] | None
     where: list[int]
     seconds: float
+    kept: tuple[int, ...] = ()  # each node's index in the member's draft as proposed
 
 
 class Composer:
@@ -263,12 +264,13 @@ class Composer:
             seconds = time.perf_counter() - t0
             state.cache.crop(base)  # the next member (and the verifier) start from the committed prefix
             self._watch(state, m.name, "selfspec_propose")
-            draft = check_draft(Draft.empty(dev) if raw is None else raw, state, m.name)
+            draft, kept = check_draft_kept(Draft.empty(dev) if raw is None else raw, state, m.name)
             capture.update(state.capture_layers or ())
             tokens = draft.tokens.tolist()
             parents = draft.parents.tolist() if draft.parents is not None else None
             probs = draft.probs.tolist() if draft.probs is not None else None
-            self._step.append(_Proposal(m, tokens, parents, trie.add(tokens, parents, m.index, probs), seconds))
+            self._step.append(_Proposal(m, tokens, parents, trie.add(tokens, parents, m.index, probs), seconds,
+                                        kept))
             m.counters["proposed"] += 1
             spent += self.forwards(seconds)
         state.capture_layers = tuple(sorted(capture)) or None
@@ -311,7 +313,7 @@ class Composer:
             m.counters["drafted"] += len(kept)
             m.counters["accepted"] += len(v.accepted)
             m.counters["longest"] += bool(v.accepted) and len(v.accepted) == longest
-            m.call("selfspec_update_policy", state=state, verdict=v)
+            m.call("selfspec_update_policy", state=state, verdict=v, kept=p.kept)
             self._watch(state, m.name, "selfspec_update_policy")
 
     # ------------------------------------------------------------------------------ helpers

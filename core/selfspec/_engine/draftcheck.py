@@ -15,6 +15,12 @@ from selfspec._engine.types import DecodeState, Draft
 def check_draft(draft: Any, state: DecodeState, name: str) -> Draft:
     """``draft`` checked against the propose contract (a ``PluginError`` naming ``name``), then
     cut to the depth and room the host keeps."""
+    return check_draft_kept(draft, state, name)[0]
+
+
+def check_draft_kept(draft: Any, state: DecodeState, name: str) -> tuple[Draft, tuple[int, ...]]:
+    """:func:`check_draft`, and for each node of the checked draft its index in ``draft`` as
+    proposed (``0..len-1`` when nothing was cut): ``selfspec_update_policy``'s ``kept``."""
     if not isinstance(draft, Draft):
         raise PluginError(name, f"selfspec_propose returned {type(draft).__name__}, not a Draft")
     t = draft.tokens
@@ -37,28 +43,35 @@ def check_draft(draft: Any, state: DecodeState, name: str) -> Draft:
             raise PluginError(name, "draft probs must be a floating tensor shaped like the tokens")
         if len(draft) and not bool(((pr >= 0) & (pr <= 1)).all()):
             raise PluginError(name, "draft probs must lie in [0, 1]")
-    return cut_draft(draft, state)
+    return cut_draft_kept(draft, state)
 
 
 def cut_draft(draft: Draft, state: DecodeState) -> Draft:
     """Drop nodes deeper than the budget allows or past the cache's spare room."""
+    return cut_draft_kept(draft, state)[0]
+
+
+def cut_draft_kept(draft: Draft, state: DecodeState) -> tuple[Draft, tuple[int, ...]]:
+    """:func:`cut_draft`, and the proposed index of every node it kept (parents before
+    children, so the kept nodes are a tree of their own)."""
     limit = state.max_draft_depth
     room = state.cache.capacity - (state.length - 1) - 1
     if draft.parents is None:
         if len(draft) <= min(limit, room):
-            return draft
+            return draft, tuple(range(len(draft)))
         state.stats.truncated_drafts += 1
         n = min(limit, room)
-        return Draft(draft.tokens[:n], None, draft.meta, draft.owner, None if draft.probs is None else draft.probs[:n])
+        return (Draft(draft.tokens[:n], None, draft.meta, draft.owner, None if draft.probs is None else draft.probs[:n]),
+                tuple(range(n)))
     depths = draft.depths()
     keep = [i for i, d in enumerate(depths) if d <= limit][:room]
     if len(keep) == len(draft):
-        return draft
+        return draft, tuple(keep)
     state.stats.truncated_drafts += 1
     remap = {old: new for new, old in enumerate(keep)}
     remap[-1] = -1
     parents = [remap[p] for p in draft.parents[keep].tolist()]
     idx = torch.tensor(keep, dtype=torch.long, device=draft.tokens.device)
     probs = None if draft.probs is None else draft.probs[idx.to(draft.probs.device)]
-    return Draft(draft.tokens[idx], torch.tensor(parents, dtype=torch.long, device=idx.device), draft.meta,
-                 draft.owner, probs)
+    return (Draft(draft.tokens[idx], torch.tensor(parents, dtype=torch.long, device=idx.device), draft.meta,
+                  draft.owner, probs), tuple(keep))

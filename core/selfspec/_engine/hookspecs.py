@@ -320,7 +320,7 @@ def selfspec_cache(state: DecodeState, verdict: Verdict) -> None:
 
 
 @hookspec
-def selfspec_update_policy(state: DecodeState, verdict: Verdict) -> None:
+def selfspec_update_policy(state: DecodeState, verdict: Verdict, kept: tuple[int, ...]) -> None:
     """Adapt after a step: thresholds, layer sets, statistics.
 
     Called:
@@ -334,6 +334,12 @@ def selfspec_update_policy(state: DecodeState, verdict: Verdict) -> None:
             (``[1 + len(draft), V]``, row 0 after the pending token, row ``i + 1`` after node
             ``i``; ``None`` from a verifier that gives none), ``verdict.logit_rows`` and
             ``verdict.top_k(k)`` are the full model's predictions.
+        kept: for each node of the verified draft (the one ``selfspec_verify`` was given), its
+            index in the draft ``selfspec_propose`` returned: ``tuple(range(len(draft)))`` when
+            the host cut nothing. Row ``i + 1`` of ``verdict.logits`` and an ``accepted_nodes``
+            entry ``i`` are about proposed node ``kept[i]``, so a plugin maps every row to its
+            own node even when a cut by depth or room dropped nodes from the middle of a tree
+            not stored breadth-first. Empty for an empty draft.
 
     Returns:
         Nothing.
@@ -343,7 +349,8 @@ def selfspec_update_policy(state: DecodeState, verdict: Verdict) -> None:
         is freed before the next forward.
 
     Notes:
-        In a composition a member's ``verdict`` is that of its own draft: the longest prefix
+        In a composition a member's ``verdict`` is that of its own draft (``kept`` maps its
+        nodes to the member's own proposal): the longest prefix
         of the committed path among its nodes (``accepted``, ``accepted_nodes`` in its own
         numbering), the committed token after it (``bonus``), that path's ``kv_slots`` in the
         merged block, ``logits`` rows of its nodes (``None`` when the composition cut some),

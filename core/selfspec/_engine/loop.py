@@ -17,7 +17,7 @@ import torch
 
 from selfspec._engine import plugins
 from selfspec._engine.audit import Auditor, WeightGuard, audit_from_env
-from selfspec._engine.draftcheck import check_draft
+from selfspec._engine.draftcheck import check_draft_kept
 from selfspec._engine.manager import make_manager
 from selfspec._engine.plugins import PluginError
 from selfspec._engine.runner import Runner
@@ -180,7 +180,7 @@ class Decoder:
 
         while state.budget > 0 and not state.finished:
             # 2. propose: a chain [k] or a tree of draft tokens after the pending token
-            draft = self._check_draft(self._call("selfspec_propose", state=state), state)
+            draft, kept = self._check_draft(self._call("selfspec_propose", state=state), state)
             self._observe(observers, "proposed", state, draft)
             # 3. verify: the full model decides; accepted drafts + the bonus token
             verdict = self._check_verdict(self._call("selfspec_verify", state=state, draft=draft), draft, state)
@@ -193,7 +193,7 @@ class Decoder:
             if stream is not None and new and stream(new):
                 state.finished = True  # the caller asked to end here (a stop string, a cancel)
             # 6. update policy: thresholds, layer sets, statistics
-            self._call("selfspec_update_policy", state=state, verdict=verdict)
+            self._call("selfspec_update_policy", state=state, verdict=verdict, kept=kept)
             self._observe(observers, "updated", state)
             del draft, verdict  # the step is over: free the verify block's logits before the next forward
 
@@ -240,6 +240,7 @@ class Decoder:
         s = state.stats
         s.steps += 1
         s.drafted += len(draft)
+        s.drafted_depth += max(draft.depths(), default=0) if draft.is_tree else len(draft)
         s.accepted += len(verdict.accepted)
         s.forwards += verdict.forwards
         s.accept_lengths.append(n)
@@ -255,8 +256,9 @@ class Decoder:
     def _call(self, hook: str, **kwargs: Any) -> Any:
         return plugins.call_hook(self.pm, self.plugin_name, hook, **kwargs)
 
-    def _check_draft(self, draft: Any, state: DecodeState) -> Draft:
-        return check_draft(draft, state, self.plugin_name)
+    def _check_draft(self, draft: Any, state: DecodeState) -> tuple[Draft, tuple[int, ...]]:
+        """The checked, cut draft and the proposed index of each node it kept."""
+        return check_draft_kept(draft, state, self.plugin_name)
 
     def _check_verdict(self, verdict: Any, draft: Draft, state: DecodeState) -> Verdict:
         name = self.plugin_name

@@ -47,11 +47,14 @@ def reference_generate(
     from transformers import GenerationConfig
 
     eos = sorted(set(eos_token_ids))
+    # no EOS ids: never stop early. ``None`` would let generate fill in the model's own EOS ids,
+    # so it is given one id past the vocabulary, which no step produces
+    never = [int(getattr(model.config, "vocab_size", 0) or 0) + 1]
     cfg = GenerationConfig(
         do_sample=False,
         max_new_tokens=max_new_tokens,
         min_new_tokens=0,
-        eos_token_id=eos or None,
+        eos_token_id=eos or never,
         pad_token_id=eos[0] if eos else 0,
         num_beams=1,
     )

@@ -227,6 +227,7 @@ def reference_sample(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_
     Face forward (its own KV cache), each picked by :func:`sample_tokens` at its position. The
     reference every sampling losslessness check compares with (greedy: ``reference_generate``)."""
     from selfspec._engine.reference import reference_generate
+    from selfspec._engine.runner.cache import cache_argument, output_cache
 
     if sampling.greedy:
         return reference_generate(model, prompt_ids, max_new_tokens, eos_token_ids)
@@ -238,8 +239,8 @@ def reference_sample(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_
     position = ids.shape[1]
     step_ids = ids
     while len(out) < max_new_tokens:
-        res = model(step_ids, past_key_values=past, use_cache=True)
-        past = res.past_key_values
+        res = model(step_ids, use_cache=True, **{cache_argument(model.forward): past})
+        past = output_cache(res)
         tok = int(sample_tokens(res.logits[0, -1:], [position], sampling)[0])
         out.append(tok)
         if tok in eos:

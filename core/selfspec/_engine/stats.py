@@ -19,6 +19,9 @@ class Stats:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    #: the sum over steps of each draft's depth (its deepest node; a chain's length): the
+    #: denominator of :attr:`path_acceptance`
+    drafted_depth: int = 0
     forwards: float = 0.0
     truncated_drafts: int = 0
     wall_time_s: float = 0.0
@@ -53,7 +56,17 @@ class Stats:
 
     @property
     def acceptance(self) -> float:
+        """Accepted draft tokens over drafted nodes. A tree's siblings are all counted as
+        drafted though at most one per depth can be accepted, so it is comparable only
+        between chain drafters; :attr:`path_acceptance` compares chains with trees."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def path_acceptance(self) -> float:
+        """Accepted draft tokens over the drafts' depths: the share of each draft's depth the
+        accepted path reached. Equal to :attr:`acceptance` for chains, and comparable between
+        chains and trees (a tree counts one node per depth, as its accepted path does)."""
+        return self.accepted / self.drafted_depth if self.drafted_depth else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -67,7 +80,9 @@ class Stats:
             "steps": self.steps,
             "tau": self.tau,
             "acceptance": self.acceptance,
+            "path_acceptance": self.path_acceptance,
             "drafted": self.drafted,
+            "drafted_depth": self.drafted_depth,
             "accepted": self.accepted,
             "forwards": self.forwards,
             "truncated_drafts": self.truncated_drafts,

@@ -9,7 +9,9 @@ siblings at every depth (the right node among wrong ones, which carry subtrees o
 or a deep chain. The drafts are built from the reference continuation, so each is partly
 right. The audit checks every committed token and kept KV slot, and :class:`KitDrafts` checks
 that the verdict commits exactly what the host's own verification commits for that draft
-(the longest right path, then the model's next token).
+(the longest right path, then the model's next token). With ``eos_at`` the decode has two EOS
+ids and the kit drafts the one the reference does not end with where it ends: a verifier that
+takes one EOS id for another commits it.
 """
 
 from __future__ import annotations
@@ -116,12 +118,17 @@ class KitDrafts:
     """Registered beside the plugin under test: swaps each step's proposal for a kit draft and
     checks each verdict against the host's verification of that draft.
 
-    ``truth``: the reference output of the decode (greedy, or sampled under its seed)."""
+    ``truth``: the reference output of the decode (greedy, or sampled under its seed);
+    ``swap``: ``{token: other}``, every ``token`` of a kit draft replaced by ``other`` (the
+    reference's EOS id by another EOS id of the decode: one EOS drafted where the model
+    predicts another)."""
 
-    def __init__(self, plugin_name: str, truth: Sequence[int], shapes: Sequence[DraftShape]) -> None:
+    def __init__(self, plugin_name: str, truth: Sequence[int], shapes: Sequence[DraftShape],
+                 swap: dict[int, int] | None = None) -> None:
         self.plugin_name = plugin_name
         self.truth = list(truth)
         self.shapes = list(shapes)
+        self.swap = dict(swap or {})
         self.draft: Draft | None = None
         self.shape: DraftShape | None = None
 
@@ -130,7 +137,12 @@ class KitDrafts:
         yield  # the plugin's own proposal runs (its state moves on as in a real decode), unused
         self.shape = self.shapes[state.step % len(self.shapes)]
         truth = self.truth[state.generated:]
-        return self.shape.build(truth, state.runner.vocab_size, state.runner.device)
+        draft = self.shape.build(truth, state.runner.vocab_size, state.runner.device)
+        if not self.swap or not len(draft):
+            return draft
+        ids = torch.tensor([self.swap.get(t, t) for t in draft.tokens.tolist()], dtype=torch.long,
+                           device=draft.tokens.device)
+        return Draft(ids, draft.parents)
 
     @hookimpl(wrapper=True)
     def selfspec_verify(self, state: DecodeState, draft: Draft) -> Any:
@@ -162,9 +174,12 @@ class KitDrafts:
 
 def check_any_drafts(model: Any, plugin: str, plugin_object: Any, options: dict[str, Any],
                      prompt: Sequence[int], max_new_tokens: int, shapes: Sequence[DraftShape],
-                     sampling: Any = None) -> None:
+                     sampling: Any = None, eos_at: int | None = None) -> None:
     """Decode ``prompt`` with the plugin in audit mode, every step's draft replaced by the kit's
-    (:class:`KitDrafts`); a wrong verdict raises :class:`~selfspec._engine.audit.AuditError`."""
+    (:class:`KitDrafts`); a wrong verdict raises :class:`~selfspec._engine.audit.AuditError`.
+
+    ``eos_at``: the decode has two EOS ids, the reference's token at that index (where it
+    stops) and another id it does not hold, which the kit drafts in the first one's place."""
     from selfspec._engine.loop import Decoder
     from selfspec._engine.sampling import reference_sample
     from selfspec.testing._lossless import assert_lossless, greedy_reference
@@ -173,6 +188,14 @@ def check_any_drafts(model: Any, plugin: str, plugin_object: Any, options: dict[
         truth = greedy_reference(model, prompt, max_new_tokens)
     else:
         truth = reference_sample(model, prompt, max_new_tokens, (), sampling)
+    eos: tuple[int, ...] = ()
+    swap: dict[int, int] = {}
+    if eos_at is not None and truth:
+        stop = truth[min(eos_at, len(truth) - 1)]
+        truth = truth[: truth.index(stop) + 1]  # the reference ends at its EOS
+        other = next(t for j in range(int(model.config.vocab_size)) if (t := _wrong(stop, j, int(model.config.vocab_size)))
+                     not in truth)
+        eos, swap = (stop, other), {stop: other}
     decoder = Decoder(model, plugin, options, plugin_object=plugin_object, audit=True)
-    decoder.pm.register(KitDrafts(plugin, truth, shapes), name="selfspec-kit-drafts")
-    assert_lossless(model, decoder, prompt, max_new_tokens, sampling=sampling)
+    decoder.pm.register(KitDrafts(plugin, truth, shapes, swap), name="selfspec-kit-drafts")
+    assert_lossless(model, decoder, prompt, max_new_tokens, eos_token_ids=eos, sampling=sampling)

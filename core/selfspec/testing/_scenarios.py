@@ -49,8 +49,11 @@ LONGEST_NEW = 520
 class Scenario:
     """One example: ``arch``, ``prompt`` ids, ``max_new_tokens``, and ``eos_at``: None, the
     index in the reference output of the token to use as EOS, or a tuple of such indices
-    (several EOS ids at once: the decode stops at the first of any of them); ``near_ties``:
-    decoded on the architecture's near-tie variant (``tiny_model(arch, near_ties=True)``)."""
+    (several EOS ids at once: the decode stops at the first of any of them); ``eos_rest``:
+    every other token id that does not occur in the reference before its first EOS is an EOS
+    id too, so a wrong draft token where the reference ends is another EOS id (a verifier
+    that takes one EOS id for another commits it); ``near_ties``: decoded on the
+    architecture's near-tie variant (``tiny_model(arch, near_ties=True)``)."""
 
     arch: str
     prompt: tuple[int, ...]
@@ -59,6 +62,7 @@ class Scenario:
     label: str = ""
     sampling: Sampling | None = None
     near_ties: bool = False
+    eos_rest: bool = False
 
     def __repr__(self) -> str:  # short: a long prompt is summarised (length, head, tail, hash)
         from selfspec.testing._report import summarise
@@ -67,6 +71,7 @@ class Scenario:
                 f"max_new_tokens={self.max_new_tokens}, eos_at={self.eos_at}"
                 f"{f', sampling={self.sampling}' if self.sampling else ''}"
                 f"{', near_ties=True' if self.near_ties else ''}"
+                f"{', eos_rest=True' if self.eos_rest else ''}"
                 f"{f', label={self.label!r}' if self.label else ''})")
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -76,7 +81,7 @@ class Scenario:
     def as_json(self) -> dict[str, Any]:
         """Every field, the whole prompt included (the file a failure report names)."""
         return {"arch": self.arch, "prompt": list(self.prompt), "max_new_tokens": self.max_new_tokens,
-                "eos_at": self.eos_at, "label": self.label, "near_ties": self.near_ties,
+                "eos_at": self.eos_at, "eos_rest": self.eos_rest, "label": self.label, "near_ties": self.near_ties,
                 "sampling": None if self.sampling is None else repr(self.sampling)}
 
 
@@ -180,6 +185,30 @@ def several_eos(arch: str) -> Scenario:
     """A fixed example with two EOS ids, both tokens of the reference output (at new tokens 6
     and 3): the decode must stop at whichever comes first, exactly as ``generate`` does."""
     return Scenario(arch, _motif(24, (3, 4, 5), changes=2, salt=f"eos:{arch}"), 24, (6, 3), "several eos ids")
+
+
+def every_id_eos(arch: str) -> Scenario:
+    """A fixed example where every token id is an EOS id (``eos_at=0`` with ``eos_rest``): the
+    reference stops at its first token, so a first draft token other than the model's is one
+    EOS id where the model predicts another; a repetitive prompt, so that drafters which copy
+    from the prompt draft at the first step."""
+    return Scenario(arch, _motif(24, (3, 4, 5)), 8, 0, "every id an eos id", eos_rest=True)
+
+
+def eos_ids(ref: Sequence[int], eos_at: int | tuple[int, ...] | None, rest: bool = False,
+            vocab_size: int = TINY_VOCAB) -> tuple[int, ...]:
+    """The EOS ids of an example whose reference output (decoded without EOS) is ``ref``: the
+    tokens at the indices ``eos_at`` (clipped to the output), and with ``rest`` every id of
+    the vocabulary the reference does not hold before its first EOS (see :class:`Scenario`)."""
+    if eos_at is None or not ref:
+        return ()
+    at = eos_at if isinstance(eos_at, tuple) else (eos_at,)
+    eos = tuple(dict.fromkeys(ref[min(i, len(ref) - 1)] for i in at))
+    if not rest:
+        return eos
+    stop = next(i for i, t in enumerate(ref) if t in eos)
+    before = set(ref[:stop])
+    return eos + tuple(t for t in range(vocab_size) if t not in before and t not in eos)
 
 
 def last_position(arch: str, positions: int = POSITIONS) -> Scenario:

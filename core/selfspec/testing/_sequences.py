@@ -19,6 +19,9 @@ DECODE_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (
 #: The prompt and budget of ``test_verify_any_draft``'s decodes (a repetitive prompt).
 ANY_DRAFT_PROMPT: tuple[int, ...] = (9, 4, 17, 4, 2) * 8
 ANY_DRAFT_NEW = 32
+#: The index in that decode's reference output of the EOS id of its fixed EOS example (the
+#: kit drafts another EOS id there).
+ANY_DRAFT_EOS_AT = 20
 #: ``(prompt, max_new_tokens)`` decoded in turn by one Decoder in ``test_lossless_offloaded``
 #: (a few fixed examples: every forward of an offloaded model reads the disk).
 OFFLOAD_SEQUENCE: tuple[tuple[tuple[int, ...], int], ...] = (

@@ -18,7 +18,8 @@ generates, for that plugin:
   ``strategies.options(declared)``, plus the fixed :func:`~selfspec.testing._scenarios.reach`
   examples (a 520+-token prompt with a 260-token output on every architecture, a 520-token
   output, short edge cases) and the fixed examples where bugs hide (sampling with top-k
-  alone, top-p alone and both; two EOS ids; an output to the model's last position; in
+  alone, top-p alone and both; two EOS ids; every id an EOS id, so a wrong first draft token is
+  one EOS id where the model predicts another; an output to the model's last position; in
   float64 the near-tie variant of the tiny model), each decoded in audit mode by
   :func:`~selfspec.testing.assert_lossless` and recorded in the suite's coverage;
 * ``test_lossless_across_decodes[arch-device]``: one :class:`~selfspec.Decoder` (so one
@@ -57,6 +58,7 @@ import pytest
 from selfspec.testing._archs import ARCHS, POSITIONS
 from selfspec.testing._coverage import Coverage, coverage_for
 from selfspec.testing._sequences import (
+    ANY_DRAFT_EOS_AT,
     ANY_DRAFT_NEW,
     ANY_DRAFT_PROMPT,
     DECODE_SEQUENCE,
@@ -126,8 +128,8 @@ class PluginSuite:
     exact: ClassVar[bool | None] = None
     #: Drawn examples per architecture and device, besides the reach and sampled examples; None:
     #: the profile's ``max_examples`` left after the reach set, spread over the architectures, at
-    #: least 2 (2 each under ``selfspec-ci``: 54 examples in all with the 9 of the reach set and
-    #: the 7 fixed examples of each architecture). The trivial draw (1-token prompt, 1 new token)
+    #: least 2 (2 each under ``selfspec-ci``: 59 examples in all with the 9 of the reach set and
+    #: the 8 fixed examples of each architecture). The trivial draw (1-token prompt, 1 new token)
     #: is never made.
     examples_per_arch: ClassVar[int | None] = None
     #: Options of ``test_lossless_offloaded`` (default: the plugin's own defaults, so the host's
@@ -204,6 +206,7 @@ class PluginSuite:
         from hypothesis import Phase, example, given, seed, settings
 
         from selfspec.testing._scenarios import (
+            every_id_eos,
             last_position,
             near_tied,
             reach,
@@ -241,6 +244,7 @@ class PluginSuite:
         fixed_opts = {**self.reach_options, **self.fixed_options}
         long_opts = {**self.reach_options, **self.long_options, **self.fixed_options}
         ties = [near_tied(suite_arch)] if self.model_dtype is None else []  # exact only in float64
+        test = example(scenario=every_id_eos(suite_arch), options=fixed_opts)(test)  # the last fixed one
         for sc in (*sampled_filters(suite_arch), several_eos(suite_arch), *ties,
                    last_position(suite_arch, lim.positions)):
             test = example(scenario=sc, options=fixed_opts)(test)
@@ -296,20 +300,26 @@ class PluginSuite:
         base = settings.get_profile(self.hypothesis_profile) if self.hypothesis_profile else settings.default
         sampling = Sampling(0.8, 0, 0.95, zlib.crc32(f"any:{suite_arch}".encode()))
 
-        def check(shapes: list[Any], sampled: bool) -> None:
-            self.check_any_draft_example(model, shapes, sampling if sampled else None)
+        def check(shapes: list[Any], sampled: bool, eos_at: int | None) -> None:
+            self.check_any_draft_example(model, shapes, sampling if sampled else None, eos_at=eos_at)
 
-        test = given(shapes=st.lists(draft_shapes(), min_size=3, max_size=8), sampled=st.booleans())(check)
-        test = example(shapes=list(EVERY_SHAPE[::-1]), sampled=True)(test)
-        test = example(shapes=list(EVERY_SHAPE), sampled=False)(test)
+        test = given(shapes=st.lists(draft_shapes(), min_size=3, max_size=8), sampled=st.booleans(),
+                     eos_at=st.one_of(st.none(), st.integers(0, ANY_DRAFT_NEW - 1)))(check)
+        # explicit examples run last-applied first: every shape, greedy then sampled, then one
+        # EOS id drafted where the reference ends with another
+        test = example(shapes=list(EVERY_SHAPE), sampled=False, eos_at=ANY_DRAFT_EOS_AT)(test)
+        test = example(shapes=list(EVERY_SHAPE[::-1]), sampled=True, eos_at=None)(test)
+        test = example(shapes=list(EVERY_SHAPE), sampled=False, eos_at=None)(test)
         if base.derandomize:
             test = seed(zlib.crc32(f"any:{self.plugin}:{suite_arch}".encode()))(test)
         phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate], "report_multiple_bugs": False}
         settings(base, max_examples=max(2, base.max_examples // 6), **phases)(test)()
 
-    def check_any_draft_example(self, model: Any, shapes: list[Any], sampling: Any) -> None:
+    def check_any_draft_example(self, model: Any, shapes: list[Any], sampling: Any,
+                                eos_at: int | None = None) -> None:
         """One decode of ``ANY_DRAFT_PROMPT`` whose drafts are the kit's ``shapes`` in turn
-        (:func:`selfspec.testing._anydraft.check_any_drafts`)."""
+        (:func:`selfspec.testing._anydraft.check_any_drafts`; ``eos_at``: two EOS ids, the
+        other one drafted where the reference ends)."""
         from selfspec._engine.audit import LosslessError
         from selfspec._engine.plugins import PluginError
         from selfspec.testing._anydraft import check_any_drafts
@@ -318,11 +328,11 @@ class PluginSuite:
         options = {**self.reach_options, **self.fixed_options}
         try:
             check_any_drafts(model, self.plugin, self.plugin_object, options, ANY_DRAFT_PROMPT, ANY_DRAFT_NEW,
-                             shapes, sampling)
+                             shapes, sampling, eos_at)
         except (LosslessError, PluginError) as exc:
             with_example(exc, {"plugin": self.plugin, "suite": self.suite_name(), "prompt": list(ANY_DRAFT_PROMPT),
                                "max_new_tokens": ANY_DRAFT_NEW, "shapes": [repr(s) for s in shapes],
-                               "sampling": repr(sampling), "options": options})
+                               "sampling": repr(sampling), "eos_at": eos_at, "options": options})
             raise
     def test_lossless_offloaded(self, suite_arch: str, offloaded_model_factory: Any) -> None:
         from selfspec._engine.loop import Decoder
@@ -358,6 +368,7 @@ class PluginSuite:
         from selfspec._engine.sampling import reference_sample
         from selfspec.testing._lossless import assert_lossless, greedy_reference
         from selfspec.testing._report import with_example
+        from selfspec.testing._scenarios import eos_ids
 
         prompt = list(scenario.prompt)
         eos: tuple[int, ...] = ()
@@ -366,8 +377,7 @@ class PluginSuite:
                 ref = greedy_reference(model, prompt, scenario.max_new_tokens)
             else:
                 ref = reference_sample(model, prompt, scenario.max_new_tokens, (), scenario.sampling)
-            at = scenario.eos_at if isinstance(scenario.eos_at, tuple) else (scenario.eos_at,)
-            eos = tuple(dict.fromkeys(ref[min(i, len(ref) - 1)] for i in at)) if ref else ()
+            eos = eos_ids(ref, scenario.eos_at, scenario.eos_rest, int(model.config.vocab_size))
         window = getattr(model.config, "sliding_window", None)
         if scenario.arch == "qwen2" and not getattr(model.config, "use_sliding_window", False):
             window = None

@@ -13,8 +13,9 @@ Fixtures:
 * ``selfspec_arch``: parametrizes a test over every architecture in ``ARCHS``;
 * ``selfspec_device``: parametrizes a test over ``"cpu"`` and, when a GPU is present, ``"cuda"``.
 
-Hypothesis profiles: ``selfspec-ci`` (derandomized, no deadline, few examples) and
-``selfspec-dev`` (no deadline, more examples, random). They are loaded only in a suite that
+Hypothesis profiles: ``selfspec-ci`` (derandomized, no deadline, few examples),
+``selfspec-dev`` (no deadline, more examples, random) and ``selfspec-release`` (no deadline,
+five times ``selfspec-dev``'s examples, random: before a release, never loaded unless named). They are loaded only in a suite that
 uses the kit, so that the plugin is inert in any other project installed beside selfspec:
 when the ini option ``selfspec_kit = true`` is set, or as soon as a test file (or conftest)
 about to be imported mentions ``selfspec.testing`` or one of the kit's fixtures. Then the
@@ -39,6 +40,8 @@ from selfspec.testing._archs import ARCHS
 
 CI_PROFILE = "selfspec-ci"
 DEV_PROFILE = "selfspec-dev"
+#: The deep profile for a release check (random, 300 examples): ``HYPOTHESIS_PROFILE=selfspec-release``.
+RELEASE_PROFILE = "selfspec-release"
 _PENDING_PROFILE = pytest.StashKey[str]()  # a profile name not registered at configure time
 _ACTIVE = pytest.StashKey[bool]()  # the kit's profiles are loaded in this session
 #: Text that marks a file as using the kit (checked before the file is imported).
@@ -100,6 +103,8 @@ def activate(config: pytest.Config) -> None:
     settings.register_profile(CI_PROFILE, derandomize=True, deadline=None, max_examples=15,
                               suppress_health_check=quiet, print_blob=True)
     settings.register_profile(DEV_PROFILE, deadline=None, max_examples=60,
+                              suppress_health_check=quiet, print_blob=True)
+    settings.register_profile(RELEASE_PROFILE, deadline=None, max_examples=300,
                               suppress_health_check=quiet, print_blob=True)
     if config.getoption("hypothesis_profile", default=None):
         return  # hypothesis's own plugin loads the profile given on the command line

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from selfspec._engine.runner.cache import cache_argument
 from selfspec._engine.runner.lean import LeanBlocks, lean_blocks
 
 _MISSING = object()
@@ -77,7 +78,7 @@ class Adapter:
             hidden_states=layer.input_layernorm(h),
             position_embeddings=rope,
             attention_mask=mask,
-            past_key_values=kv,
+            **{cache_argument(layer.self_attn.forward): kv},
         )
         return h + x
 
@@ -114,7 +115,7 @@ class Gemma3Adapter(Adapter):
             hidden_states=layer.input_layernorm(h),
             position_embeddings=rope,
             attention_mask=mask,
-            past_key_values=kv,
+            **{cache_argument(layer.self_attn.forward): kv},
         )
         return h + layer.post_attention_layernorm(x)
 

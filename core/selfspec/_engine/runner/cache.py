@@ -10,6 +10,7 @@ valid length and the next write overwrites them (gpt-fast's ``KVCache``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -137,3 +138,30 @@ class LayerView:
         return self.start
 
     is_compileable = False
+
+
+def cache_argument(forward: Any) -> str:
+    """The name under which a Hugging Face ``forward`` (an attention module's or a causal LM's)
+    takes its KV cache: ``cache`` where the installed transformers names it so, else
+    ``past_key_values`` (the older name, deprecated with a ``FutureWarning`` where ``cache``
+    exists). Resolved once per function."""
+    func = getattr(forward, "__func__", forward)
+    name = _CACHE_ARGUMENT.get(func)
+    if name is None:
+        import inspect
+
+        try:
+            params = inspect.signature(func).parameters
+        except (TypeError, ValueError):
+            params = {}
+        name = _CACHE_ARGUMENT[func] = "cache" if "cache" in params else "past_key_values"
+    return name
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache a Hugging Face model output returns: ``cache``, else ``past_key_values``."""
+    fields = getattr(output, "__dataclass_fields__", None) or {}
+    return output.cache if "cache" in fields else output.past_key_values
+
+
+_CACHE_ARGUMENT: dict[Any, str] = {}

@@ -312,4 +312,15 @@ def _group_param(name: str) -> Any:
     return root.params.get(name) if root is not None and root is not ctx else None
 
 
+#: The group options each command takes (``selfspec.app._cli.group._route_group_options``): the
+#: group's value is the default of the command's own parameter of that meaning; ``""``: read
+#: from the group (``_group_param``). Any other group option is refused there.
+_RUN_OPTIONS = {"model": "model", "device": "device", "dtype": "dtype", "device_map": "device_map",
+                "max_memory": "max_memory", "offload_folder": "offload_folder", "threads": "threads",
+                "max_new_tokens": "max_new_tokens", "weight_layout": ""}
+bench.group_options = {**_RUN_OPTIONS, "plugin": "plugins", "options": "options", "temperature": "temperature",
+                       "top_k": "top_k", "top_p": "top_p", "seed": "sample_seed"}
+sweep.group_options = {**_RUN_OPTIONS, "plugin": "plugin", "options": "options"}
+report.group_options = {}
+
 COMMANDS = (bench, sweep, report)

@@ -10,6 +10,8 @@ import click
 
 from selfspec.app._cli.group import _model_options, _sampling_options, cli
 from selfspec.app._cli.settings import (
+    CHECK_LONG_NEW,
+    CHECK_LONG_PROMPT,
     CHECK_MAX_NEW_TOKENS,
     DEFAULT_CHECK_PROMPTS,
     BadInput,
@@ -28,8 +30,13 @@ from selfspec.app._cli.settings import (
 @click.option("--chat/--no-chat", default=None, help="Apply the chat template (default: instruct models).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of lines.")
 @click.option("--audit", is_flag=True, help="Also check every step against the full model and name the hook at fault.")
+@click.option("--long/--no-long", "long", default=None,
+              help=f"Also decode one long example without EOS: a prompt of {CHECK_LONG_PROMPT}+ tokens and "
+                   f"{CHECK_LONG_NEW} new tokens, the kit's long examples (default: on unless --prompt or "
+                   f"--max-new-tokens is given).")
 @click.pass_context
-def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, audit: bool, **params: Any) -> None:
+def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, audit: bool, long: bool | None,
+                  **params: Any) -> None:
     """Compare a plugin's output with plain greedy decoding (model.generate), or with
     plain sampling under the same seed when --temperature is above 0. With --exact, compare
     with `vanilla --exact` instead, bit for bit (OK or DIVERGED: no near-tie rule).
@@ -41,6 +48,10 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
     position-keyed noise, and the near-tie margin is that of the perturbed logits (bound / T).
     ``--audit`` (or ``SELFSPEC_AUDIT=1``) stops a decode at the step where it goes wrong and
     says which hook, step and token (``selfspec._engine.audit``).
+
+    By default one more decode runs past where short prompts stop: the built-in prompts
+    repeated into a long prompt, and a long output with no EOS, where late bugs show. The
+    summary says how long the prompts and outputs checked were: a bug past them is not seen.
     """
     from selfspec._engine.audit import AuditError
     from selfspec._engine.reference import compare
@@ -52,6 +63,8 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
     if any(not t.strip() for t in texts):
         raise BadInput("the prompt is empty")
     max_new = settings.max_new_tokens if settings.max_new_tokens is not None else CHECK_MAX_NEW_TOKENS
+    if long is None:  # the default run reaches the kit's long examples; a chosen one is the user's
+        long = not prompts and settings.max_new_tokens is None
     rows: list[dict[str, Any]] = []
     with user_errors():
         from selfspec.app import _models as models
@@ -64,21 +77,24 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
         tolerance = FIXED_BOUND.get(loaded.dtype)  # None: scales with the logits (bf16/fp16)
         sampling = decoder.sampling
         reference = _exact_reference(loaded, decoder) if settings.exact else None
-        for i, text in enumerate(texts, 1):
-            ids = models.format_prompt(loaded, text)
+        cases = [(text, models.format_prompt(loaded, text), max_new, loaded.eos_token_ids) for text in texts]
+        if long:
+            cases.append(_long_case(loaded, texts))
+        seen = (0, 0)  # the longest prompt and output checked
+        for i, (text, ids, max_new, eos) in enumerate(cases, 1):
             try:
-                result = decoder.generate(ids, max_new, loaded.eos_token_ids)
+                result = decoder.generate(ids, max_new, eos)
             except AuditError as exc:
                 rows.append({"prompt": text, "status": "DIVERGED", "audit": str(exc)})
                 if not as_json:
                     click.echo(f"DIVERGED  [{i}] {text!r}: {exc}")
                 continue
             if reference is not None:  # exact mode: vanilla --exact, bit for bit, no near-tie rule
-                ref = reference.generate(ids, max_new, loaded.eos_token_ids).output_ids
+                ref = reference.generate(ids, max_new, eos).output_ids
                 c = compare(loaded.model, ids, result.output_ids, ref, sampling=sampling)
                 status = "OK" if c.equal else "DIVERGED"
             else:
-                ref = reference_sample(loaded.model, ids, max_new, loaded.eos_token_ids, sampling)
+                ref = reference_sample(loaded.model, ids, max_new, eos, sampling)
                 c = compare(loaded.model, ids, result.output_ids, ref, sampling=sampling)
                 status = "OK" if c.equal else "NEAR-TIE" if c.near_tie else "DIVERGED"
             row: dict[str, Any] = {"prompt": text, "status": status, "tokens": len(result.output_ids),
@@ -89,6 +105,7 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
                 row["bound"] = c.bound
                 row["why"] = explain(loaded.dtype, c.margin, c.bound)
             rows.append(row)
+            seen = (max(seen[0], len(ids)), max(seen[1], len(result.output_ids)))
             if not as_json:
                 click.echo(_check_line(i, row))
     diverged = sum(r["status"] == "DIVERGED" for r in rows)
@@ -98,14 +115,43 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
                                "dtype": str(loaded.dtype).removeprefix("torch."),
                                "tolerance": tolerance, "sampling": sampling.as_dict(),
                                "placement": placement_record(loaded),
-                               **settings.thread_choice.as_dict(), "results": rows}, indent=2))
+                               **settings.thread_choice.as_dict(), "checked_prompt_tokens": seen[0],
+                               "checked_new_tokens": seen[1], "results": rows}, indent=2))
     else:
         how = "" if sampling.greedy else (f", T={sampling.temperature:g} top-k={sampling.top_k} "
                                           f"top-p={sampling.top_p:g} seed={sampling.seed}")
         click.echo(f"{decoder.plugin_name} on {loaded.name} ({str(loaded.dtype).removeprefix('torch.')}{how}): "
                    f"{len(rows) - near - diverged} OK, {near} near-tie, {diverged} diverged")
+        click.echo(_reach_line(*seen, long))
     if diverged:
         ctx.exit(1)
+
+
+def _long_case(loaded: Any, texts: list[str]) -> tuple[str, list[int], int, tuple[int, ...]]:
+    """The long example: ``texts`` repeated into a prompt of ``CHECK_LONG_PROMPT`` tokens or
+    more and ``CHECK_LONG_NEW`` new tokens without EOS (a model with fewer positions gets half
+    of them for each, the prompt's end kept),
+    so the decode runs to its budget as the kit's long examples do."""
+    from selfspec.app import _models as models
+
+    text = " ".join(texts)
+    ids = models.format_prompt(loaded, text)
+    while len(ids) < CHECK_LONG_PROMPT:
+        text = f"{text} {' '.join(texts)}"
+        ids = models.format_prompt(loaded, text)
+    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    new = CHECK_LONG_NEW
+    if limit is not None and len(ids) + new > int(limit):  # a small model: half its positions each
+        new = max(1, min(new, int(limit) // 2))
+        ids = ids[len(ids) + new - int(limit):]  # the prompt's end (the template's answer turn) kept
+    return f"(long: the prompts repeated, {len(ids)} tokens, {new} new tokens, no EOS)", ids, new, ()
+
+
+def _reach_line(prompt_tokens: int, new_tokens: int, long: bool) -> str:
+    """What the run could see: the longest prompt and output checked; a bug past them is not."""
+    more = "" if long else "; the default run adds a long example (--long)"
+    return (f"checked prompts up to {prompt_tokens} tokens and outputs up to {new_tokens} new tokens: a bug that "
+            f"starts later is not seen here{more}; the kit's suite reaches further (docs/testing-plugins.md)")
 
 
 def _exact_reference(loaded: Any, decoder: Any) -> Any:

@@ -179,5 +179,39 @@ def cli(ctx: click.Context, **params: Any) -> None:
     prefer_passive_wait()  # a busy machine: OpenMP threads that sleep, set before torch loads
     ctx.obj = _root_settings(ctx)
     plugin_commands(ctx.obj)  # a plugin whose command names clash fails whatever the command
+    _route_group_options(ctx)
     if ctx.invoked_subcommand is None:
         raise click.UsageError('missing prompt: specdec [OPTIONS] "prompt" (or a command, see --help)')
+
+
+def _route_group_options(ctx: click.Context) -> None:
+    """Every group option given reaches the command, or the command refuses it.
+
+    A command that reads the group's settings (``run``, ``check``, ``serve``, a plugin's) gets
+    them all. A command with its own model and run options (``bench``, ``sweep``, ``report``)
+    declares ``group_options``: ``{group option: its own parameter}`` (``""``: it reads the
+    group's value itself). A group option given there becomes the default of that parameter
+    (the command's own option, given after it, wins), and any other given group option is a
+    usage error naming it, never silently dropped."""
+    name = ctx.invoked_subcommand
+    command = cli.commands.get(name) if name else None
+    routes: dict[str, str] | None = getattr(command, "group_options", None)
+    if command is None or routes is None:
+        return
+    own = {p.name: p for p in command.params}
+    defaults: dict[str, Any] = {}
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name or "")
+        value = ctx.params.get(param.name or "")
+        if source in (None, click.core.ParameterSource.DEFAULT) or value in (None, (), False):
+            continue
+        if param.name not in routes:
+            flag = max(param.opts, key=len) if isinstance(param, click.Option) else param.name
+            raise click.UsageError(f"{flag} is not used by `specdec {name}`: give the command's own options "
+                                   f"after it (specdec {name} --help)")
+        target = routes[param.name or ""]
+        if target:
+            multiple = getattr(own.get(target), "multiple", False)
+            defaults[target] = tuple(value) if isinstance(value, (tuple, list)) else (value,) if multiple else value
+    if defaults:
+        ctx.default_map = {**(ctx.default_map or {}), name: {**(ctx.default_map or {}).get(name, {}), **defaults}}

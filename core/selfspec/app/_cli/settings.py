@@ -28,6 +28,10 @@ DEFAULT_CHECK_PROMPTS: tuple[str, ...] = (
 )
 RUN_MAX_NEW_TOKENS = 128
 CHECK_MAX_NEW_TOKENS = 32
+#: ``specdec check``'s long example: a prompt of this many tokens or more and this many new
+#: tokens without EOS, the lengths of the kit's long examples (selfspec.testing._scenarios.reach)
+CHECK_LONG_PROMPT = 520
+CHECK_LONG_NEW = 260
 BUILTIN_COMMANDS = ("run", "plugins", "check", "models", "serve", "bench", "sweep", "report")
 
 

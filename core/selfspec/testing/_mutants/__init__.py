@@ -34,6 +34,7 @@ from selfspec.testing._mutants._classic import (
 from selfspec.testing._mutants._echo import Echo, _accept_all
 from selfspec.testing._mutants._hidden import (
     AcceptsNearTies,
+    AcceptsOtherEos,
     ClampsPositions,
     EosAlias,
     ForgetsTopK,
@@ -48,7 +49,7 @@ MUTANTS: tuple[type[Echo], ...] = (
     SkipsCheckLongPrompt, SkipsCheckDeep, SkipsCheckLate, StepKeyedNoise,
     PastMismatchPrompt400, WrongTokenAfter200, WrongTokenGemmaLate, DropsSlotEvery130, EditsHeadInSetup,
     PolicyCorruptsKVLate, ForgetsTopK, EosAlias, SeedlessPicks, AcceptsNearTies, SiblingMaskRowDeep,
-    ClampsPositions,
+    ClampsPositions, AcceptsOtherEos,
 )
 
-__all__ = ["Echo", "MUTANTS", "_accept_all", "WrongBonusLate", "WrongBonusVeryLate", "PastMismatchLongPrompt", "PastMismatchVeryLongPrompt", "ShiftedSlotsDeep", "ProposerOverwritesLong", "PendingOverwrittenLate", "StaleKVLate", "SkipsCheckLongPrompt", "SkipsCheckDeep", "SkipsCheckLate", "StepKeyedNoise", "PastMismatchPrompt400", "WrongTokenAfter200", "WrongTokenGemmaLate", "DropsSlotEvery130", "EditsHeadInSetup", "PolicyCorruptsKVLate", "ForgetsTopK", "EosAlias", "SeedlessPicks", "AcceptsNearTies", "SiblingMaskRowDeep", "ClampsPositions"]
+__all__ = ["Echo", "MUTANTS", "_accept_all", "WrongBonusLate", "WrongBonusVeryLate", "PastMismatchLongPrompt", "PastMismatchVeryLongPrompt", "ShiftedSlotsDeep", "ProposerOverwritesLong", "PendingOverwrittenLate", "StaleKVLate", "SkipsCheckLongPrompt", "SkipsCheckDeep", "SkipsCheckLate", "StepKeyedNoise", "PastMismatchPrompt400", "WrongTokenAfter200", "WrongTokenGemmaLate", "DropsSlotEvery130", "EditsHeadInSetup", "PolicyCorruptsKVLate", "ForgetsTopK", "EosAlias", "SeedlessPicks", "AcceptsNearTies", "SiblingMaskRowDeep", "ClampsPositions", "AcceptsOtherEos"]

@@ -48,6 +48,24 @@ class EosAlias(Echo):
         return v
 
 
+class AcceptsOtherEos(Echo):
+    bug = "accepts a drafted EOS id where the model predicts another EOS id (the decode stops either way)"
+    trigger = "two or more EOS ids, a draft holding one where the model's next token is another"
+    hook = "selfspec_verify"
+
+    def verify(self, state, draft):
+        v = verify_greedy(state, draft)
+        a = len(v.accepted)
+        eos = state.eos_token_ids
+        if draft.parents is not None or a >= len(draft):
+            return v
+        drafted = int(draft.tokens[a])
+        if drafted in eos and v.bonus in eos and drafted != v.bonus:
+            self.fault(state)  # wrong: another EOS id is another token, though both end the decode
+            return Verdict((*v.accepted, drafted), v.bonus, tuple(range(a + 1)), logits=v.logits)
+        return v
+
+
 class SeedlessPicks(Echo):
     bug = "memoises sampled picks on the instance keyed by position and logits, not by the seed"
     trigger = "a second sampled decode of the same prompt with another seed, on one instance"
