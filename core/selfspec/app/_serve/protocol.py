@@ -3,17 +3,32 @@
 :func:`parse_completion` and :func:`parse_chat` turn a decoded JSON body into a
 :class:`Request`, or raise :class:`ApiError` (an OpenAI-style error body, status 400) naming
 the first field that is malformed, out of range, unknown, or asks for something the host
-cannot do exactly (``n`` > 1, ``logprobs``, tools, penalties, ...). Nothing here loads torch.
+cannot do exactly (``n`` > 1, ``logprobs``, tools, penalties, ...). :func:`parse_json` turns
+the raw body into JSON, or a 400 for anything that is not plain JSON (malformed, not UTF-8,
+``NaN``, an integer too long to read, arrays nested too deep). Text with a lone surrogate (which
+no tokenizer can encode) is a 400 naming its field. Nothing here loads torch.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 #: OpenAI's limit on the number of stop strings.
 MAX_STOP = 4
+#: the default request-body bound: this many bytes per prompt token, and never under MIN_BODY_BYTES
+BODY_BYTES_PER_TOKEN = 256
+MIN_BODY_BYTES = 1 << 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def default_max_body_bytes(max_prompt_tokens: int) -> int:
+    """The body bound when ``--max-body-bytes`` is not given: room for a prompt of
+    ``max_prompt_tokens`` tokens even where each is JSON-escaped to many bytes."""
+    return max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * max_prompt_tokens)
 
 
 class ApiError(Exception):
@@ -38,11 +53,18 @@ class ApiError(Exception):
 @dataclass(frozen=True)
 class Limits:
     """The server's bounds: ``max_tokens`` above ``max_tokens_limit`` or a prompt longer than
-    ``max_prompt_tokens`` is a 400; ``default_max_tokens`` when a request gives none."""
+    ``max_prompt_tokens`` is a 400; ``default_max_tokens`` when a request gives none. A body
+    longer than ``max_body_bytes`` is a 413 (None: :func:`default_max_body_bytes`)."""
 
     max_tokens_limit: int = 2048
     max_prompt_tokens: int = 4096
     default_max_tokens: int = 128
+    max_body_bytes: int | None = None
+
+    @property
+    def body_bytes(self) -> int:
+        return self.max_body_bytes if self.max_body_bytes is not None else default_max_body_bytes(
+            self.max_prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -81,6 +103,25 @@ _COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "functions", "function_call",
                    "parallel_tool_calls", "response_format"}
 _ROLES = {"system", "developer", "user", "assistant"}
+
+
+def parse_json(raw: bytes) -> Any:
+    """The request body as JSON; :class:`ApiError` 400 for anything that is not plain JSON."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise ApiError(400, "the request body is not valid JSON: it nests arrays or objects too deep") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer too long to convert
+        why = "it holds an integer with too many digits" if "integer string conversion" in str(exc) else str(exc)
+        raise ApiError(400, f"the request body is not valid JSON: {_short(why)}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def parse_completion(body: Any, limits: Limits, defaults: Defaults) -> Request:
@@ -138,6 +179,7 @@ def _common(body: dict[str, Any], kind: str, limits: Limits, defaults: Defaults,
     model = body.get("model")
     if not isinstance(model, str):
         raise _type("model", "a string") if "model" in body else ApiError(400, "model is required", "model")
+    _text(model, "model")
     if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
         raise _unsupported("n", "n must be 1 (one choice per request)")
     if body.get("top_logprobs") is not None:
@@ -150,6 +192,8 @@ def _common(body: dict[str, Any], kind: str, limits: Limits, defaults: Defaults,
         raise _unsupported("logit_bias", "logit_bias is not supported")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise _type("user", "a string")
+    if body.get("user") is not None:
+        _text(body["user"], "user")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _type("stream", "a boolean")
@@ -198,7 +242,7 @@ def _prompt(prompt: Any) -> str | list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise ApiError(400, "prompt is empty", "prompt")
-        return prompt
+        return _text(prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         return [int(t) for t in prompt]
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
@@ -230,13 +274,13 @@ def _messages(messages: Any) -> list[dict[str, str]]:
 
 def _content(content: Any, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return _text(content, f"{where}.content")
     if isinstance(content, list):  # content parts: text only
         texts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise _unsupported(f"{where}.content[{j}]", "only text content parts are supported")
-            texts.append(part["text"])
+            texts.append(_text(part["text"], f"{where}.content[{j}].text"))
         return "".join(texts)
     raise _type(f"{where}.content", "a string or an array of text parts")
 
@@ -252,7 +296,19 @@ def _stop(stop: Any) -> tuple[str, ...]:
         raise ApiError(400, f"stop holds at most {MAX_STOP} strings", "stop")
     if any(not s for s in stop):
         raise ApiError(400, "stop strings must not be empty", "stop")
+    for s in stop:
+        _text(s, "stop")
     return tuple(stop)
+
+
+def _text(text: str, param: str) -> str:
+    """``text``, or a 400 naming ``param`` when it holds a lone surrogate (not Unicode text)."""
+    if not text.isascii():
+        m = _SURROGATE.search(text)
+        if m:
+            raise ApiError(400, f"{param} is not valid Unicode text: it holds a lone surrogate "
+                           f"(\\u{ord(m[0]):04x}) at character {m.start()}", param)
+    return text
 
 
 def _number(body: dict[str, Any], name: str, lo: float, hi: float) -> float | None:

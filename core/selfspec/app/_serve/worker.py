@@ -2,9 +2,10 @@
 
 :class:`Worker` loads the model and builds the decoder on its own thread (progress on stderr),
 warms it up, then takes :class:`Job` s from a bounded queue in arrival order, one at a time
-(batch size 1). A job's events (``delta`` text, then ``done`` or ``error``) reach the event
-loop through ``call_soon_threadsafe``. A cancelled job (its client went away, the server is
-stopping) ends at the decode's next step, and its cache goes with the finished decode.
+(batch size 1). A job's events (``started`` when its decode begins, ``delta`` text, then
+``done`` or ``error``) reach the event loop through ``call_soon_threadsafe``. A cancelled job
+(its client went away, the server is stopping) ends at the decode's next step, and its cache
+goes with the finished decode; one cancelled because the server stops ends with a 503 error.
 All torch work happens on this thread, never on the event loop.
 """
 
@@ -23,6 +24,8 @@ from selfspec.app._serve.protocol import ApiError
 from selfspec.app._serve.text import TextAssembler
 
 _IDS = itertools.count(1)
+#: the cancel reason of a decode the server stops (it ends with a 503 error, not an answer)
+SHUTDOWN = "server shutting down"
 
 
 @dataclass
@@ -114,6 +117,10 @@ class Worker:
             return ApiError(503, f"the model could not be loaded: {self.error}", type="server_error", code="failed")
         return ApiError(503, "the server is shutting down", type="server_busy", code="shutting_down")
 
+    def busy(self) -> bool:
+        """Whether a decode runs or waits."""
+        return self.running is not None or not self._queue.empty()
+
     def health(self) -> dict[str, Any]:
         return {"status": {"ready": "ok"}.get(self.state, self.state), "queued": self._queue.qsize(),
                 "running": self.running is not None, **self.counts}
@@ -134,7 +141,7 @@ class Worker:
         """:meth:`begin_stop`, cancel the running job at its next step, wait for the thread."""
         self.begin_stop()
         if self.running is not None:
-            self.running.cancel("server shutting down")
+            self.running.cancel(SHUTDOWN)
         try:
             self._queue.put_nowait(None)
         except queue.Full:
@@ -163,6 +170,7 @@ class Worker:
                 self._count(job, "cancelled", None)
                 continue
             self.running = job
+            job.emit("started", None)
             try:
                 self._run(job)
             except BaseException as exc:  # noqa: BLE001  (one request's failure is its answer, not the server's end)
@@ -199,6 +207,11 @@ class Worker:
         stats = {"plugin": self.decoder.plugin_name, **_stats(result.stats)}
         outcome = Outcome(assembler.text, reason, len(result.prompt_ids), len(out), stats)
         self._count(job, "cancelled" if reason == "cancelled" else "completed", outcome)
+        if reason == "cancelled" and job.cancel_reason == SHUTDOWN:
+            job.emit("error", ApiError(503, f"the server stopped before this decode finished (after "
+                                       f"{outcome.completion_tokens} of {job.max_tokens} tokens)",
+                                       type="server_error", code="shutting_down"))
+            return
         job.emit("done", outcome)
 
     def _count(self, job: Job, what: str, outcome: Outcome | None) -> None:
