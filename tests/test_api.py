@@ -199,7 +199,7 @@ def test_every_api_name_resolves_and_import_is_cheap():
 
 
 def test_plugin_modules_stay_small():
-    # past ~400 lines a module becomes a package (STYLE.md); tests are not modules of a plugin
+    # past ~400 lines a module becomes a package; tests are not modules of a plugin
     big = {str(p.relative_to(ROOT)): n for p in _plugin_files() if "tests" not in p.parts
            and (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
     assert not big, big

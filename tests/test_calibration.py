@@ -54,6 +54,7 @@ def _fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(calibration, "STORE", ArtefactStore("calibration", root=tmp_path))
     monkeypatch.delenv(calibration.ENV, raising=False)
     monkeypatch.setattr(calibration, "_busy_load", lambda: None)  # a quiet machine unless a test says not
+    monkeypatch.setenv("SELFSPEC_VERBOSE", "1")  # the progress lines in full (one headline by default)
 
 
 @pytest.mark.parametrize("faster", ["model", "packed"])
@@ -281,3 +282,17 @@ def test_a_cached_choice_is_read_without_sampling_the_model(monkeypatch):
     monkeypatch.setattr(calibration, "_sample", no_sampling)
     again = choose_draft_weights(runner, static="int8", candidates=["int8", "none"])
     assert again.how.startswith("cached") and again.chosen == first.chosen
+
+
+def test_first_use_work_says_one_line_unless_verbose(monkeypatch, capsys):
+    from selfspec._engine import progress
+
+    monkeypatch.setenv("SELFSPEC_VERBOSE", "0")
+    monkeypatch.setattr(progress, "_SAID", set())
+    for detail in ("measuring which weight layout is fastest here...", "weight layout packed (measured: ...)"):
+        progress.say(detail, headline=progress.MEASURING)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"selfspec: {progress.MEASURING} (SELFSPEC_VERBOSE=1 for the details)"]
+    monkeypatch.setenv("SELFSPEC_VERBOSE", "1")
+    progress.say("weight layout packed (measured: ...)", headline=progress.MEASURING)
+    assert capsys.readouterr().err == "selfspec: weight layout packed (measured: ...)\n"

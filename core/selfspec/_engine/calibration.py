@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +40,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from selfspec._engine import progress
 from selfspec._engine.artefacts import ArtefactStore
+from selfspec._engine.progress import MEASURING
 
 #: Where measured choices are kept: ``<selfspec cache dir>/calibration/``.
 STORE = ArtefactStore("calibration")
@@ -259,13 +260,13 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
                     choice = Choice.from_dict({**blob, "how": f"cached, {blob['how']}"})
                     _MEMO[key] = choice
                     return choice
-                print(f"selfspec: the cached {what.replace('_', ' ')} was measured on a busy machine "
-                      f"(load {blob['busy_load']:.1f}); the machine is quiet now", file=sys.stderr, flush=True)
+                progress.say(f"the cached {what.replace('_', ' ')} was measured on a busy machine "
+                             f"(load {blob['busy_load']:.1f}); the machine is quiet now", headline=MEASURING)
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
     busy = _busy_load() if measure is None else None
-    print(f"selfspec: measuring which {what.replace('_', ' ')} is fastest here "
-          f"({', '.join(candidates)}; once per model shape and machine)...", file=sys.stderr, flush=True)
+    progress.say(f"measuring which {what.replace('_', ' ')} is fastest here "
+                 f"({', '.join(candidates)}; once per model shape and machine)...", headline=MEASURING)
     build, scales = prepare()
     runs = {c: _runner_of(build(c), scales) for c in candidates}
     raw = (measure or measure_candidates)(runs, widths)
@@ -280,7 +281,7 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
         store.save_text(path, json.dumps({**choice.as_dict(), "version": VERSION, "spread": spread,
                                           "machine": _machine(), "busy_load": busy}, indent=1) + "\n")
     _MEMO[key] = choice
-    print(f"selfspec: {choice.note()}", file=sys.stderr, flush=True)
+    progress.say(choice.note(), headline=MEASURING)
     return choice
 
 

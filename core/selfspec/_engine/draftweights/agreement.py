@@ -44,12 +44,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from selfspec._engine import progress
+from selfspec._engine.progress import MEASURING
 
 
 #: The backends ``auto`` may pick only through this gate.
@@ -144,7 +146,7 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
     rates = {b: rate(agreement[b], draft_s[b], verify_s) for b in (gated, fallback)}
     verdict = Verdict(gated, fallback, rates[gated] >= rates[fallback], agreement, rates, positions, how)
     if fresh and (how == "measured" or report):
-        print(f"selfspec: {verdict.note()}", file=sys.stderr, flush=True)
+        progress.say(verdict.note(), headline=MEASURING)
     return verdict
 
 
@@ -225,8 +227,8 @@ def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: Measu
                 return _MEMO[key]
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
-    print(f"selfspec: measuring how often {gated} and {fallback} draft weights agree with the model "
-          f"(once per model and machine)...", file=sys.stderr, flush=True)
+    progress.say(f"measuring how often {gated} and {fallback} draft weights agree with the model "
+                 f"(once per model and machine)...", headline=MEASURING)
     agreement = measure(runner, (gated, fallback))
     (store or STORE).save_text(path, json.dumps({"version": VERSION, "gated": gated, "fallback": fallback,
                                                  "agreement": agreement, "positions": POSITIONS,
