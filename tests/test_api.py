@@ -236,3 +236,15 @@ def test_the_runner_accessors_exist_and_are_documented():
     for name in RUNNER_ACCESSORS:
         assert hasattr(selfspec.Runner, name), name
         assert f"`{name}" in runner_part, f"docs/api.md's Runner entry does not name {name}"
+
+
+def test_every_public_namespace_has_its_generated_type_block_in_sync():
+    # type checkers and IDEs read the block; the runtime imports stay lazy (selfspec._lazy)
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "typed_face.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for namespace in (selfspec, selfspec.provisional, selfspec.app, selfspec.testing):
+        text = Path(namespace.__file__).read_text(encoding="utf-8")
+        block = text[text.index("if TYPE_CHECKING:"):]
+        for name in namespace._API:
+            assert f" as {name}" in block, (namespace.__name__, name)
