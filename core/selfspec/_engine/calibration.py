@@ -241,6 +241,12 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip() not in ("0", "false", "no")
 
 
+def again() -> bool:
+    """Whether this process measures every choice again instead of reading the cache
+    (``SELFSPEC_CALIBRATE=again``): the cached ones were measured under another load."""
+    return os.environ.get(ENV, "").strip().lower() == "again"
+
+
 # ------------------------------------------------------------------------------ helpers
 def _choose(what: str, key: str, candidates: Sequence[str], static: str,
             prepare: Callable[[], tuple[Build, tuple[float, float]]], widths: Sequence[int],
@@ -250,6 +256,7 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
         return Choice(what, static, f"static: {ENV}=0")
     store = store or STORE
     path = store.path(f"{key}.json")
+    refresh = refresh or (again() and key not in _MEMO)
     if not refresh and key in _MEMO:
         return _MEMO[key]
     if not refresh and measure is None and path.is_file():
@@ -259,6 +266,10 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
                 if blob.get("busy_load") is None or _busy_load() is not None:
                     choice = Choice.from_dict({**blob, "how": f"cached, {blob['how']}"})
                     _MEMO[key] = choice
+                    when = blob.get("measured_at") or "earlier"
+                    progress.say(f"{choice.note()} (measured {when}; {ENV}=again measures it again)",
+                                 headline=f"using this machine's kernel measurements from the cache ({ENV}=again "
+                                          "measures them again, under this run's load)")
                     return choice
                 progress.say(f"the cached {what.replace('_', ' ')} was measured on a busy machine "
                              f"(load {blob['busy_load']:.1f}); the machine is quiet now", headline=MEASURING)
@@ -279,7 +290,9 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
     choice = Choice(what, chosen, how, seconds, key)
     if measure is None:
         store.save_text(path, json.dumps({**choice.as_dict(), "version": VERSION, "spread": spread,
-                                          "machine": _machine(), "busy_load": busy}, indent=1) + "\n")
+                                          "machine": _machine(), "busy_load": busy,
+                                          "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                                         indent=1) + "\n")
     _MEMO[key] = choice
     progress.say(choice.note(), headline=MEASURING)
     return choice
