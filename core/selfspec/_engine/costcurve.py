@@ -16,8 +16,8 @@ the raw timings and the machine it came from; later processes read it.
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
