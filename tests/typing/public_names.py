@@ -4,13 +4,13 @@ real types through the namespaces' generated ``if TYPE_CHECKING:`` blocks, not t
 
 from pathlib import Path
 
+import selfspec_lookup
 from typing_extensions import assert_type
 
 import selfspec
 import selfspec.app
 import selfspec.provisional
 import selfspec.testing
-import selfspec_lookup
 from selfspec._engine.loop import Decoder as _Decoder
 from selfspec._engine.types import Draft as _Draft
 from selfspec._engine.types import Verdict as _Verdict
