@@ -42,7 +42,7 @@ def main() -> None:
     runner = selfspec.Runner(model, adopt=True)
     choice = shadow.measured_backend(runner)  # the timed choice (and today's gate, cached or not)
     timed = runner.choices["draft_weights"]
-    gated = min((c for c in timed.seconds if c in agreement.GATED), default=None,
+    gated = min((c for c in timed.seconds if agreement.gated(c)), default=None,
                 key=lambda c: sum(timed.seconds[c].values()))
     if gated is None:
         sys.exit(f"no 4-bit copy was timed here ({', '.join(timed.seconds)}): the gate never runs")

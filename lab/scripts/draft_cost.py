@@ -31,7 +31,7 @@ from selfspec.app._models.load import load
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None)
-    ap.add_argument("--backends", default="none,int8,int8wo,bf16")
+    ap.add_argument("--backends", default="none,int8,int8-weights,bf16")
     ap.add_argument("--vocab", default="0,32768,16384")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--texts", type=int, default=4)

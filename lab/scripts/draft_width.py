@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A draft forward's cost against its width, per draft-weights backend, beside a full forward.
 
-    python lab/scripts/draft_width.py [--model qwen2.5-coder-1.5b] [--backends int8,int4avx2]
+    python lab/scripts/draft_width.py [--model qwen2.5-coder-1.5b] [--backends int8,int4]
         [--widths 1,2,4,8] [--repeats 9] [--threads 2] [--json FILE] [--plot FILE.png]
     python lab/scripts/draft_width.py --from FILE.json --plot FILE.png   # a plot of a saved run
 
@@ -36,7 +36,7 @@ PROMPT = "Write a Python function that checks whether a number is prime, with te
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lab/scripts/draft_width.py", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--backends", default="int8,int4avx2")
+    ap.add_argument("--backends", default="int8,int4")
     ap.add_argument("--widths", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draft passes on lean blocks against the layers' own modules: a pass's cost, and decodes.
 
-    python lab/scripts/lean_drafts.py [--model qwen2.5-coder-1.5b] [--backends int8,int4avx2]
+    python lab/scripts/lean_drafts.py [--model qwen2.5-coder-1.5b] [--backends int8,int4]
         [--widths 1,2,4,8] [--repeats 9] [--plugins qspec,selfsd] [--tasks humaneval,gsm8k,mtbench,sharegpt]
         [--samples 2] [--max-new-tokens 64] [--threads 2] [--json FILE]
 
@@ -40,7 +40,7 @@ PROMPT = "Write a Python function that checks whether a number is prime, with te
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lab/scripts/lean_drafts.py", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--backends", default="int8,int4avx2")
+    ap.add_argument("--backends", default="int8,int4")
     ap.add_argument("--widths", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--plugins", default="", help="comma-separated plugins to decode with, both ways")
