@@ -27,11 +27,11 @@ from selfspec._engine.formats import candidates
 from selfspec.testing import ARCHS, tiny_model
 
 BNB = linears.bnb_module() is not None
-CPU = ("int8", "int8-intmm", "int8-weights", "int4", "fp16-weights", "bf16") + (("bnb-int8",) if BNB else ())
+CPU = ("int8", "int8-dynamic", "int8-intmm", "int8-weights", "int4", "fp16-weights", "bf16") + (("bnb-int8",) if BNB else ())
 # see a)
-BOUND = {"int8": 0.12, "int8-intmm": 0.12, "int8-weights": 0.03, "int4": 0.5, "fp16-weights": 0.01, "bf16": 0.02,
+BOUND = {"int8": 0.12, "int8-dynamic": 0.12, "int8-intmm": 0.12, "int8-weights": 0.03, "int4": 0.5, "fp16-weights": 0.01, "bf16": 0.02,
          "bnb-int8": 0.12, "bnb-nf4": 0.5}
-AGREE = {"int8": 0.6, "int8-intmm": 0.6, "int8-weights": 0.8, "int4": 0.2, "fp16-weights": 0.9, "bf16": 0.8,
+AGREE = {"int8": 0.6, "int8-dynamic": 0.6, "int8-intmm": 0.6, "int8-weights": 0.8, "int4": 0.2, "fp16-weights": 0.9, "bf16": 0.8,
          "bnb-int8": 0.6, "bnb-nf4": 0.2}
 
 
@@ -119,7 +119,7 @@ def test_auto_measures_every_registered_copy_that_runs_here(monkeypatch):
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     assert shadow.measured_backend(runner) == "int8"
     assert seen["candidates"] == candidates("draft", "cpu", torch.float32)
-    assert {"none", "int8", "int8-intmm", "int8-weights", "int4", "bf16"} <= set(seen["candidates"])
+    assert {"none", "int8", "int8-dynamic", "int8-intmm", "int8-weights", "int4", "bf16"} <= set(seen["candidates"])
     assert ("bnb-int8" in seen["candidates"]) == BNB
 
 

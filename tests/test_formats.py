@@ -73,8 +73,8 @@ def installed(tmp_path, monkeypatch):
 def test_the_host_registers_library_formats_with_names_that_say_what_they_are():
     found = weight_formats()
     assert list(weight_formats("layout")) == ["model", "transposed", "packed", "packed-mkl"]
-    assert {"none", "int8", "int8-intmm", "int8-weights", "int4", "fp16-weights", "bf16", "bnb-int8",
-            "bnb-nf4"} == set(weight_formats("draft"))
+    assert {"none", "int8", "int8-dynamic", "int8-intmm", "int8-weights", "int4", "fp16-weights", "bf16",
+            "bnb-int8", "bnb-nf4"} == set(weight_formats("draft"))
     assert all(f.owner == "selfspec" and f.summary for f in found.values())
     assert {n for n, f in found.items() if f.gated} == {"int4", "bnb-nf4"}
     # no format is named after an instruction set

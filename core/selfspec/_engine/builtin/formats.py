@@ -1,7 +1,7 @@
 """The host's weight formats, registered through ``selfspec_weight_formats`` like any
 package's (:mod:`selfspec._engine.formats`): the layouts verification can run (``model``,
 ``transposed``, ``packed``, ``packed-mkl``) and the draft copies (``none``, ``int8``,
-``int8-intmm``, ``int8-weights``, ``int4``, ``fp16-weights``, ``bf16``, ``bnb-int8``,
+``int8-dynamic``, ``int8-intmm``, ``int8-weights``, ``int4``, ``fp16-weights``, ``bf16``, ``bnb-int8``,
 ``bnb-nf4``). Every product is a library kernel: torch's (MKL, oneDNN, aten) or
 bitsandbytes'. A kernel that a CPU or build lacks is found by running it once on a tiny weight
 (:func:`_probe`), so a format is offered only where its kernel runs.
@@ -18,6 +18,7 @@ from torch import nn
 from selfspec._engine.draftweights.linears import (
     Bf16Linear,
     BnbLinear,
+    DynamicInt8Linear,
     Fp16WeightsLinear,
     Int4Linear,
     Int8Linear,
@@ -54,6 +55,9 @@ def selfspec_weight_formats(register: Callable[[WeightFormat], None]) -> None:
     register(WeightFormat(
         "int8", "draft", "int8 weights x uint8 activations, oneDNN's int8 product (VNNI/AMX where present)",
         Int8Linear, unsupported=_cpu_probe("int8", Int8Linear), runs_on="CPU"))
+    register(WeightFormat(
+        "int8-dynamic", "draft", "int8 weights x activations quantized per call, torch's dynamic int8 (fbgemm)",
+        DynamicInt8Linear, unsupported=_cpu_probe("int8-dynamic", DynamicInt8Linear), runs_on="CPU"))
     register(WeightFormat(
         "int8-intmm", "draft", "int8 weights x int8 activations (a scale per row), torch._int_mm",
         IntMmLinear, unsupported=_cpu_probe("int8-intmm", IntMmLinear), runs_on="CPU"))

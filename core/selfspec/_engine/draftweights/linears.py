@@ -10,6 +10,9 @@ temporary bigger than a slice of that weight (see :data:`CHUNK_ROWS`).
 * :class:`Int8Linear` (``int8``): int8 weights (a scale per output channel), activations
   rounded to uint8 per call (one scale per call), oneDNN's int8 product
   (``torch.ops.onednn.qlinear_pointwise``; VNNI/AMX where the CPU has them). CPU.
+* :class:`DynamicInt8Linear` (``int8-dynamic``): the same int8 weights, activations quantized
+  per call by torch's dynamic quantization (fbgemm's int8 GEMM; torch deprecates the quantized
+  tensors it packs through). CPU.
 * :class:`IntMmLinear` (``int8-intmm``): the same int8 weights, each row of activations rounded
   to int8 with a scale of its own, ``torch._int_mm``. CPU.
 * :class:`Int8WeightOnlyLinear` (``int8-weights``): int8 weights, one float scale per output
@@ -27,6 +30,7 @@ temporary bigger than a slice of that weight (see :data:`CHUNK_ROWS`).
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from torch import nn
@@ -96,6 +100,36 @@ class Int8Linear(CompressedLinear):
     def nbytes(self) -> int:
         n = self.out_features * self.in_features + self.out_features * 4  # the packed weight is opaque
         return n + (0 if self.bias is None else self.out_features * 4)
+
+
+class DynamicInt8Linear(CompressedLinear):
+    """Dynamic quantization: int8 weights (a scale per output channel), activations quantized
+    per call; PyTorch's quantized engine (x86: fbgemm's int8 GEMM), the kernels of
+    ``torch.ao.nn.quantized.dynamic.Linear`` called directly (no float module, no extra copy).
+    torch deprecates the quantized tensors this path packs its weights through; the format
+    reports itself unsupported once the ops are gone."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        q, scale = quantize_rows(weight)
+        out_f, in_f = weight.shape
+        b = None if bias is None else bias.detach().float().clone()
+        with warnings.catch_warnings():  # quantized tensors are deprecated, the kernels still work
+            warnings.simplefilter("ignore")
+            qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros(out_f, dtype=torch.long), 0)
+            self._packed = torch.ops.quantized.linear_prepack(qw, b)  # the engine's own int8 copy
+        del q, qw
+        self.in_features, self.out_features = in_f, out_f
+        self._bytes = out_f * in_f + out_f * 8 + (0 if bias is None else out_f * 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x if x.dtype == torch.float32 else x.float()
+        # reduce_range: 7-bit activations, as the quantized module does on x86 (no int16 saturation)
+        y = torch.ops.quantized.linear_dynamic(x2, self._packed, reduce_range=True)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def nbytes(self) -> int:
+        return self._bytes  # the packed weight is opaque to torch: its int8 size and scales
 
 
 class IntMmLinear(CompressedLinear):
