@@ -24,10 +24,13 @@ from selfspec import DraftWeightsError, Runner, draft_weights, skip_layer_draft
 from selfspec._engine.draftweights import built_nbytes, linears, quantize, resolve_backend, vocab
 from selfspec._engine.draftweights.layers import FusedMember, FusedProduct
 from selfspec._engine.formats import candidates
+from selfspec._engine.machine import cpu_capability
 from selfspec.testing import ARCHS, tiny_model
 
 BNB = linears.bnb_module() is not None
-CPU = ("int8", "int8-dynamic", "int8-intmm", "int8-weights", "int4", "fp16-weights", "bf16") + (("bnb-int8",) if BNB else ())
+FP16 = cpu_capability().onednn_fp16
+CPU = ("int8", "int8-dynamic", "int8-intmm", "int8-weights", "int4", "bf16") + (("bnb-int8",) if BNB else ()) + (
+    ("fp16-weights",) if FP16 else ())
 # see a)
 BOUND = {"int8": 0.12, "int8-dynamic": 0.12, "int8-intmm": 0.12, "int8-weights": 0.03, "int4": 0.5, "fp16-weights": 0.01, "bf16": 0.02,
          "bnb-int8": 0.12, "bnb-nf4": 0.5}
@@ -87,7 +90,24 @@ def test_bnb_nf4_computes_the_product_of_its_own_dequantized_weights(rows):
     assert lin(x).dtype == torch.float32 and lin.nbytes() >= 64 * 128 // 2
 
 
-@pytest.mark.parametrize("backend", ["int8", "int8-intmm"])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_fp16_weights_compute_the_product_of_their_float16_weights(rows):
+    # the kernel is oneDNN's wherever torch has it; the format is offered only where it is fast
+    w, b = torch.randn(70, 45), torch.randn(70)
+    x = torch.randn(1, rows, 45)
+    lin = linears.Fp16WeightsLinear(w, b)
+    want = x.double() @ w.half().double().T + b.double()
+    torch.testing.assert_close(lin(x).double(), want, rtol=1e-3, atol=1e-3)
+    assert lin.nbytes() == 70 * 45 * 2 + 70 * 4
+
+
+@pytest.mark.skipif(FP16, reason="this CPU has oneDNN's float16 kernels")
+def test_fp16_weights_are_refused_where_onednn_has_no_float16_kernels():
+    with pytest.raises(DraftWeightsError, match="float16 kernels need AVX-512 FP16"):
+        resolve_backend("fp16-weights", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("backend", ["int8", "int8-dynamic", "int8-intmm"])
 @pytest.mark.parametrize("rows", [1, 5, 17])
 def test_int8_products_compute_the_int8_weights_product_within_their_activations_rounding(backend, rows):
     # the same int8 weights and scales as int8-weights; activations rounded to 8 bits (int8: one
@@ -95,14 +115,17 @@ def test_int8_products_compute_the_int8_weights_product_within_their_activations
     # of its activation scale times the sum of the weights' magnitudes
     w, b = torch.randn(70, 45), torch.randn(70)
     x = torch.randn(2, rows, 45)
-    lin = {"int8": linears.Int8Linear, "int8-intmm": linears.IntMmLinear}[backend](w, b)
+    lin = {"int8": linears.Int8Linear, "int8-dynamic": linears.DynamicInt8Linear,
+           "int8-intmm": linears.IntMmLinear}[backend](w, b)
     q, scale = linears.quantize_rows(w)
     deq = q.double() * scale.double()[:, None]
     want = x.double() @ deq.T + b.double()
-    step = x.abs().amax() / 127 if backend == "int8" else x.abs().amax(-1, keepdim=True) / 127
+    # int8-dynamic rounds to 7 bits (reduce_range) over the block's range, offset included
+    step = {"int8": x.abs().amax() / 127, "int8-dynamic": (x.amax() - x.amin()) / 127,
+            "int8-intmm": x.abs().amax(-1, keepdim=True) / 127}[backend]
     bound = step.double() / 2 * deq.abs().sum(1) + 1e-4
     assert ((lin(x).double() - want).abs() <= bound).all()
-    assert lin.nbytes() == 70 * 45 + 70 * 4 + 70 * 4
+    assert lin.nbytes() == 70 * 45 + 70 * 4 + 70 * 4 + (70 * 4 if backend == "int8-dynamic" else 0)
 
 
 def test_auto_measures_every_registered_copy_that_runs_here(monkeypatch):

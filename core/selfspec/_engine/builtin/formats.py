@@ -69,7 +69,7 @@ def selfspec_weight_formats(register: Callable[[WeightFormat], None]) -> None:
         Int4Linear, unsupported=_cpu_probe("int4", Int4Linear), gated=True, runs_on="CPU"))
     register(WeightFormat(
         "fp16-weights", "draft", "float16 weights x float32 activations, oneDNN (linear_dynamic_fp16)",
-        Fp16WeightsLinear, unsupported=_cpu_probe("fp16-weights", Fp16WeightsLinear), runs_on="CPU"))
+        Fp16WeightsLinear, unsupported=_fp16_weights, runs_on="CPU with AVX-512 FP16 or AVX-NE-CONVERT"))
     register(WeightFormat(
         "bf16", "draft", "bfloat16 weights and activations (oneDNN prepacked where it has bf16 kernels)",
         Bf16Linear, runs_on="any device"))
@@ -97,6 +97,15 @@ def _mkl_packing(device: torch.device, dtype: torch.dtype) -> str | None:
     if (why := _packing(device, dtype)) is not None:
         return why
     return _probe("packed-mkl", MklPackedLinear)
+
+
+def _fp16_weights(device: torch.device, dtype: torch.dtype) -> str | None:
+    if device.type != "cpu":
+        return f"it runs on CPU only, the model is on {device.type}"
+    cpu = cpu_capability()
+    if not cpu.onednn_fp16:  # oneDNN then falls back to a reference loop, hundreds of times slower
+        return f"oneDNN's float16 kernels need AVX-512 FP16 or AVX-NE-CONVERT, and this CPU runs {cpu.label}"
+    return _probe("fp16-weights", Fp16WeightsLinear)
 
 
 def _bnb(device: torch.device, dtype: torch.dtype) -> str | None:
