@@ -84,3 +84,21 @@ def test_an_adopting_decoder_decodes_like_a_copying_one():
                                                                                    eos_token_ids=[])
     assert got.output_ids == ref.output_ids
     assert got.stats.weight_layout == "packed"
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_adopting_copies_the_tensors_left_on_a_mapped_file_so_its_mapping_is_released(tmp_path):
+    from selfspec._engine.runner.layout import _file_mappings
+
+    model = tiny_model("qwen2", dtype=torch.float32, seed=3)
+    emb = model.model.embed_tokens.weight
+    path = tmp_path / "weights.bin"
+    emb.detach().numpy().tofile(path)
+    mapped = torch.from_file(str(path), shared=True, size=emb.numel(), dtype=torch.float32).view_as(emb)
+    model.model.embed_tokens.weight = torch.nn.Parameter(mapped, requires_grad=False)  # a view of the file
+    want = mapped.clone()
+    inside = lambda t: any(lo <= t.untyped_storage().data_ptr() < hi for lo, hi in _file_mappings())  # noqa: E731
+    assert inside(model.model.embed_tokens.weight)
+    Decoder(model, "vanilla", adopt_weights=True, weight_layout="transposed")
+    owned = model.model.embed_tokens.weight
+    assert not inside(owned) and torch.equal(owned, want)  # the values kept, in the process's own memory

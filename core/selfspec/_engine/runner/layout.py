@@ -156,7 +156,9 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
     ``nn.Linear`` over the ``[in, out]``-contiguous weight). ``"model"``: nothing. Returns
     the LM head module now in the model. Idempotent. Tied weights (an LM head that is the
     embedding matrix) are not released: the embedding still holds them. Offloaded modules
-    (weights on the meta device, see the module doc) are left as they are.
+    (weights on the meta device, see the module doc) are left as they are. The tensors left
+    that view a memory-mapped file are copied into memory (:func:`own_file_backed`), so the
+    file's mapping is released.
     """
     fmt = _as_layout(layout)
     if fmt.build is None:
@@ -175,7 +177,50 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
         for name, child in list(parent.named_children()):
             if child is lm_head:
                 setattr(parent, name, laid_head)
+    own_file_backed(model)
     return laid_head
+
+
+def own_file_backed(model: nn.Module) -> int:
+    """Copy into the process's own memory every CPU parameter and buffer of ``model`` that is a
+    view of a memory-mapped file; returns how many. Transformers loads safetensors weights as
+    views of the file's mapping, which stays mapped (its pages resident) while any tensor of the
+    file lives: after :func:`adopt_layout` replaced the linears, the few tensors left (embedding,
+    norms, biases) would keep the whole file resident beside the laid-out copies. Once they are
+    copied, the mapping is released. Tensors shared between modules stay shared. Linux only (the
+    mappings come from ``/proc/self/maps``); elsewhere nothing is done."""
+    mapped = _file_mappings()
+    if not mapped:
+        return 0
+    owned: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for name, t in list(store.items()):
+                if t is None or t.device.type != "cpu" or t.layout != torch.strided:
+                    continue
+                if id(t) not in owned:
+                    ptr = t.untyped_storage().data_ptr()
+                    if not any(lo <= ptr < hi for lo, hi in mapped):
+                        continue
+                    copy_ = t.detach().clone()
+                    owned[id(t)] = nn.Parameter(copy_, requires_grad=False) if isinstance(t, nn.Parameter) else copy_
+                store[name] = owned[id(t)]
+    return len(owned)
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """``[(start, end)]`` of this process's file-backed memory mappings (Linux; else ``[]``)."""
+    ranges = []
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 6 and parts[4] != "0" and not parts[5].startswith("["):
+                    lo, hi = parts[0].split("-")
+                    ranges.append((int(lo, 16), int(hi, 16)))
+    except OSError:
+        return []
+    return ranges
 
 
 def layout_copy(module: nn.Module, layout: str | _Layout) -> nn.Module:
