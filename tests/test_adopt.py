@@ -88,7 +88,7 @@ def test_an_adopting_decoder_decodes_like_a_copying_one():
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_adopting_copies_the_tensors_left_on_a_mapped_file_so_its_mapping_is_released(tmp_path):
-    from selfspec._engine.runner.layout import _file_mappings
+    from selfspec._engine.runner.residency import _file_mappings
 
     model = tiny_model("qwen2", dtype=torch.float32, seed=3)
     emb = model.model.embed_tokens.weight

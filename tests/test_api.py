@@ -239,7 +239,7 @@ def test_the_runner_accessors_exist_and_are_documented():
 
 
 def test_every_public_namespace_has_its_generated_type_block_in_sync():
-    # type checkers and IDEs read the block; the runtime imports stay lazy (selfspec._lazy)
+    # type checkers and IDEs read the block; the runtime imports stay lazy (selfspec._engine.lazy)
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "typed_face.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

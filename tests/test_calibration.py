@@ -244,11 +244,12 @@ def test_a_sample_of_laid_out_layers_takes_the_layers_and_scale_of_the_models_ow
     # model's own: both samples must cover the same layers, or one is scaled wrongly
     from selfspec._engine.runner.adapters import adapter_for
     from selfspec._engine.runner.layout import layout_copy
+    from selfspec._engine.runner.traffic import product_bytes
 
     model = _model()
     ad = adapter_for(model)
     layers = list(ad.layers)
-    monkeypatch.setattr(calibration, "SAMPLE_BYTES", calibration._weight_bytes(layers[0]) + 1)
+    monkeypatch.setattr(calibration, "SAMPLE_BYTES", product_bytes(layers[0]) + 1)
     own = calibration._sample(layers, ad.lm_head)
     packed = calibration._sample([layout_copy(m, "packed") for m in layers], ad.lm_head)
     assert len(own[0]) == len(packed[0]) == 2 and own[2] == packed[2] == len(layers) / 2

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._engine.lazy import lazy_namespace
 from ._engine.markers import hookimpl
 from ._engine.version import __version__
-from ._lazy import lazy_namespace
 
 #: The one list of public names: name -> (private module under ``selfspec._engine``, attribute),
 #: grouped as docs/api.md documents them. ``__all__`` is derived from it.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from selfspec._lazy import lazy_namespace
+from selfspec._engine.lazy import lazy_namespace
 
 #: The one list of provisional names: name -> (private module under ``selfspec._engine``,
 #: attribute). ``__all__`` is derived from it.

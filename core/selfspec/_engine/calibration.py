@@ -21,9 +21,9 @@ the *static* rule (the one used before anything is measured: :func:`selfspec._en
 layout.choose_layout`'s capability rule, ``int8`` draft weights on CPU) and the record says
 why. ``SELFSPEC_CALIBRATE=0`` skips measuring and takes the static rule too. The result, with
 every candidate's seconds, is a JSON artefact in ``<cache dir>/calibration/``; later processes
-read it (``refresh=True`` measures again). A choice measured while the machine was busy (load
-average at least its physical cores) is kept until the first process that finds it quiet
-measures again. An explicit layout or backend is never overridden.
+read it (``refresh=True`` or ``SELFSPEC_CALIBRATE=again`` measures again; a choice measured on a
+busy machine is measured again by the first process that finds it quiet). An explicit layout or
+backend is never overridden.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from torch import nn
 
 from selfspec._engine import progress
 from selfspec._engine.artefacts import ArtefactStore
-from selfspec._engine.progress import MEASURING
 
 #: Where measured choices are kept: ``<selfspec cache dir>/calibration/``.
 STORE = ArtefactStore("calibration")
@@ -242,8 +241,7 @@ def enabled() -> bool:
 
 
 def again() -> bool:
-    """Whether this process measures every choice again instead of reading the cache
-    (``SELFSPEC_CALIBRATE=again``): the cached ones were measured under another load."""
+    """Whether this process measures every choice again, not reading the cache (``=again``)."""
     return os.environ.get(ENV, "").strip().lower() == "again"
 
 
@@ -272,12 +270,12 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
                                           "measures them again, under this run's load)")
                     return choice
                 progress.say(f"the cached {what.replace('_', ' ')} was measured on a busy machine "
-                             f"(load {blob['busy_load']:.1f}); the machine is quiet now", headline=MEASURING)
+                             f"(load {blob['busy_load']:.1f}); the machine is quiet now", headline=progress.MEASURING)
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
     busy = _busy_load() if measure is None else None
     progress.say(f"measuring which {what.replace('_', ' ')} is fastest here "
-                 f"({', '.join(candidates)}; once per model shape and machine)...", headline=MEASURING)
+                 f"({', '.join(candidates)}; once per model shape and machine)...", headline=progress.MEASURING)
     build, scales = prepare()
     runs = {c: _runner_of(build(c), scales) for c in candidates}
     raw = (measure or measure_candidates)(runs, widths)
@@ -294,7 +292,7 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
                                           "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
                                          indent=1) + "\n")
     _MEMO[key] = choice
-    progress.say(choice.note(), headline=MEASURING)
+    progress.say(choice.note(), headline=progress.MEASURING)
     return choice
 
 
@@ -342,7 +340,11 @@ def _sample(layers: Sequence[nn.Module], lm_head: nn.Module) -> tuple[list[nn.Mo
     holding at least :data:`SAMPLE_BYTES` of product weights (all layers if fewer), a linear
     over at most :data:`HEAD_BYTES` of the head's rows, and the factors that turn the sample's
     time into the whole model's (layers in the model / in the sample; head rows / sampled rows)."""
-    per_layer = [_weight_bytes(layer) for layer in layers]
+    from selfspec._engine.runner.traffic import (
+        product_bytes,  # any layout: packed weights are buffers
+    )
+
+    per_layer = [product_bytes(layer) for layer in layers]
     n = len(layers)
     take, total, lo = 0, 0, n // 2
     while take < n and total < SAMPLE_BYTES:
@@ -368,14 +370,6 @@ def _busy_load() -> float | None:
 
     load = load_average()
     return load if is_busy(load, physical_cores()) else None
-
-
-def _weight_bytes(module: nn.Module) -> int:
-    """Bytes of product weights ``module`` holds, in any layout (a packed product's
-    weights are buffers, not parameters)."""
-    from selfspec._engine.runner.traffic import product_bytes
-
-    return product_bytes(module)
 
 
 def _candidates_key(candidates: Sequence[str]) -> str:

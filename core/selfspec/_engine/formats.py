@@ -70,6 +70,16 @@ def candidates(role: str, device: torch.device | str, dtype: torch.dtype) -> lis
     return [n for n, f in weight_formats(role).items() if f.auto and f.why_not(device, dtype) is None]
 
 
+def fitting(candidates: list[str], weight_bytes: int, available: int | None) -> list[str]:
+    """The layouts among ``candidates`` whose copy of ``weight_bytes`` of weights (their
+    registered ``memory`` factor) fits in three quarters of the ``available`` bytes (all of them
+    when that is unknown); the first (the static choice) always."""
+    if available is None:
+        return list(candidates)
+    found = weight_formats("layout")
+    return [c for i, c in enumerate(candidates) if i == 0 or found[c].memory * weight_bytes <= 0.75 * available]
+
+
 def reload_weight_formats() -> None:
     """Forget the loaded registry (the next call loads the entry points again): for tests and
     for a process that installed a package."""

@@ -15,7 +15,7 @@ class TestQSpec(PluginSuite):
 
     plugin = "qspec"
     option_strategies = {"num_draft": st.integers(1, 10), "tree": st.booleans(),
-                         "draft_weights": lambda m: sst.draft_weights(m, ("int8", "int8-weights", "bf16", "bnb-int8"))}  # on m's device
+                         "draft_weights": lambda m: sst.draft_weights(m, ("int8", "int8-dynamic", "int8-weights", "int4", "bf16", "bnb-int8"))}  # on m's device
     reach_options = {"num_draft": 10, "tree": False, "exit": 0.0}  # deep chains reach the deep buckets
     # the int8 copy of a tiny model agrees with it on most tokens: deep chains would take the kit's
     # 520-token output in under 128 steps, one-token chains take at least 260 (steps>=256)

@@ -61,6 +61,7 @@ from torch import nn
 
 from selfspec._engine.machine import CpuCapability
 from selfspec._engine.runner.placement import is_offloaded, share_hooks, tensor_key
+from selfspec._engine.runner.residency import own_file_backed
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -181,48 +182,6 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
     return laid_head
 
 
-def own_file_backed(model: nn.Module) -> int:
-    """Copy into the process's own memory every CPU parameter and buffer of ``model`` that is a
-    view of a memory-mapped file; returns how many. Transformers loads safetensors weights as
-    views of the file's mapping, which stays mapped (its pages resident) while any tensor of the
-    file lives: after :func:`adopt_layout` replaced the linears, the few tensors left (embedding,
-    norms, biases) would keep the whole file resident beside the laid-out copies. Once they are
-    copied, the mapping is released. Tensors shared between modules stay shared. Linux only (the
-    mappings come from ``/proc/self/maps``); elsewhere nothing is done."""
-    mapped = _file_mappings()
-    if not mapped:
-        return 0
-    owned: dict[int, torch.Tensor] = {}
-    for module in model.modules():
-        for store in (module._parameters, module._buffers):
-            for name, t in list(store.items()):
-                if t is None or t.device.type != "cpu" or t.layout != torch.strided:
-                    continue
-                if id(t) not in owned:
-                    ptr = t.untyped_storage().data_ptr()
-                    if not any(lo <= ptr < hi for lo, hi in mapped):
-                        continue
-                    copy_ = t.detach().clone()
-                    owned[id(t)] = nn.Parameter(copy_, requires_grad=False) if isinstance(t, nn.Parameter) else copy_
-                store[name] = owned[id(t)]
-    return len(owned)
-
-
-def _file_mappings() -> list[tuple[int, int]]:
-    """``[(start, end)]`` of this process's file-backed memory mappings (Linux; else ``[]``)."""
-    ranges = []
-    try:
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) >= 6 and parts[4] != "0" and not parts[5].startswith("["):
-                    lo, hi = parts[0].split("-")
-                    ranges.append((int(lo, 16), int(hi, 16)))
-    except OSError:
-        return []
-    return ranges
-
-
 def layout_copy(module: nn.Module, layout: str | _Layout) -> nn.Module:
     """``module`` itself for ``"model"`` or an offloaded module, else a copy with the layout
     (see the module doc)."""
@@ -273,22 +232,6 @@ def _shared_memo(module: nn.Module) -> dict[int, object]:
         if config is not None:
             memo[id(config)] = config
     return memo
-
-
-def transposed_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` whose ``nn.Linear`` weights are ``[in, out]``-contiguous.
-
-    Every other parameter and buffer (norms, biases, rotary tables) is shared with
-    ``module``, not copied; the new weights hold the same values as the old ones.
-    """
-    return replace_linears(module, "transposed")
-
-
-def packed_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` (sharing every parameter and buffer) whose ``nn.Linear``
-    submodules are replaced by :class:`PackedLinear` (a plain ``nn.Linear`` module itself
-    becomes one)."""
-    return replace_linears(module, "packed")
 
 
 def replace_linears(module: nn.Module, layout: str | _Layout) -> nn.Module:

@@ -129,7 +129,7 @@ class Runner:
             self.choices["weight_layout"] = Choice("weight_layout", static, "static: a model accelerate dispatched")
             return static
         candidates = formats.candidates("layout", self.device, self.dtype) if static == "packed" else [static]
-        fits = _fitting(candidates, product_bytes(model), machine.available_memory())
+        fits = formats.fitting(candidates, product_bytes(model), machine.available_memory())
         choice = choose_weight_layout(model, list(self.layers), self.adapter.lm_head, static=static,
                                       candidates=fits)
         if len(fits) < len(candidates):
@@ -388,14 +388,3 @@ def _to(x, device: torch.device):
     if isinstance(x, tuple):
         return tuple(t.to(device) for t in x)
     return x.to(device)
-
-
-def _fitting(candidates: list[str], weight_bytes: int, available: int | None) -> list[str]:
-    """The layouts among ``candidates`` whose copy of ``weight_bytes`` of weights (their
-    registered ``memory`` factor) fits in three quarters of the ``available`` bytes (all of them
-    when that is unknown); the static first candidate always."""
-    if available is None:
-        return list(candidates)
-    found = formats.weight_formats("layout")
-    return [c for i, c in enumerate(candidates)
-            if i == 0 or found[c].memory * weight_bytes <= 0.75 * available]
