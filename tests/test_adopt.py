@@ -102,3 +102,20 @@ def test_adopting_copies_the_tensors_left_on_a_mapped_file_so_its_mapping_is_rel
     Decoder(model, "vanilla", adopt_weights=True, weight_layout="transposed")
     owned = model.model.embed_tokens.weight
     assert not inside(owned) and torch.equal(owned, want)  # the values kept, in the process's own memory
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_a_weight_on_a_mapped_file_is_read_from_the_file_not_through_the_mapping(tmp_path):
+    from selfspec._engine.runner.residency import _file_mappings, unmapped_copy
+
+    w = torch.randn(48, 40)
+    path = tmp_path / "w.bin"
+    torch.cat([torch.zeros(1024), w.reshape(-1)]).numpy().tofile(path)  # at an offset inside the file
+    whole = torch.from_file(str(path), shared=True, size=1024 + w.numel(), dtype=torch.float32)
+    view = whole[1024:].view(48, 40)
+    inside = lambda t: any(lo <= t.data_ptr() < hi for lo, hi in _file_mappings())  # noqa: E731
+    assert inside(view)
+    read = unmapped_copy(view)
+    assert not inside(read) and torch.equal(read, w)
+    plain = torch.randn(3, 4)
+    assert unmapped_copy(plain) is plain  # anything else is returned as it is

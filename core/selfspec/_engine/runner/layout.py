@@ -61,7 +61,7 @@ from torch import nn
 
 from selfspec._engine.machine import CpuCapability
 from selfspec._engine.runner.placement import is_offloaded, share_hooks, tensor_key
-from selfspec._engine.runner.residency import own_file_backed
+from selfspec._engine.runner.residency import own_file_backed, unmapped_copy
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -143,7 +143,8 @@ def build_copy(layout: str | _Layout, linear: nn.Module) -> nn.Module:
     fmt = _as_layout(layout)
     if fmt.build is None:
         return linear
-    module = fmt.build(linear.weight.detach(), getattr(linear, "bias", None))
+    # read from the file, not through its mapping, where the weight is a view of one (residency.py)
+    module = fmt.build(unmapped_copy(linear.weight.detach()), getattr(linear, "bias", None))
     module.weight_format = fmt.name
     return module
 

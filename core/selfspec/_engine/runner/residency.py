@@ -4,7 +4,10 @@ Transformers loads safetensors weights as views of the file's mapping, which sta
 pages resident) while any tensor of the file lives. After a layout replaced the linears
 (:func:`selfspec._engine.runner.layout.adopt_layout`), the few tensors left would keep the whole
 file resident beside the laid-out copies; :func:`own_file_backed` copies them into the process's
-own memory so the mapping is released.
+own memory so the mapping is released. While the layout is built, each weight is read through
+:func:`unmapped_copy` (a plain read of the file, into the page cache and a transient buffer)
+instead of through the mapping, so the mapped pages are never touched and the peak holds one
+weight beside the copies, not the whole file.
 """
 
 from __future__ import annotations
@@ -40,16 +43,46 @@ def own_file_backed(model: nn.Module) -> int:
     return len(owned)
 
 
+def unmapped_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values read from its file when ``t`` is a contiguous CPU view of a memory-mapped
+    file (a plain read: the pages go to the page cache, not to this process's resident set), else
+    ``t`` itself. A read that comes up short also gives ``t``."""
+    if t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous() or t.numel() == 0:
+        return t
+    ptr, n = t.data_ptr(), t.numel() * t.element_size()
+    for lo, hi, offset, path in _mapped_files():
+        if lo <= ptr and ptr + n <= hi:
+            buf = bytearray(n)
+            try:
+                with open(path, "rb", buffering=0) as fh:
+                    fh.seek(offset + ptr - lo)
+                    view, got = memoryview(buf), 0
+                    while got < n:
+                        k = fh.readinto(view[got:])
+                        if not k:
+                            return t
+                        got += k
+            except OSError:
+                return t
+            return torch.frombuffer(buf, dtype=t.dtype).view(t.shape)
+    return t
+
+
 def _file_mappings() -> list[tuple[int, int]]:
     """``[(start, end)]`` of this process's file-backed memory mappings (Linux; else ``[]``)."""
-    ranges = []
+    return [(lo, hi) for lo, hi, _, _ in _mapped_files()]
+
+
+def _mapped_files() -> list[tuple[int, int, int, str]]:
+    """``[(start, end, file offset, path)]`` of this process's file-backed mappings (Linux)."""
+    found = []
     try:
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as fh:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                parts = line.split()
-                if len(parts) >= 6 and parts[4] != "0" and not parts[5].startswith("["):
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[4] != "0" and not parts[5].startswith("["):
                     lo, hi = parts[0].split("-")
-                    ranges.append((int(lo, 16), int(hi, 16)))
+                    found.append((int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].rstrip("\n")))
     except OSError:
         return []
-    return ranges
+    return found
