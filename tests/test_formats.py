@@ -54,14 +54,19 @@ def selfspec_weight_formats(register):
 '''
 
 
+def _install(root, dist: str, entry: str) -> None:
+    """The ``.dist-info`` pip leaves for ``dist``, naming ``entry`` in the formats group (see a))."""
+    info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(f"[selfspec.weight_formats]\n{entry}\n", encoding="utf-8")
+
+
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
     """A package ``acme_formats`` installed in ``tmp_path`` (see a)), the registry reloaded."""
     (tmp_path / "acme_formats.py").write_text(textwrap.dedent(PACKAGE), encoding="utf-8")
-    info = tmp_path / "acme_formats-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-formats\nVersion: 1.0\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text("[selfspec.weight_formats]\nacme = acme_formats\n", encoding="utf-8")
+    _install(tmp_path, "acme-formats", "acme = acme_formats")
     monkeypatch.syspath_prepend(str(tmp_path))
     formats.reload_weight_formats()
     monkeypatch.setattr(calibration, "_MEMO", {})
@@ -176,10 +181,7 @@ def test_a_third_party_draft_format_decodes_losslessly(installed):
 
 
 def test_a_package_whose_module_cannot_be_imported_is_named(tmp_path, monkeypatch):
-    info = tmp_path / "broken_fmt-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-fmt\nVersion: 1.0\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text("[selfspec.weight_formats]\nb = no_such_module_here\n", encoding="utf-8")
+    _install(tmp_path, "broken-fmt", "b = no_such_module_here")
     monkeypatch.syspath_prepend(str(tmp_path))
     formats.reload_weight_formats()
     try:
