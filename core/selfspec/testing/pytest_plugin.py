@@ -104,7 +104,8 @@ def activate(config: pytest.Config) -> None:
                               suppress_health_check=quiet, print_blob=True)
     settings.register_profile(DEV_PROFILE, deadline=None, max_examples=60,
                               suppress_health_check=quiet, print_blob=True)
-    settings.register_profile(RELEASE_PROFILE, deadline=None, max_examples=300,
+    # random even where Hypothesis's own default profile derandomizes (its "ci" one, under CI=...)
+    settings.register_profile(RELEASE_PROFILE, derandomize=False, deadline=None, max_examples=300,
                               suppress_health_check=quiet, print_blob=True)
     if config.getoption("hypothesis_profile", default=None):
         return  # hypothesis's own plugin loads the profile given on the command line
