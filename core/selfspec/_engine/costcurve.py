@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 
+from selfspec._engine import calibration
 from selfspec._engine.artefacts import ArtefactStore
 from selfspec._engine.runner import Runner
 
@@ -142,7 +142,7 @@ def cost_curve(runner: Runner, *, store: ArtefactStore | None = None, refresh: b
     key = curve_key(runner) + ("" if weights is None else f"-draft-{_weights_key(weights)}")
     path = store.path(f"costcurve-{key}.json")
     memo = f"{path}"
-    refresh = refresh or (os.environ.get("SELFSPEC_CALIBRATE", "").strip().lower() == "again" and memo not in _MEMO)
+    refresh = refresh or (calibration.again() and memo not in _MEMO)
     if not refresh and memo in _MEMO:
         return _MEMO[memo]
     curve = None if refresh else _load(path)

@@ -64,10 +64,12 @@ def format_names(role: str) -> tuple[str, ...]:
     return ("auto", *weight_formats(role))
 
 
-def candidates(role: str, device: torch.device | str, dtype: torch.dtype) -> list[str]:
+def candidates(role: str, device: torch.device | str, dtype: torch.dtype, *, every: bool = False) -> list[str]:
     """The formats of ``role`` that ``auto`` measures for a model on ``device`` in ``dtype``:
-    every one with ``auto=True`` that runs there, in registration order."""
-    return [n for n, f in weight_formats(role).items() if f.auto and f.why_not(device, dtype) is None]
+    every one with ``auto=True`` that runs there, in registration order (``every=True``: every
+    one that runs there, ``auto`` or not)."""
+    return [n for n, f in weight_formats(role).items()
+            if (every or f.auto) and f.why_not(device, dtype) is None]
 
 
 def fitting(candidates: list[str], weight_bytes: int, available: int | None) -> list[str]:

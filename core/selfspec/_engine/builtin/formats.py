@@ -29,27 +29,27 @@ from selfspec._engine.draftweights.linears import (
 from selfspec._engine.machine import cpu_capability
 from selfspec._engine.runner.layout import (
     MklPackedLinear,
-    PackedLinear,
+    own_builds,
     packing_unsupported,
-    transposed_linear,
 )
 from selfspec._engine.types import WeightFormat
 
 
 def selfspec_weight_formats(register: Callable[[WeightFormat], None]) -> None:
     """The host's formats, layouts first (``auto``'s static choice among them comes first)."""
+    build = own_builds()  # the layouts' products, as the runner builds a layout given by name
     register(WeightFormat(
         "model", "layout", "the model's weights as they are: bitwise the model's own forward", None,
         memory=0.0))
     register(WeightFormat(
         "transposed", "layout", "a copy of each weight stored [in, out] (a plain BLAS product)",
-        transposed_linear))
+        build["transposed"]))
     register(WeightFormat(
         "packed", "layout", "a copy of each weight prepacked for oneDNN's inner product (any row count)",
-        PackedLinear, unsupported=_packing, runs_on="CPU: float32; bf16/fp16 where oneDNN has kernels for them"))
+        build["packed"], unsupported=_packing, runs_on="CPU: float32; bf16/fp16 where oneDNN has kernels for them"))
     register(WeightFormat(
         "packed-mkl", "layout", "one row on a copy packed for MKL's sgemm, wider blocks on oneDNN's (2.3x the bytes)",
-        MklPackedLinear, unsupported=_mkl_packing, runs_on="CPU with MKL and oneDNN, float32", memory=2.3))
+        build["packed-mkl"], unsupported=_mkl_packing, runs_on="CPU with MKL and oneDNN, float32", memory=2.3))
     register(WeightFormat(
         "none", "draft", "no copy: drafts read the model's own weights (the papers' setting)", None))
     register(WeightFormat(

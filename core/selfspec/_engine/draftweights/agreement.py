@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from selfspec._engine import progress
+from selfspec._engine.formats import weight_formats
 from selfspec._engine.progress import MEASURING
 
 
@@ -58,8 +59,6 @@ from selfspec._engine.progress import MEASURING
 def gated(backend: str) -> bool:
     """Whether ``auto`` runs the draft format ``backend`` only through this gate (registered
     ``gated=True``)."""
-    from selfspec._engine.formats import weight_formats
-
     fmt = weight_formats("draft").get(backend)
     return fmt is not None and fmt.gated
 #: Tokens of the model's own text.

@@ -80,18 +80,8 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = tor
     why = fmt.why_not(device, dtype)
     if why:
         raise DraftWeightsError(f"draft weights {backend!r} cannot run here: {why}; "
-                                f"use 'auto' or one of {', '.join(_runnable(device, dtype))}")
+                                f"use 'auto' or one of {', '.join(candidates('draft', device, dtype, every=True))}")
     return backend
-
-
-def _runnable(device: torch.device, dtype: torch.dtype) -> list[str]:
-    return [n for n, f in FORMATS().items() if f.why_not(device, dtype) is None]
-
-
-def FORMATS() -> dict:  # noqa: N802 (the registry's draft formats, read when called)
-    from selfspec._engine.formats import weight_formats
-
-    return weight_formats("draft")
 
 
 class RowHead(nn.Module):

@@ -61,7 +61,7 @@ from torch import nn
 
 from selfspec._engine.machine import CpuCapability
 from selfspec._engine.runner.placement import is_offloaded, share_hooks, tensor_key
-from selfspec._engine.runner.residency import own_file_backed, unmapped_copy
+from selfspec._engine.runner.residency import mapped_files, own_file_backed, unmapped_copy
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -89,8 +89,9 @@ def packing_unsupported(device_type: str, dtype: torch.dtype, cpu: CpuCapability
     return None
 
 
-#: The host's own layouts (registered in :mod:`selfspec._engine.builtin.formats`); a layout a
-#: package registers reaches the functions below as its registered format.
+#: The host's own layouts (registered in :mod:`selfspec._engine.builtin.formats`, which reads
+#: their products from :func:`own_builds`); a layout a package registers reaches the functions
+#: below as its registered format.
 OWN_LAYOUTS: tuple[str, ...] = ("model", "transposed", "packed", "packed-mkl")
 
 
@@ -130,21 +131,27 @@ def _as_layout(layout: str | _Layout) -> _Layout:
     """A layout given by name (one of :data:`OWN_LAYOUTS`) or as its registered format."""
     if not isinstance(layout, str):
         return layout
-    builds = {"model": None, "transposed": transposed_linear, "packed": PackedLinear, "packed-mkl": MklPackedLinear}
+    builds = own_builds()
     if layout not in builds:
         raise WeightLayoutError(f"unknown weight layout {layout!r}; pass a package's layout as its registered "
                                 "format (selfspec.weight_formats())")
     return SimpleNamespace(name=layout, build=builds[layout])
 
 
-def build_copy(layout: str | _Layout, linear: nn.Module) -> nn.Module:
+def own_builds() -> dict[str, Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None]:
+    """``{name: build}`` of :data:`OWN_LAYOUTS` (``None``: the model's own weights)."""
+    return dict(zip(OWN_LAYOUTS, (None, transposed_linear, PackedLinear, MklPackedLinear), strict=True))
+
+
+def build_copy(layout: str | _Layout, linear: nn.Module,
+               files: list[tuple[int, int, int, str]] | None = None) -> nn.Module:
     """``layout``'s module for a linear module's weight and bias, marked with the layout's name
     (``module.weight_format``), so it is never laid out twice."""
     fmt = _as_layout(layout)
     if fmt.build is None:
         return linear
     # read from the file, not through its mapping, where the weight is a view of one (residency.py)
-    module = fmt.build(unmapped_copy(linear.weight.detach()), getattr(linear, "bias", None))
+    module = fmt.build(unmapped_copy(linear.weight.detach(), files), getattr(linear, "bias", None))
     module.weight_format = fmt.name
     return module
 
@@ -167,14 +174,15 @@ def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, 
         return lm_head
     layers = [layer for layer in layers if not is_offloaded(layer)]
     layout_head = not is_offloaded(lm_head)
+    files = mapped_files()  # read once for every weight below
     for layer in layers:
         for sub in list(layer.modules()):
             for name, child in list(sub.named_children()):
                 if _is_plain_linear(child):
-                    setattr(sub, name, build_copy(fmt, child))
+                    setattr(sub, name, build_copy(fmt, child, files))
     if not _is_plain_linear(lm_head) or not layout_head:
         return lm_head
-    laid_head = build_copy(fmt, lm_head)
+    laid_head = build_copy(fmt, lm_head, files)
     for parent in model.modules():
         for name, child in list(parent.named_children()):
             if child is lm_head:
@@ -240,13 +248,14 @@ def replace_linears(module: nn.Module, layout: str | _Layout) -> nn.Module:
     submodules are the layout's modules; a plain ``nn.Linear`` itself becomes one, any other
     product module (already laid out) is returned as it is."""
     fmt = _as_layout(layout)
+    files = mapped_files()  # read once for every weight below
     if isinstance(module, nn.Linear):
-        return build_copy(fmt, module) if _is_plain_linear(module) else module
+        return build_copy(fmt, module, files) if _is_plain_linear(module) else module
     twin = copy.deepcopy(module, _shared_memo(module))
     for sub in list(twin.modules()):
         for child_name, child in list(sub.named_children()):
             if _is_plain_linear(child):
-                setattr(sub, child_name, build_copy(fmt, child))
+                setattr(sub, child_name, build_copy(fmt, child, files))
     return twin
 
 

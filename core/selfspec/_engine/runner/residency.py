@@ -43,14 +43,15 @@ def own_file_backed(model: nn.Module) -> int:
     return len(owned)
 
 
-def unmapped_copy(t: torch.Tensor) -> torch.Tensor:
+def unmapped_copy(t: torch.Tensor, files: list[tuple[int, int, int, str]] | None = None) -> torch.Tensor:
     """``t``'s values read from its file when ``t`` is a contiguous CPU view of a memory-mapped
     file (a plain read: the pages go to the page cache, not to this process's resident set), else
-    ``t`` itself. A read that comes up short also gives ``t``."""
+    ``t`` itself. A read that comes up short also gives ``t``. ``files``: :func:`mapped_files`,
+    read once by a caller that copies many tensors (default: read now)."""
     if t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous() or t.numel() == 0:
         return t
     ptr, n = t.data_ptr(), t.numel() * t.element_size()
-    for lo, hi, offset, path in _mapped_files():
+    for lo, hi, offset, path in mapped_files() if files is None else files:
         if lo <= ptr and ptr + n <= hi:
             buf = bytearray(n)
             try:
@@ -70,10 +71,10 @@ def unmapped_copy(t: torch.Tensor) -> torch.Tensor:
 
 def _file_mappings() -> list[tuple[int, int]]:
     """``[(start, end)]`` of this process's file-backed memory mappings (Linux; else ``[]``)."""
-    return [(lo, hi) for lo, hi, _, _ in _mapped_files()]
+    return [(lo, hi) for lo, hi, _, _ in mapped_files()]
 
 
-def _mapped_files() -> list[tuple[int, int, int, str]]:
+def mapped_files() -> list[tuple[int, int, int, str]]:
     """``[(start, end, file offset, path)]`` of this process's file-backed mappings (Linux)."""
     found = []
     try:
