@@ -103,7 +103,7 @@ class Run:
         if recorded is None or not entry.get("plugin"):
             return []
         try:
-            from selfspec._engine.plugins import PluginError
+            from selfspec._engine.contract.plugins import PluginError
             from selfspec.app._bench.harness import resolved_options
         except ImportError:
             return []

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write (or, with --check, verify) the ``if TYPE_CHECKING:`` block of every public namespace:
 one ``from module import attr as name`` per public name, so IDEs and type checkers see each
-name's real type while the runtime imports stay lazy (``selfspec._engine.lazy``).
+name's real type while the runtime imports stay lazy (``selfspec._engine.contract.lazy``).
 
     python scripts/typed_face.py [--check]
 """

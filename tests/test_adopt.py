@@ -12,7 +12,7 @@ from selfspec._engine.runner.layout import PackedLinear, adopt_layout, choose_la
 from selfspec.testing import tiny_model
 
 needs_packing = pytest.mark.skipif(
-    choose_layout("auto", "cpu", torch.float32, __import__("selfspec._engine.machine", fromlist=["x"]).cpu_capability())
+    choose_layout("auto", "cpu", torch.float32, __import__("selfspec._engine.tuning.machine", fromlist=["x"]).cpu_capability())
     != "packed", reason="oneDNN cannot prepack float32 here")
 
 

@@ -1,4 +1,4 @@
-"""The agreement gate of ``draft_weights="auto"`` (:mod:`selfspec._engine.draftweights.agreement`):
+"""The agreement gate of ``draft_weights="auto"`` (:mod:`selfspec._engine.drafting.draftweights.agreement`):
 a 4-bit copy measured fastest runs only when its rate by the rule (agreement for acceptance,
 measured seconds for cost) is at least the fallback's; the rule's arithmetic; agreement measured
 on the model's own text (the model's own weights agree at every position, the text is
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from selfspec import Runner, draft_weights
-from selfspec._engine import calibration
-from selfspec._engine.artefacts import ArtefactStore
-from selfspec._engine.draftweights import agreement, shadow
+from selfspec._engine.tuning import calibration
+from selfspec._engine.tuning.artefacts import ArtefactStore
+from selfspec._engine.drafting.draftweights import agreement, shadow
 from selfspec.testing import tiny_model
 
 SECONDS = {"int8": {1: 0.060, 4: 0.060}, "none": {1: 0.200, 4: 0.300}, "int4": {1: 0.036, 4: 0.048}}

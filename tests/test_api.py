@@ -95,7 +95,7 @@ def test_plugins_use_the_host_only_through_its_public_api():
 @pytest.mark.parametrize("source, n", [
     ("from selfspec._engine.runner import Runner", 1),
     ("def f():\n    from selfspec.app._models import cache_dir", 1),  # function-local imports count
-    ("import selfspec._engine.loop", 1),
+    ("import selfspec._engine.contract.loop", 1),
     ("from selfspec import _API", 1),
     ("from selfspec.provisional import cost_curve", 0),
     ("from selfspec.provisional import Draft", 1),
@@ -239,7 +239,7 @@ def test_the_runner_accessors_exist_and_are_documented():
 
 
 def test_every_public_namespace_has_its_generated_type_block_in_sync():
-    # type checkers and IDEs read the block; the runtime imports stay lazy (selfspec._engine.lazy)
+    # type checkers and IDEs read the block; the runtime imports stay lazy (selfspec._engine.contract.lazy)
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "typed_face.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

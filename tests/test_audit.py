@@ -8,9 +8,9 @@ import torch
 
 import selfspec
 from selfspec import Decoder, Verdict
-from selfspec._engine.audit import AuditError
-from selfspec._engine.builtin.verify import verify_greedy
-from selfspec._engine.plugins import PluginError
+from selfspec._engine.contract.audit import AuditError
+from selfspec._engine.contract.builtin.verify import verify_greedy
+from selfspec._engine.contract.plugins import PluginError
 from selfspec.testing import PluginSuite, assert_lossless
 from selfspec.testing._coverage import REQUIRED, REQUIRED_PER_ARCH, Coverage
 from selfspec.testing._mutants import Echo, StaleKVLate
@@ -65,8 +65,8 @@ def test_audit_passes_a_correct_custom_verifier_in_float32(tiny_model_factory):
 
 
 def test_coverage_buckets_of_one_example():
-    from selfspec._engine.audit import StepRecord
-    from selfspec._engine.types import Result, Stats
+    from selfspec._engine.contract.audit import StepRecord
+    from selfspec._engine.contract.types import Result, Stats
 
     class Log:
         steps = [StepRecord(130, 0, 5, 5, False, 2, (7, 8, 9)), StepRecord(133, 70, 3, 3, True, 0, (9,))]

@@ -19,8 +19,8 @@ import torch
 from click.testing import CliRunner
 
 from selfspec import Draft, Verdict
-from selfspec._engine.builtin.verify import verify_greedy
-from selfspec._engine.options import OptionError
+from selfspec._engine.contract.builtin.verify import verify_greedy
+from selfspec._engine.contract.options import OptionError
 from selfspec.app import _data as data
 from selfspec.app._bench import harness, results, sweep
 from selfspec.app._bench.commands import bench, report
@@ -406,7 +406,7 @@ def test_parse_variant():
 
 
 def test_bench_command_exits_nonzero_on_divergence(cli, model_dir, tiny_task, tmp_path, monkeypatch):
-    from selfspec._engine import plugins
+    from selfspec._engine.contract import plugins
 
     real = plugins._load_object
     monkeypatch.setattr(plugins, "_load_object", lambda name: BrokenBonus if name == "broken" else real(name))
@@ -447,7 +447,7 @@ def test_parse_grid():
 
 
 def test_typed_grid_and_methods():
-    from selfspec._engine.options import Option
+    from selfspec._engine.contract.options import Option
 
     declared = {"n": Option("n", int, 3, "n"), "w": Option("w", int, 3, "w", min=1), "a": Option("a", bool, True, "a")}
     fixed, axes = sweep.typed_grid(declared, {"a": "false"}, [("n", ["2", "4"]), ("w", ["1", "5", "9"])], "p")

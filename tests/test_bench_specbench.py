@@ -234,7 +234,7 @@ def test_hf_accept_lengths_follow_the_positions_of_its_forwards(loaded):
 def test_long_prompts_run_with_every_installed_plugin(loaded):
     """A prompt of over a thousand tokens and a budget of 1,024 new tokens with every plugin
     at its defaults: no run fails and every output equals HF greedy's."""
-    from selfspec._engine.plugins import BUILTIN_METHOD, available
+    from selfspec._engine.contract.plugins import BUILTIN_METHOD, available
 
     text = " ".join(["summarize the story about the cat and the dog because it was late"] * 80)
     sample = Sample("summarization", "long", text, "test:long", meta={"category": "summarization"})

@@ -16,7 +16,7 @@ import torch
 from _tiny_models import save_tiny_llama
 from click.testing import CliRunner
 
-from selfspec._engine import machine
+from selfspec._engine.tuning import machine
 from selfspec.app import _models as models
 from selfspec.app._cli import cli
 
@@ -49,7 +49,7 @@ def test_choose_threads(monkeypatch, requested, load, cores, want):
 
 FRESH = """
 import os, sys
-from selfspec._engine import machine
+from selfspec._engine.tuning import machine
 machine.load_average = lambda: LOAD
 machine.physical_cores = lambda: 2
 print(machine.prefer_passive_wait(), os.environ.get("OMP_WAIT_POLICY"))

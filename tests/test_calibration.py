@@ -11,17 +11,17 @@ import json
 import pytest
 import torch
 
-from selfspec._engine import calibration
-from selfspec._engine.artefacts import ArtefactStore
-from selfspec._engine.calibration import (
+from selfspec._engine.tuning import calibration
+from selfspec._engine.tuning.artefacts import ArtefactStore
+from selfspec._engine.tuning.calibration import (
     Choice,
     choose_draft_weights,
     choose_one_row_width,
     choose_weight_layout,
     decide,
 )
-from selfspec._engine.formats import candidates
-from selfspec._engine.machine import cpu_capability
+from selfspec._engine.runner.formats import candidates
+from selfspec._engine.tuning.machine import cpu_capability
 from selfspec._engine.runner.layout import packing_unsupported
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -286,7 +286,7 @@ def test_a_cached_choice_is_read_without_sampling_the_model(monkeypatch):
 
 
 def test_first_use_work_says_one_line_unless_verbose(monkeypatch, capsys):
-    from selfspec._engine import progress
+    from selfspec._engine.tuning import progress
 
     monkeypatch.setenv("SELFSPEC_VERBOSE", "0")
     monkeypatch.setattr(progress, "_SAID", set())

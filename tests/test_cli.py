@@ -14,7 +14,7 @@ import torch
 from _tiny_models import save_tiny_gpt2, save_tiny_llama
 from click.testing import CliRunner
 
-from selfspec._engine.reference import reference_generate
+from selfspec._engine.contract.reference import reference_generate
 from selfspec.app import _models as models
 from selfspec.app._cli import cli
 
@@ -234,7 +234,7 @@ def test_plugins_text_and_json(tmp_path):
     assert any(line.startswith("measured here") for line in lines[lines.index(host):])
     assert host.startswith("host: ") and "float32: packed" in host and "float64: model" in host
     # then every registered weight format, each saying whether it runs here or why not
-    from selfspec._engine.formats import weight_formats
+    from selfspec._engine.runner.formats import weight_formats
 
     listed = lines[lines.index(host) + 2:]
     for name, fmt in weight_formats().items():
@@ -300,7 +300,7 @@ def test_check_default_prompts_json(model_dir):
 def test_check_reports_a_broken_plugin(model_dir, tmp_path):
     broken = plugin_file(tmp_path, "wrongbonus", """
         from selfspec import Verdict, hookimpl
-        from selfspec._engine.builtin.verify import verify_greedy
+        from selfspec._engine.contract.builtin.verify import verify_greedy
 
         @hookimpl
         def selfspec_verify(state, draft):

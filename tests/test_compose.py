@@ -16,8 +16,8 @@ import torch
 
 import selfspec
 from selfspec import Decoder, Draft, PluginError, Verdict
-from selfspec._engine.compose import Composer, _Proposal, member_names
-from selfspec._engine.composetree import (
+from selfspec._engine.drafting.compose import Composer, _Proposal, member_names
+from selfspec._engine.drafting.composetree import (
     CallOutcomes,
     MemberStats,
     Trie,
@@ -26,7 +26,7 @@ from selfspec._engine.composetree import (
     without_member,
     worth_calling,
 )
-from selfspec._engine.costcurve import CostCurve
+from selfspec._engine.drafting.costcurve import CostCurve
 from selfspec.testing import assert_lossless
 from selfspec.testing._mutants import Echo
 
@@ -67,7 +67,7 @@ def test_composed_names_are_parsed():
 ])
 def test_members_that_cannot_join_are_refused_by_name(name, objects, blamed, words):
     with pytest.raises(PluginError) as info:
-        selfspec._engine.manager.make_manager(name, objects)
+        selfspec._engine.contract.manager.make_manager(name, objects)
     assert info.value.plugin == blamed and words in str(info.value)
 
 

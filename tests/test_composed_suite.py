@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import strategies as st
 
-from selfspec._engine.plugins import PluginError, load_file
+from selfspec._engine.contract.plugins import PluginError, load_file
 from selfspec.testing import ComposedSuite, LosslessError
 from selfspec.testing._composed import COMPOSED_MUTANTS
 from selfspec.testing._scenarios import LONGEST_NEW

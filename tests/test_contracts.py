@@ -15,7 +15,7 @@ import re
 import pytest
 
 import selfspec
-from selfspec._engine import hooksdoc
+from selfspec._engine.contract import hooksdoc
 from selfspec.testing import PluginSuite
 
 TYPES = {"Draft": selfspec.Draft, "Verdict": selfspec.Verdict, "DecodeState": selfspec.DecodeState,

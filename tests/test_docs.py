@@ -3,13 +3,13 @@
 import re
 from pathlib import Path
 
-from selfspec._engine import hooksdoc
+from selfspec._engine.contract import hooksdoc
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_hooks_reference_is_generated_from_hookspecs():
-    # see docs/hooks.md: regenerate with `python -m selfspec._engine.hooksdoc > docs/hooks.md`
+    # see docs/hooks.md: regenerate with `python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`
     assert (ROOT / "docs" / "hooks.md").read_text(encoding="utf-8") == hooksdoc.render()
 
 

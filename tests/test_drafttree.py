@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import selfspec
 from selfspec import ArtefactStore, Decoder, Runner, draft_tree, skip_layer_step
-from selfspec._engine.treeconfig import DEFAULT_GUESS
+from selfspec._engine.drafting.treeconfig import DEFAULT_GUESS
 from selfspec.provisional import CostCurve, TreeCalibration, choose_size, cost_curve
 from selfspec.testing import assert_lossless, tiny_model
 
@@ -389,7 +389,7 @@ def test_cost_curve_interpolates_and_is_monotone():
 
 
 def test_cost_curve_is_measured_once_and_kept(tmp_path, monkeypatch):
-    from selfspec._engine import costcurve
+    from selfspec._engine.drafting import costcurve
 
     runner = Runner(tiny_model("llama"))
     store = ArtefactStore("drafttree", root=tmp_path)
@@ -427,7 +427,7 @@ def test_cost_curve_is_measured_once_and_kept(tmp_path, monkeypatch):
 
 def test_a_curve_is_measured_again_under_another_torch(tmp_path, monkeypatch):
     # the kernels are torch's: a curve measured under one torch is not read under another
-    from selfspec._engine import costcurve
+    from selfspec._engine.drafting import costcurve
 
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     store = ArtefactStore("drafttree", root=tmp_path)
@@ -446,7 +446,8 @@ def test_a_curve_is_measured_again_under_another_torch(tmp_path, monkeypatch):
 
 
 def test_tree_config_holds_the_draft_weights_curve_and_drafts_with_it(monkeypatch):
-    from selfspec._engine import costcurve, treeconfig
+    from selfspec._engine.drafting import costcurve
+    from selfspec._engine.drafting import treeconfig
 
     runner = Runner(tiny_model("llama"))
     weights = selfspec.draft_weights(runner, "int8")
@@ -601,7 +602,7 @@ def test_register_tree_options_takes_the_plugins_default():
 
 
 def test_tree_pause_skips_drafting_while_trees_do_not_pay_and_probes_between_pauses(monkeypatch):
-    from selfspec._engine import treeconfig
+    from selfspec._engine.drafting import treeconfig
 
     config = selfspec.TreeConfig(enabled=True, budget=4, pause=True)
     three = treeconfig.DraftTree(torch.tensor([4, 5, 6]), torch.tensor([-1, 0, 1]), torch.tensor([0.5, 0.4, 0.3]))

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 import selfspec
 from selfspec import DraftWeightsError, Runner, draft_weights, skip_layer_draft
-from selfspec._engine.draftweights import built_nbytes, linears, quantize, resolve_backend, vocab
-from selfspec._engine.draftweights.layers import FusedMember, FusedProduct
-from selfspec._engine.formats import candidates
-from selfspec._engine.machine import cpu_capability
+from selfspec._engine.drafting.draftweights import built_nbytes, linears, quantize, resolve_backend, vocab
+from selfspec._engine.drafting.draftweights.layers import FusedMember, FusedProduct
+from selfspec._engine.runner.formats import candidates
+from selfspec._engine.tuning.machine import cpu_capability
 from selfspec.testing import ARCHS, tiny_model
 
 BNB = linears.bnb_module() is not None
@@ -129,8 +129,8 @@ def test_int8_products_compute_the_int8_weights_product_within_their_activations
 
 
 def test_auto_measures_every_registered_copy_that_runs_here(monkeypatch):
-    from selfspec._engine import calibration
-    from selfspec._engine.draftweights import shadow
+    from selfspec._engine.tuning import calibration
+    from selfspec._engine.drafting.draftweights import shadow
 
     seen = {}
 
@@ -320,7 +320,7 @@ def test_the_ranking_puts_special_tokens_then_the_frequent_first(monkeypatch):
 
 def test_token_counts_are_cached_per_tokenizer(monkeypatch, tmp_path):
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("selfspec._engine.corpus._CORPUS", [None])
+    monkeypatch.setattr("selfspec._engine.drafting.corpus._CORPUS", [None])
     selfspec.provisional.set_vocab_corpus(lambda tasks: iter(["a b", "b c b"]))
 
     class Tok(_Tokenizer):
@@ -339,7 +339,7 @@ def test_token_counts_are_cached_per_tokenizer(monkeypatch, tmp_path):
 def test_no_corpus_means_the_whole_vocabulary(monkeypatch, tmp_path, capsys):
     # the data packages missing: nothing to rank by, so no subset (and nothing cached)
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("selfspec._engine.corpus._CORPUS", [None])
+    monkeypatch.setattr("selfspec._engine.drafting.corpus._CORPUS", [None])
     selfspec.provisional.set_vocab_corpus(lambda tasks: iter(()))
     runner = Runner(tiny_model("llama"))
     assert selfspec.draft_vocab(runner, 16, _Tokenizer(), progress=False) is None
@@ -351,14 +351,14 @@ def test_the_corpus_is_whatever_was_registered(monkeypatch, tmp_path, capsys):
     """a) nothing registered: no ranking, one line on stderr naming set_vocab_corpus; b) the
     command line registers the app's dev-split texts; c) a non-callable is refused."""
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("selfspec._engine.corpus._CORPUS", [None])
+    monkeypatch.setattr("selfspec._engine.drafting.corpus._CORPUS", [None])
     runner = Runner(tiny_model("llama"))
     assert selfspec.draft_vocab(runner, 16, _Tokenizer(), progress=False) is None  # see a)
     assert "set_vocab_corpus" in capsys.readouterr().err
     import selfspec.app._cli as cli  # noqa: PLC0415
 
     cli._register_corpus()  # see b)
-    from selfspec._engine.corpus import corpus_source  # noqa: PLC0415
+    from selfspec._engine.drafting.corpus import corpus_source  # noqa: PLC0415
 
     assert corpus_source() is cli._dev_corpus
     with pytest.raises(TypeError):  # see c)
@@ -378,8 +378,8 @@ def test_quantizing_leaves_the_weight_it_reads_untouched(in_features):
 
 
 def test_copies_built_through_the_reused_buffer_equal_copies_built_without_it_and_it_is_freed():
-    from selfspec._engine.draftweights import layers as layers_mod
-    from selfspec._engine.draftweights.layers import compressed_layer, reused_buffer, stacked_weight
+    from selfspec._engine.drafting.draftweights import layers as layers_mod
+    from selfspec._engine.drafting.draftweights.layers import compressed_layer, reused_buffer, stacked_weight
 
     model = tiny_model("qwen2", dtype=torch.float32)
     layer = model.model.layers[0]

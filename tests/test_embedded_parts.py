@@ -141,7 +141,7 @@ def _installed(name: str) -> bool:
 def test_qwen_0_5b_decodes_losslessly(monkeypatch):
     monkeypatch.delenv(models.CACHE_ENV)  # the user's cache, where the converted copy is
     from selfspec import Decoder
-    from selfspec._engine.reference import compare, reference_generate
+    from selfspec._engine.contract.reference import compare, reference_generate
 
     loaded = models.load("qwen2.5-coder-0.5b")
     assert loaded.chat and len(loaded.model.model.layers) == 24

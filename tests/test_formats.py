@@ -22,10 +22,10 @@ from click.testing import CliRunner
 
 import selfspec
 from selfspec import Decoder, Runner, WeightFormat, WeightFormatError, draft_weights, weight_formats
-from selfspec._engine import calibration, formats
-from selfspec._engine.draftweights import resolve_backend, shadow
-from selfspec._engine.formats import check_layout
-from selfspec._engine.plugins import PluginError
+from selfspec._engine.tuning import calibration
+from selfspec._engine.runner import formats
+from selfspec._engine.drafting.draftweights import resolve_backend, shadow
+from selfspec._engine.runner.formats import FormatPackageError, check_layout
 from selfspec._engine.runner.layout import WeightLayoutError
 from selfspec.testing import assert_lossless, tiny_model
 
@@ -185,7 +185,7 @@ def test_a_package_whose_module_cannot_be_imported_is_named(tmp_path, monkeypatc
     monkeypatch.syspath_prepend(str(tmp_path))
     formats.reload_weight_formats()
     try:
-        with pytest.raises(PluginError, match="broken-fmt.*cannot be imported"):
+        with pytest.raises(FormatPackageError, match="broken-fmt.*cannot be imported"):
             weight_formats()
     finally:
         monkeypatch.undo()

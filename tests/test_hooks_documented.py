@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from selfspec._engine import hooksdoc, hookspecs
+from selfspec._engine.contract import hooksdoc
+
+from selfspec._engine.contract import hookspecs
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent

@@ -97,7 +97,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles_in_core():
     graph = import_graph(CORE)
-    assert "selfspec._engine.loop" in graph and "selfspec._engine.markers" in graph["selfspec._engine.builtin.verify"]
+    assert "selfspec._engine.contract.loop" in graph and "selfspec._engine.contract.markers" in graph["selfspec._engine.contract.builtin.verify"]
     found = cycles(graph)
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
@@ -152,8 +152,8 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
 def test_the_engine_imports_nothing_from_the_app():
     graph = import_graph(CORE)
     engine = [m for m in graph if not is_app(m)]
-    assert {"selfspec._engine.loop", "selfspec._engine.runner.runner", "selfspec._engine.verification",
-            "selfspec._engine.artefacts"} <= set(engine)
+    assert {"selfspec._engine.contract.loop", "selfspec._engine.runner.runner", "selfspec._engine.contract.verification",
+            "selfspec._engine.tuning.artefacts"} <= set(engine)
     assert {"selfspec.app._cli.settings", "selfspec.app._bench.harness", "selfspec.app._models.load",
             "selfspec.app._data"} <= set(graph) - set(engine)
     bad = layer_violations(graph)
@@ -199,4 +199,4 @@ def test_the_layer_rule_itself(tmp_path):
     (pkg / "_engine" / "__init__.py").write_text("")
     (pkg / "_engine" / "loop.py").write_text("def eos():\n    from ..app import x\n")  # function-local counts
     (pkg / "app" / "cli.py").write_text("from .._engine import loop\n")  # the app may import the engine
-    assert layer_violations(import_graph(tmp_path)) == ["selfspec._engine.loop -> selfspec.app"]
+    assert layer_violations(import_graph(tmp_path)) == ["selfspec._engine.contract.loop -> selfspec.app"]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import selfspec
 from selfspec import Draft, Option, Verdict
-from selfspec._engine.builtin.verify import verify_greedy
+from selfspec._engine.contract.builtin.verify import verify_greedy
 from selfspec.testing import ARCHS, LosslessError, NearTieWarning, assert_lossless, tiny_model
 from selfspec.testing import strategies as sst
 from selfspec.testing.pytest_plugin import CI_PROFILE, DEV_PROFILE, RELEASE_PROFILE, profile_name
@@ -88,7 +88,7 @@ def test_assert_lossless_takes_a_decoder_and_eos(tiny_model_factory):
 
 
 def test_tiny_models_are_deterministic_and_not_degenerate():
-    from selfspec._engine.reference import reference_generate
+    from selfspec._engine.contract.reference import reference_generate
 
     for arch in ARCHS:
         a, b = tiny_model(arch, seed=1), tiny_model(arch, seed=1)
@@ -195,7 +195,7 @@ DECLARED = {
 @settings(max_examples=40)
 @given(values=sst.options(DECLARED))
 def test_option_strategy_draws_valid_values(values):
-    from selfspec._engine.options import resolve
+    from selfspec._engine.contract.options import resolve
 
     assert set(values) <= set(DECLARED)
     assert resolve(DECLARED, values, "p") == {**{k: o.default for k, o in DECLARED.items()}, **values}

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 
 import selfspec
 from selfspec import Decoder
-from selfspec._engine.audit import AuditError, LosslessError, WeightGuard
-from selfspec._engine.plugins import PluginError
-from selfspec._engine.reference import reference_generate
+from selfspec._engine.contract.audit import AuditError, LosslessError, WeightGuard
+from selfspec._engine.contract.plugins import PluginError
+from selfspec._engine.contract.reference import reference_generate
 from selfspec.testing import ARCHS, assert_lossless
 from selfspec.testing import LosslessError as KitLosslessError
 from selfspec.testing._coverage import REQUIRED, REQUIRED_PER_ARCH, Coverage, length_bucket
@@ -178,8 +178,8 @@ def test_length_buckets_close():
 
 
 def test_the_coverage_report_counts_examples_with_accepted_drafts_like_its_bucket():
-    from selfspec._engine.audit import StepRecord
-    from selfspec._engine.types import Result, Stats
+    from selfspec._engine.contract.audit import StepRecord
+    from selfspec._engine.contract.types import Result, Stats
 
     class Accepting:
         steps = [StepRecord(600, 0, 5, 5, False, 2, (7, 8, 9))] + [StepRecord(603, 3 + i, 1, 1, False, 0, (9,))

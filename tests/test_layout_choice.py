@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from selfspec._engine.machine import CpuCapability
+from selfspec._engine.tuning.machine import CpuCapability
 from selfspec._engine.runner.layout import WeightLayoutError, choose_layout, packing_unsupported
 
 AVX2 = CpuCapability(aten="AVX2")  # oneDNN's fp32 kernels, no bf16/fp16 ones
@@ -84,8 +84,8 @@ _FORCED_SCRIPT = textwrap.dedent("""
     import json, warnings
     import torch
     from selfspec import Decoder
-    from selfspec._engine.machine import cpu_capability, machine_info
-    from selfspec._engine.formats import check_layout
+    from selfspec._engine.tuning.machine import cpu_capability, machine_info
+    from selfspec._engine.runner.formats import check_layout
     from selfspec._engine.runner.layout import WeightLayoutError
     from selfspec.testing import NearTieWarning, assert_lossless, tiny_model
 

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 import selfspec
 from selfspec import Decoder, Draft, Verdict
-from selfspec._engine.builtin.verify import verify_greedy
-from selfspec._engine.plugins import PluginError
-from selfspec._engine.reference import reference_generate
+from selfspec._engine.contract.builtin.verify import verify_greedy
+from selfspec._engine.contract.plugins import PluginError
+from selfspec._engine.contract.reference import reference_generate
 from selfspec.testing import assert_lossless
 from selfspec.testing import strategies as sst
 
@@ -167,7 +167,7 @@ def test_over_long_drafts_are_cut_to_the_budget(model):
 def test_a_cut_draft_keeps_the_probs_of_the_nodes_it_keeps():
     from types import SimpleNamespace
 
-    from selfspec._engine.draftcheck import cut_draft
+    from selfspec._engine.contract.draftcheck import cut_draft
 
     state = SimpleNamespace(max_draft_depth=2, length=5, cache=SimpleNamespace(capacity=100),
                             stats=SimpleNamespace(truncated_drafts=0))

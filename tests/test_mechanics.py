@@ -263,7 +263,7 @@ def test_layers_round_trip(layers):
 def test_layers_option_parses_and_refuses():
     opt = Option("skip", Layers, "1,3-4", "h")
     assert opt.convert("3,5,10-12") == (3, 5, 10, 11, 12) and opt.convert("none") == () and opt.convert([2, 1]) == (1, 2)
-    assert selfspec._engine.options.resolve({"skip": opt}, {}, "p") == {"skip": (1, 3, 4)}  # the default is parsed too
+    assert selfspec._engine.contract.options.resolve({"skip": opt}, {}, "p") == {"skip": (1, 3, 4)}  # the default is parsed too
     assert opt.describe()["type"] == "layers" and opt.describe()["default"] == "1,3-4"
     for bad, why in (("a-b", "not a layer"), ("2,2", "listed twice"), ("1-3,3", "listed twice"), ("-1", "not a layer")):
         with pytest.raises(OptionError, match=why):
@@ -289,7 +289,7 @@ def test_model_identity_is_stable_across_dtypes_and_tells_checkpoints_apart():
 def test_model_identity_does_not_depend_on_a_layout_the_model_adopted(layout):
     # specdec adopts the layout in place (one copy of the weights): a tuned profile found
     # through the identity must be found all the same
-    from selfspec._engine.machine import cpu_capability
+    from selfspec._engine.tuning.machine import cpu_capability
     from selfspec._engine.runner.layout import packing_unsupported
 
     why = packing_unsupported("cpu", torch.float32, cpu_capability()) if layout == "packed" else None

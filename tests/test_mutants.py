@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from selfspec._engine.plugins import PluginError
+from selfspec._engine.contract.plugins import PluginError
 from selfspec.testing import LosslessError, PluginSuite
 from selfspec.testing._mutants import MUTANTS, Echo
 from selfspec.testing.pytest_plugin import CI_PROFILE
@@ -105,7 +105,7 @@ def test_the_ci_profile_catches_every_mutant(mutant, tiny_model_factory):
 @pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.float64_only is None], ids=lambda m: m.__name__)
 def test_the_ci_profile_catches_every_mutant_in_bf16(mutant, tiny_model_factory):
     """c) The same suite on bf16 tiny models, where differences within the near-tie bound
-    (selfspec._engine.tiebound) are allowed: every mutant is still caught, at a margin above it or by
+    (selfspec._engine.contract.tiebound) are allowed: every mutant is still caught, at a margin above it or by
     the audit's KV check. (The number of examples may differ from float64's: not asserted.) A
     mutant whose error lies within that bound (``float64_only``, a verifier accepting near-ties)
     is a near-tie in bf16 by definition: only float64 tells it apart, and it is left out here."""

@@ -11,8 +11,8 @@ from accelerate.utils.offload import OffloadedWeightsLoader
 
 import selfspec
 from selfspec import Decoder, Runner
-from selfspec._engine.audit import WeightGuard
-from selfspec._engine.draftweights.shadow import draft_weights
+from selfspec._engine.contract.audit import WeightGuard
+from selfspec._engine.drafting.draftweights.shadow import draft_weights
 from selfspec._engine.runner import placement
 from selfspec.testing import assert_lossless, offloaded_tiny_model, split_device_map, tiny_model
 

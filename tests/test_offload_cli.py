@@ -10,7 +10,7 @@ from _tiny_models import save_tiny_llama
 from click.testing import CliRunner
 
 from selfspec import Decoder
-from selfspec._engine.reference import reference_generate
+from selfspec._engine.contract.reference import reference_generate
 from selfspec.app import _models as models
 from selfspec.app import load_model
 from selfspec.app._cli import cli

@@ -11,10 +11,11 @@ import pytest
 
 import selfspec
 from selfspec import Decoder, Option
-from selfspec._engine import manager, plugins
-from selfspec._engine.manager import make_manager
-from selfspec._engine.options import OptionError, parse_pairs, resolve
-from selfspec._engine.plugins import PluginError, UnknownPluginError, declared_options
+from selfspec._engine.contract import manager
+from selfspec._engine.contract import plugins
+from selfspec._engine.contract.manager import make_manager
+from selfspec._engine.contract.options import OptionError, parse_pairs, resolve
+from selfspec._engine.contract.plugins import PluginError, UnknownPluginError, declared_options
 
 
 class Proposer:

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfspec import Decoder, Sampling, reference_generate
-from selfspec._engine.sampling import gumbel_noise, perturb, philox4x32, process_logits
+from selfspec._engine.contract.sampling import gumbel_noise, perturb, philox4x32, process_logits
 from selfspec.provisional import reference_sample, sample_tokens
 from selfspec.testing._models import tiny_model
 

@@ -121,7 +121,7 @@ def test_bench_catches_a_plugin_that_ignores_the_sampler(loaded, tiny_task):  # 
     class Argmax:
         def selfspec_verify(self, state, draft):
             from selfspec import greedy
-            from selfspec._engine.types import Verdict
+            from selfspec._engine.contract.types import Verdict
 
             base = state.length - 1
             out = state.runner.forward(state.tokens[base : base + 1], cache=state.cache, start=base)

@@ -1,4 +1,4 @@
-"""The near-tie bound (selfspec._engine.tiebound): its arithmetic, and that every check judges with it.
+"""The near-tie bound (selfspec._engine.contract.tiebound): its arithmetic, and that every check judges with it.
 
 a) The bound is ROUNDING_ULPS ulps of the dtype at the logits' largest magnitude; ``ulp`` must
    be the true spacing, or the bound would not scale with what the dtype can resolve.
@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_kit import Lossy  # tests/ is on sys.path (rootdir-relative imports)
 
-from selfspec._engine.reference import compare, reference_generate
-from selfspec._engine.tiebound import ROUNDING_ULPS, explain, tie_bound, ulp
+from selfspec._engine.contract.reference import compare, reference_generate
+from selfspec._engine.contract.tiebound import ROUNDING_ULPS, explain, tie_bound, ulp
 from selfspec.app._cli.check import _check_line
 from selfspec.testing import LosslessError, assert_lossless
 

@@ -18,7 +18,7 @@ from selfspec.app._cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(
-    "lookup" not in __import__("selfspec._engine.plugins", fromlist=["available"]).available(),
+    "lookup" not in __import__("selfspec._engine.contract.plugins", fromlist=["available"]).available(),
     reason="selfspec-lookup is not installed (pip install -e plugins/selfspec-lookup)",
 )
 

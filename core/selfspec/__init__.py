@@ -14,66 +14,66 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._engine.lazy import lazy_namespace
-from ._engine.markers import hookimpl
-from ._engine.version import __version__
+from ._engine.contract.lazy import lazy_namespace
+from ._engine.contract.markers import hookimpl
+from ._engine.contract.version import __version__
 
 #: The one list of public names: name -> (private module under ``selfspec._engine``, attribute),
 #: grouped as docs/api.md documents them. ``__all__`` is derived from it.
 _API: dict[str, tuple[str, str]] = {
     # decoding and the values that cross the hook boundary
-    "Decoder": ("loop", "Decoder"),
-    "DecodeState": ("types", "DecodeState"),
-    "Draft": ("types", "Draft"),
-    "Verdict": ("types", "Verdict"),
-    "Result": ("types", "Result"),
-    "Stats": ("types", "Stats"),
+    "Decoder": ("contract.loop", "Decoder"),
+    "DecodeState": ("contract.types", "DecodeState"),
+    "Draft": ("contract.types", "Draft"),
+    "Verdict": ("contract.types", "Verdict"),
+    "Result": ("contract.types", "Result"),
+    "Stats": ("contract.types", "Stats"),
     # options
-    "Option": ("options", "Option"),
-    "OptionError": ("options", "OptionError"),
-    "Layers": ("options", "Layers"),
-    "check_layers": ("options", "check_layers"),
-    "format_layers": ("options", "format_layers"),
+    "Option": ("contract.options", "Option"),
+    "OptionError": ("contract.options", "OptionError"),
+    "Layers": ("contract.options", "Layers"),
+    "check_layers": ("contract.options", "check_layers"),
+    "format_layers": ("contract.options", "format_layers"),
     # plugins
-    "PluginError": ("plugins", "PluginError"),
-    "available_plugins": ("plugins", "available"),
+    "PluginError": ("contract.plugins", "PluginError"),
+    "available_plugins": ("contract.plugins", "available"),
     # the runner
     "Runner": ("runner", "Runner"),
     "KVCache": ("runner", "KVCache"),
     "ForwardOut": ("runner", "ForwardOut"),
     # drafting and verification mechanics
-    "skip_layer_draft": ("skipdraft", "skip_layer_draft"),
-    "SkipDraft": ("skipdraft", "SkipDraft"),
-    "DraftWeights": ("draftweights", "DraftWeights"),
-    "DraftWeightsError": ("draftweights", "DraftWeightsError"),
-    "draft_weights": ("draftweights", "draft_weights"),
-    "draft_vocab": ("draftweights", "draft_vocab"),
-    "register_draft_options": ("draftweights", "register_draft_options"),
-    "DRAFT_WEIGHTS": ("draftweights", "BACKENDS"),
-    "WeightFormat": ("types", "WeightFormat"),
-    "WeightFormatError": ("formats", "WeightFormatError"),
-    "weight_formats": ("formats", "weight_formats"),
-    "NgramIndex": ("ngram", "NgramIndex"),
-    "verify_greedy": ("verification", "verify_greedy"),
-    "verify_tree": ("verification", "verify_tree"),
-    "ExtraBlock": ("verification", "ExtraBlock"),
-    "verify_from_layer": ("verification", "verify_from_layer"),
-    "accepted_length": ("verification", "accepted_length"),
-    "draft_tree": ("drafttree", "draft_tree"),
-    "DraftTree": ("drafttree", "DraftTree"),
-    "skip_layer_step": ("drafttree", "skip_layer_step"),
-    "register_tree_options": ("treeconfig", "register_tree_options"),
-    "TreeConfig": ("treeconfig", "TreeConfig"),
-    "greedy": ("reference", "greedy"),
-    "reference_generate": ("reference", "reference_generate"),
+    "skip_layer_draft": ("drafting.skipdraft", "skip_layer_draft"),
+    "SkipDraft": ("drafting.skipdraft", "SkipDraft"),
+    "DraftWeights": ("drafting.draftweights", "DraftWeights"),
+    "DraftWeightsError": ("drafting.draftweights", "DraftWeightsError"),
+    "draft_weights": ("drafting.draftweights", "draft_weights"),
+    "draft_vocab": ("drafting.draftweights", "draft_vocab"),
+    "register_draft_options": ("drafting.draftweights", "register_draft_options"),
+    "DRAFT_WEIGHTS": ("drafting.draftweights", "BACKENDS"),
+    "WeightFormat": ("runner.formats", "WeightFormat"),
+    "WeightFormatError": ("runner.formats", "WeightFormatError"),
+    "weight_formats": ("runner.formats", "weight_formats"),
+    "NgramIndex": ("drafting.ngram", "NgramIndex"),
+    "verify_greedy": ("contract.verification", "verify_greedy"),
+    "verify_tree": ("contract.verification", "verify_tree"),
+    "ExtraBlock": ("contract.verification", "ExtraBlock"),
+    "verify_from_layer": ("contract.verification", "verify_from_layer"),
+    "accepted_length": ("contract.verification", "accepted_length"),
+    "draft_tree": ("drafting.drafttree", "draft_tree"),
+    "DraftTree": ("drafting.drafttree", "DraftTree"),
+    "skip_layer_step": ("drafting.drafttree", "skip_layer_step"),
+    "register_tree_options": ("drafting.treeconfig", "register_tree_options"),
+    "TreeConfig": ("drafting.treeconfig", "TreeConfig"),
+    "greedy": ("contract.reference", "greedy"),
+    "reference_generate": ("contract.reference", "reference_generate"),
     # sampling
-    "Sampling": ("sampling", "Sampling"),
+    "Sampling": ("contract.sampling", "Sampling"),
     # per-model artefacts
-    "ModelIdentity": ("artefacts", "ModelIdentity"),
-    "model_identity": ("artefacts", "model_identity"),
-    "ArtefactStore": ("artefacts", "ArtefactStore"),
-    "ArtefactError": ("artefacts", "ArtefactError"),
-    "resolve_profile": ("artefacts", "resolve_profile"),
+    "ModelIdentity": ("tuning.artefacts", "ModelIdentity"),
+    "model_identity": ("tuning.artefacts", "model_identity"),
+    "ArtefactStore": ("tuning.artefacts", "ArtefactStore"),
+    "ArtefactError": ("tuning.artefacts", "ArtefactError"),
+    "resolve_profile": ("tuning.artefacts", "resolve_profile"),
 }
 
 __all__ = ["__version__", "hookimpl", *_API]
@@ -84,50 +84,50 @@ __getattr__, __dir__ = lazy_namespace(
     submodules=("app", "provisional", "testing"))
 
 if TYPE_CHECKING:  # generated by scripts/typed_face.py: every public name's real type
-    from selfspec._engine.artefacts import ArtefactError as ArtefactError
-    from selfspec._engine.artefacts import ArtefactStore as ArtefactStore
-    from selfspec._engine.artefacts import ModelIdentity as ModelIdentity
-    from selfspec._engine.artefacts import model_identity as model_identity
-    from selfspec._engine.artefacts import resolve_profile as resolve_profile
-    from selfspec._engine.drafttree import DraftTree as DraftTree
-    from selfspec._engine.drafttree import draft_tree as draft_tree
-    from selfspec._engine.drafttree import skip_layer_step as skip_layer_step
-    from selfspec._engine.draftweights import BACKENDS as DRAFT_WEIGHTS  # noqa: F401 (a public name under another)
-    from selfspec._engine.draftweights import DraftWeights as DraftWeights
-    from selfspec._engine.draftweights import DraftWeightsError as DraftWeightsError
-    from selfspec._engine.draftweights import draft_vocab as draft_vocab
-    from selfspec._engine.draftweights import draft_weights as draft_weights
-    from selfspec._engine.draftweights import register_draft_options as register_draft_options
-    from selfspec._engine.formats import WeightFormatError as WeightFormatError
-    from selfspec._engine.formats import weight_formats as weight_formats
-    from selfspec._engine.loop import Decoder as Decoder
-    from selfspec._engine.ngram import NgramIndex as NgramIndex
-    from selfspec._engine.options import Layers as Layers
-    from selfspec._engine.options import Option as Option
-    from selfspec._engine.options import OptionError as OptionError
-    from selfspec._engine.options import check_layers as check_layers
-    from selfspec._engine.options import format_layers as format_layers
-    from selfspec._engine.plugins import PluginError as PluginError
-    from selfspec._engine.plugins import available as available_plugins  # noqa: F401 (a public name under another)
-    from selfspec._engine.reference import greedy as greedy
-    from selfspec._engine.reference import reference_generate as reference_generate
+    from selfspec._engine.contract.loop import Decoder as Decoder
+    from selfspec._engine.contract.options import Layers as Layers
+    from selfspec._engine.contract.options import Option as Option
+    from selfspec._engine.contract.options import OptionError as OptionError
+    from selfspec._engine.contract.options import check_layers as check_layers
+    from selfspec._engine.contract.options import format_layers as format_layers
+    from selfspec._engine.contract.plugins import PluginError as PluginError
+    from selfspec._engine.contract.plugins import available as available_plugins  # noqa: F401 (a public name under another)
+    from selfspec._engine.contract.reference import greedy as greedy
+    from selfspec._engine.contract.reference import reference_generate as reference_generate
+    from selfspec._engine.contract.sampling import Sampling as Sampling
+    from selfspec._engine.contract.types import DecodeState as DecodeState
+    from selfspec._engine.contract.types import Draft as Draft
+    from selfspec._engine.contract.types import Result as Result
+    from selfspec._engine.contract.types import Stats as Stats
+    from selfspec._engine.contract.types import Verdict as Verdict
+    from selfspec._engine.contract.verification import ExtraBlock as ExtraBlock
+    from selfspec._engine.contract.verification import accepted_length as accepted_length
+    from selfspec._engine.contract.verification import verify_from_layer as verify_from_layer
+    from selfspec._engine.contract.verification import verify_greedy as verify_greedy
+    from selfspec._engine.contract.verification import verify_tree as verify_tree
+    from selfspec._engine.drafting.drafttree import DraftTree as DraftTree
+    from selfspec._engine.drafting.drafttree import draft_tree as draft_tree
+    from selfspec._engine.drafting.drafttree import skip_layer_step as skip_layer_step
+    from selfspec._engine.drafting.draftweights import BACKENDS as DRAFT_WEIGHTS  # noqa: F401 (a public name under another)
+    from selfspec._engine.drafting.draftweights import DraftWeights as DraftWeights
+    from selfspec._engine.drafting.draftweights import DraftWeightsError as DraftWeightsError
+    from selfspec._engine.drafting.draftweights import draft_vocab as draft_vocab
+    from selfspec._engine.drafting.draftweights import draft_weights as draft_weights
+    from selfspec._engine.drafting.draftweights import register_draft_options as register_draft_options
+    from selfspec._engine.drafting.ngram import NgramIndex as NgramIndex
+    from selfspec._engine.drafting.skipdraft import SkipDraft as SkipDraft
+    from selfspec._engine.drafting.skipdraft import skip_layer_draft as skip_layer_draft
+    from selfspec._engine.drafting.treeconfig import TreeConfig as TreeConfig
+    from selfspec._engine.drafting.treeconfig import register_tree_options as register_tree_options
     from selfspec._engine.runner import ForwardOut as ForwardOut
     from selfspec._engine.runner import KVCache as KVCache
     from selfspec._engine.runner import Runner as Runner
-    from selfspec._engine.sampling import Sampling as Sampling
-    from selfspec._engine.skipdraft import SkipDraft as SkipDraft
-    from selfspec._engine.skipdraft import skip_layer_draft as skip_layer_draft
-    from selfspec._engine.treeconfig import TreeConfig as TreeConfig
-    from selfspec._engine.treeconfig import register_tree_options as register_tree_options
-    from selfspec._engine.types import DecodeState as DecodeState
-    from selfspec._engine.types import Draft as Draft
-    from selfspec._engine.types import Result as Result
-    from selfspec._engine.types import Stats as Stats
-    from selfspec._engine.types import Verdict as Verdict
-    from selfspec._engine.types import WeightFormat as WeightFormat
-    from selfspec._engine.verification import ExtraBlock as ExtraBlock
-    from selfspec._engine.verification import accepted_length as accepted_length
-    from selfspec._engine.verification import verify_from_layer as verify_from_layer
-    from selfspec._engine.verification import verify_greedy as verify_greedy
-    from selfspec._engine.verification import verify_tree as verify_tree
+    from selfspec._engine.runner.formats import WeightFormat as WeightFormat
+    from selfspec._engine.runner.formats import WeightFormatError as WeightFormatError
+    from selfspec._engine.runner.formats import weight_formats as weight_formats
+    from selfspec._engine.tuning.artefacts import ArtefactError as ArtefactError
+    from selfspec._engine.tuning.artefacts import ArtefactStore as ArtefactStore
+    from selfspec._engine.tuning.artefacts import ModelIdentity as ModelIdentity
+    from selfspec._engine.tuning.artefacts import model_identity as model_identity
+    from selfspec._engine.tuning.artefacts import resolve_profile as resolve_profile
 # end of the generated block

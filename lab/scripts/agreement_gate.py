@@ -25,8 +25,8 @@ import time
 import torch
 
 import selfspec
-from selfspec._engine.artefacts import ArtefactStore
-from selfspec._engine.draftweights import agreement, shadow
+from selfspec._engine.tuning.artefacts import ArtefactStore
+from selfspec._engine.drafting.draftweights import agreement, shadow
 from selfspec.app._models.load import load
 
 
@@ -85,7 +85,7 @@ def _peak_gb() -> float:
 
 
 def _machine() -> dict:
-    from selfspec._engine.machine import machine_info
+    from selfspec._engine.tuning.machine import machine_info
 
     return machine_info()
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import selfspec
-from selfspec._engine.draftweights import shadow
+from selfspec._engine.drafting.draftweights import shadow
 from selfspec.app._data import load_task
 from selfspec.app._models.load import load
 
@@ -133,7 +133,7 @@ def main() -> None:
 
 
 def _machine() -> dict:
-    from selfspec._engine.machine import machine_info
+    from selfspec._engine.tuning.machine import machine_info
 
     return machine_info()
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from selfspec._engine.machine import machine_info
+from selfspec._engine.tuning.machine import machine_info
 from selfspec._engine.runner import Runner
 from selfspec.app._models import format_prompt, load
 

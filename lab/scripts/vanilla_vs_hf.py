@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from selfspec._engine.machine import machine_info
+from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._bench.vanilla import SMOKE_PROMPTS, format_table, prompt_ids, run, usable_layouts
 from selfspec.app._models import load
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from selfspec._engine.lazy import lazy_namespace
+from selfspec._engine.contract.lazy import lazy_namespace
 
 #: The one list of app names: name -> (module, attribute), as docs/api.md documents them.
 #: ``__all__`` is derived from it.

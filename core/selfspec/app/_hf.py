@@ -53,8 +53,8 @@ def custom_generate(plugin: str = "vanilla", options: Mapping[str, Any] | None =
     (a plugin that builds a corpus from text uses it). ``weight_layout`` is the runner's
     (``docs/performance.md``); the model's own weights are never changed.
     """
-    from selfspec._engine.options import OptionError
-    from selfspec._engine.plugins import available
+    from selfspec._engine.contract.options import OptionError
+    from selfspec._engine.contract.plugins import available
 
     if plugin not in available():
         raise ValueError(f"custom_generate: no installed plugin {plugin!r} (installed: {', '.join(available())})")
@@ -66,7 +66,7 @@ def custom_generate(plugin: str = "vanilla", options: Mapping[str, Any] | None =
         streamer = _callers_streamer()
         config = generation_config if generation_config is not None else model.generation_config
         _refuse_the_unsupported(input_ids, config, logits_processor, stopping_criteria, model_kwargs)
-        from selfspec._engine.sampling import Sampling
+        from selfspec._engine.contract.sampling import Sampling
 
         prompt_len = int(input_ids.shape[1])
         max_new = _max_new_tokens(config, prompt_len)
@@ -104,7 +104,7 @@ def custom_generate(plugin: str = "vanilla", options: Mapping[str, Any] | None =
 # ---------------------------------------------------------------------------------------------- helpers
 def _decoder(model: Any, plugin: str, options: dict[str, Any], tokenizer: Any, layout: str) -> Any:
     """The model's decoder for this plugin and options, built once and kept on the model."""
-    from selfspec._engine.loop import Decoder
+    from selfspec._engine.contract.loop import Decoder
 
     cache = model.__dict__.setdefault(_CACHE_ATTR, {})
     key = (plugin, repr(sorted(options.items())), layout, id(tokenizer))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from selfspec._engine.lazy import lazy_namespace
+from selfspec._engine.contract.lazy import lazy_namespace
 
 from ._archs import ARCHS  # noqa: F401 (public: __all__)
 

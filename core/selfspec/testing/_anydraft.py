@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from selfspec._engine.audit import AuditError
-from selfspec._engine.markers import hookimpl
-from selfspec._engine.types import DecodeState, Draft, Verdict
+from selfspec._engine.contract.audit import AuditError
+from selfspec._engine.contract.markers import hookimpl
+from selfspec._engine.contract.types import DecodeState, Draft, Verdict
 
 #: The kinds of :class:`DraftShape`.
 KINDS: tuple[str, ...] = ("empty", "chain", "wide", "siblings", "deep")
@@ -176,12 +176,12 @@ def check_any_drafts(model: Any, plugin: str, plugin_object: Any, options: dict[
                      prompt: Sequence[int], max_new_tokens: int, shapes: Sequence[DraftShape],
                      sampling: Any = None, eos_at: int | None = None) -> None:
     """Decode ``prompt`` with the plugin in audit mode, every step's draft replaced by the kit's
-    (:class:`KitDrafts`); a wrong verdict raises :class:`~selfspec._engine.audit.AuditError`.
+    (:class:`KitDrafts`); a wrong verdict raises :class:`~selfspec._engine.contract.audit.AuditError`.
 
     ``eos_at``: the decode has two EOS ids, the reference's token at that index (where it
     stops) and another id it does not hold, which the kit drafts in the first one's place."""
-    from selfspec._engine.loop import Decoder
-    from selfspec._engine.sampling import reference_sample
+    from selfspec._engine.contract.loop import Decoder
+    from selfspec._engine.contract.sampling import reference_sample
     from selfspec.testing._lossless import assert_lossless, greedy_reference
 
     if sampling is None:

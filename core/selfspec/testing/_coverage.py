@@ -1,7 +1,7 @@
 """What a losslessness property test exercised, counted per example, and the buckets it must hit.
 
 Every example a :class:`~selfspec.testing.PluginSuite` runs is recorded from its scenario and
-the decode's audit log (:class:`selfspec._engine.audit.Auditor`): the architecture, prompt and output
+the decode's audit log (:class:`selfspec._engine.contract.audit.Auditor`): the architecture, prompt and output
 length buckets (closed ranges up to ``>512``), how many steps the decode ran, the deepest
 draft, steps with accepted drafts, chain or tree drafts, a step at the sliding window's edge,
 EOS inside the accepted tokens, drafts cut at the depth limit, sampling (``sampled``, and

@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.audit import AuditError, Auditor, LosslessError, WeightGuard
-from selfspec._engine.loop import Decoder
-from selfspec._engine.reference import compare, reference_generate
-from selfspec._engine.sampling import Sampling, reference_sample
-from selfspec._engine.tiebound import explain
-from selfspec._engine.types import Result
+from selfspec._engine.contract.audit import AuditError, Auditor, LosslessError, WeightGuard
+from selfspec._engine.contract.loop import Decoder
+from selfspec._engine.contract.reference import compare, reference_generate
+from selfspec._engine.contract.sampling import Sampling, reference_sample
+from selfspec._engine.contract.tiebound import explain
+from selfspec._engine.contract.types import Result
 from selfspec.testing._report import around
 
 
@@ -45,24 +45,24 @@ def assert_lossless(
     float64: any difference raises :class:`LosslessError` naming the first differing index,
     both continuations from there, and the reference's top-1/top-2 logit margin at it.
     float32/bf16/float16: a first difference is allowed only where that margin is at most
-    ``tolerance`` (default :func:`selfspec._engine.tiebound.tie_bound` of the model's dtype at the
+    ``tolerance`` (default :func:`selfspec._engine.contract.tiebound.tie_bound` of the model's dtype at the
     reference's logits there: 1e-3 in float32, 4 ulps of the logits' magnitude in bf16/float16);
     it is then a *near-tie*: the returned result has ``near_ties == 1`` and a
     :class:`NearTieWarning` gives the margin. Nothing is ever retried.
 
-    The decode always runs in audit mode (:mod:`selfspec._engine.audit`): a wrong token, a wrong KV
+    The decode always runs in audit mode (:mod:`selfspec._engine.contract.audit`): a wrong token, a wrong KV
     slot, a touched committed token or a changed weight of the model raises
-    :class:`~selfspec._engine.audit.AuditError` (a subclass of :class:`LosslessError`) at the step
+    :class:`~selfspec._engine.contract.audit.AuditError` (a subclass of :class:`LosslessError`) at the step
     where it happens, naming the hook at fault and the step, before any comparison of whole
     outputs; a difference found only by that comparison raises :class:`LosslessError` itself.
     The model's weights are fingerprinted before ``selfspec_setup`` (when ``plugin`` is a name;
     a ready ``Decoder`` has run its setup already) and checked after every hook, so the
     reference is greedy decoding of the untouched model. ``record`` is
-    called with the result and the decode's :class:`~selfspec._engine.audit.Auditor` (its per-step
+    called with the result and the decode's :class:`~selfspec._engine.contract.audit.Auditor` (its per-step
     log): the kit's coverage counters use it.
 
-    ``sampling`` (a :class:`selfspec._engine.sampling.Sampling` with temperature > 0): decode with it
-    and compare with plain sampling under the same seed (:func:`selfspec._engine.sampling.reference_sample`,
+    ``sampling`` (a :class:`selfspec._engine.contract.sampling.Sampling` with temperature > 0): decode with it
+    and compare with plain sampling under the same seed (:func:`selfspec._engine.contract.sampling.reference_sample`,
     the model's own forward one token at a time); the near-tie margin is then that of the
     perturbed logits, against the tolerance divided by the temperature.
 
@@ -142,13 +142,13 @@ _REFERENCES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[WeightGuard, dict[
 
 def greedy_reference(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
                      eos_token_ids: Iterable[int] = ()) -> list[int]:
-    """:func:`selfspec._engine.reference.reference_generate`, computed once per model and prompt.
+    """:func:`selfspec._engine.contract.reference.reference_generate`, computed once per model and prompt.
 
     Greedy decoding does not depend on the budget or on EOS but for where it stops, so the
     reference of a shorter budget or with an EOS token is a prefix of the longest one known
     for the prompt (the reach examples are the same for every suite of a session: their
     references are decoded once). Kept only while the model's weights are value for value
-    the ones they were computed with (models of up to :data:`selfspec._engine.audit.EXACT_WEIGHTS`
+    the ones they were computed with (models of up to :data:`selfspec._engine.contract.audit.EXACT_WEIGHTS`
     parameters; larger ones are decoded every time)."""
     prompt = tuple(int(t) for t in prompt_ids)
     entry = _REFERENCES.get(model)

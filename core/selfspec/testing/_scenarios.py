@@ -29,7 +29,7 @@ from typing import Any
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from selfspec._engine.sampling import Sampling
+from selfspec._engine.contract.sampling import Sampling
 from selfspec.testing._archs import ARCHS, POSITIONS
 from selfspec.testing.strategies import TINY_VOCAB, boundary_lengths, prompt_ids, samplings
 

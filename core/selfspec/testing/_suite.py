@@ -120,7 +120,7 @@ class PluginSuite:
     model_overrides: ClassVar[dict[str, Any]] = {}
     #: dtype of the tiny models: ``None`` is float64 (exact equality); ``torch.bfloat16`` or
     #: ``torch.float32`` run the same property under the near-tie bound
-    #: (:func:`selfspec._engine.tiebound.tie_bound`), each difference within it reported.
+    #: (:func:`selfspec._engine.contract.tiebound.tie_bound`), each difference within it reported.
     model_dtype: ClassVar[Any] = None
     #: Exact mode (docs/losslessness.md): None (default) runs it whenever ``model_dtype`` is not
     #: float64, so a float32/bf16 suite compares bit for bit with ``vanilla`` in exact mode and
@@ -155,15 +155,15 @@ class PluginSuite:
         return coverage_for(cls.suite_name())
 
     def _manager(self) -> tuple[Any, dict[str, Any]]:
-        from selfspec._engine.manager import make_manager
-        from selfspec._engine.plugins import declared_options
+        from selfspec._engine.contract.manager import make_manager
+        from selfspec._engine.contract.plugins import declared_options
 
         pm, _ = make_manager(self.plugin, self.plugin_object)
         return pm, declared_options(pm)
 
     # ------------------------------------------------------------------ generated tests
     def test_plugin_is_installed(self) -> None:
-        from selfspec._engine.plugins import available
+        from selfspec._engine.contract.plugins import available
 
         assert self.plugin, f"{type(self).__name__} sets no plugin name"
         if self.plugin_object is None:
@@ -172,7 +172,7 @@ class PluginSuite:
         assert pm.has_plugin(self.plugin) or self.plugin == "vanilla"
 
     def test_declares_valid_options(self) -> None:
-        from selfspec._engine.options import resolve
+        from selfspec._engine.contract.options import resolve
 
         _, declared = self._manager()
         for opt in declared.values():
@@ -260,7 +260,7 @@ class PluginSuite:
         cov.done.add(suite_arch)
 
     def test_lossless_across_decodes(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
-        from selfspec._engine.loop import Decoder
+        from selfspec._engine.contract.loop import Decoder
         from selfspec.testing._lossless import assert_lossless
 
         dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
@@ -273,7 +273,7 @@ class PluginSuite:
             assert_lossless(model, decoder, prompt, max_new_tokens)
         # sampled decodes on the same instance, the same prompt under two seeds: state keyed
         # without the seed (memoised noise, cached picks) shows up in the second
-        from selfspec._engine.sampling import Sampling
+        from selfspec._engine.contract.sampling import Sampling
 
         for seed in SAMPLED_SEEDS:
             assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 24, sampling=Sampling(1.0, 0, 0.9, seed))
@@ -287,9 +287,9 @@ class PluginSuite:
         from hypothesis import Phase, example, given, seed, settings
         from hypothesis import strategies as st
 
-        from selfspec._engine.manager import make_manager
-        from selfspec._engine.plugins import hook_names
-        from selfspec._engine.sampling import Sampling
+        from selfspec._engine.contract.manager import make_manager
+        from selfspec._engine.contract.plugins import hook_names
+        from selfspec._engine.contract.sampling import Sampling
         from selfspec.testing._anydraft import EVERY_SHAPE, draft_shapes
 
         pm, instance = make_manager(self.plugin, self.plugin_object)
@@ -320,8 +320,8 @@ class PluginSuite:
         """One decode of ``ANY_DRAFT_PROMPT`` whose drafts are the kit's ``shapes`` in turn
         (:func:`selfspec.testing._anydraft.check_any_drafts`; ``eos_at``: two EOS ids, the
         other one drafted where the reference ends)."""
-        from selfspec._engine.audit import LosslessError
-        from selfspec._engine.plugins import PluginError
+        from selfspec._engine.contract.audit import LosslessError
+        from selfspec._engine.contract.plugins import PluginError
         from selfspec.testing._anydraft import check_any_drafts
         from selfspec.testing._report import with_example
 
@@ -335,8 +335,8 @@ class PluginSuite:
                                "sampling": repr(sampling), "eos_at": eos_at, "options": options})
             raise
     def test_lossless_offloaded(self, suite_arch: str, offloaded_model_factory: Any) -> None:
-        from selfspec._engine.loop import Decoder
-        from selfspec._engine.sampling import Sampling
+        from selfspec._engine.contract.loop import Decoder
+        from selfspec._engine.contract.sampling import Sampling
         from selfspec.testing._lossless import assert_lossless
 
         dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
@@ -363,9 +363,9 @@ class PluginSuite:
         """Decode one scenario in audit mode, compare with ``generate``, record coverage."""
         from hypothesis import event
 
-        from selfspec._engine.audit import LosslessError
-        from selfspec._engine.plugins import PluginError
-        from selfspec._engine.sampling import reference_sample
+        from selfspec._engine.contract.audit import LosslessError
+        from selfspec._engine.contract.plugins import PluginError
+        from selfspec._engine.contract.sampling import reference_sample
         from selfspec.testing._lossless import assert_lossless, greedy_reference
         from selfspec.testing._report import with_example
         from selfspec.testing._scenarios import eos_ids

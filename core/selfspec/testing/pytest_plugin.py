@@ -184,7 +184,7 @@ def tiny_model_factory() -> Callable[..., Any]:
     built: dict[Any, Any] = {}
 
     def factory(arch: str, **kwargs: Any) -> Any:
-        from selfspec._engine.audit import WeightGuard
+        from selfspec._engine.contract.audit import WeightGuard
         from selfspec.testing._models import tiny_model
 
         key = (arch, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))

@@ -16,7 +16,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from selfspec._engine.options import Option, OptionError
+from selfspec._engine.contract.options import Option, OptionError
 from selfspec.testing._archs import ARCHS
 
 #: Largest vocabulary id drawn by default: the tiny models' vocabulary size.
@@ -122,7 +122,7 @@ def options(declared: Mapping[str, Option], *, fixed: Mapping[str, Any] | None =
             strategies: Mapping[str, Any] | None = None, model: Any = None) -> st.SearchStrategy[dict[str, Any]]:
     """A dict of valid values for some of a plugin's declared options (the rest keep defaults).
 
-    ``declared`` is what :func:`selfspec._engine.plugins.declared_options` returns; ``fixed`` pins
+    ``declared`` is what :func:`selfspec._engine.contract.plugins.declared_options` returns; ``fixed`` pins
     some options to given values; ``strategies`` replaces the drawing of some (to constrain
     them: ``{"num_draft": st.integers(1, 8)}``). A value of ``strategies`` may also be a callable
     taking ``model`` and returning the strategy, for options whose valid values depend on the
@@ -143,8 +143,8 @@ def draft_weights(model: Any, choices: Sequence[str] | None = None) -> st.Search
     bitsandbytes is installed). Give it as an option strategy that takes the model:
     ``option_strategies = {"draft_weights": lambda m: sst.draft_weights(m, ("int8", "bf16"))}``.
     Raises ``ValueError`` when none of ``choices`` runs there."""
-    from selfspec._engine.draftweights import BACKENDS, DraftWeightsError
-    from selfspec._engine.draftweights.shadow import resolve_backend
+    from selfspec._engine.drafting.draftweights import BACKENDS, DraftWeightsError
+    from selfspec._engine.drafting.draftweights.shadow import resolve_backend
     from selfspec._engine.runner.placement import model_device
 
     device = model_device(model)  # where its inputs go (an offloaded model's execution device)
@@ -163,7 +163,7 @@ def draft_weights(model: Any, choices: Sequence[str] | None = None) -> st.Search
 def samplings(max_temperature: float = 2.0) -> st.SearchStrategy[Any]:
     """:class:`selfspec.Sampling` settings that sample: temperature in ``(0, max_temperature]``,
     top-k off or 1-64, top-p off or in [0.3, 1), any 32-bit seed."""
-    from selfspec._engine.sampling import Sampling
+    from selfspec._engine.contract.sampling import Sampling
 
     temperature = st.one_of(st.sampled_from([1.0, 0.7, max_temperature]),
                             st.floats(0.05, max_temperature, allow_nan=False))
@@ -190,7 +190,7 @@ def drafts(vocab_size: int = TINY_VOCAB, max_nodes: int = 8, kind: str = "any", 
     """:class:`~selfspec.Draft` values: ``kind`` is ``"chain"``, ``"tree"`` or ``"any"``."""
     import torch
 
-    from selfspec._engine.types import Draft
+    from selfspec._engine.contract.types import Draft
 
     def as_tree(tp: tuple[list[int], list[int]]) -> Draft:
         tokens, parents = tp

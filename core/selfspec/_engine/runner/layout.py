@@ -4,7 +4,7 @@
   on this CPU (float32 on any x86 CPU; bfloat16/float16 only where the CPU has oneDNN's
   low-precision kernels, see :func:`packing_unsupported`), else ``"model"``; the runner then
   measures which of the layouts that can run here is fastest
-  (:func:`selfspec._engine.calibration.choose_weight_layout`). Never an error.
+  (:func:`selfspec._engine.tuning.calibration.choose_weight_layout`). Never an error.
 * ``"model"``: the model's weights as they are. The runner's logits are
   bitwise those of the model's own forward, in every dtype.
 * ``"transposed"``: the runner keeps its own copy of every ``nn.Linear`` weight of the decoder
@@ -25,7 +25,7 @@
   (:class:`MklPackedLinear`): a one-row product reads a copy packed for MKL's sgemm at one row,
   wider blocks ``"packed"``'s oneDNN copy. It holds both: about 2.3x the float32 weights, where
   the others hold 1x; ``auto`` measures it only where that fits in the memory available.
-* any layout a package registers (:mod:`selfspec._engine.formats`): its ``build`` replaces
+* any layout a package registers (:mod:`selfspec._engine.runner.formats`): its ``build`` replaces
   each ``nn.Linear`` as ``"packed"``'s does.
 
 The layout is applied to *copies* of the layer modules that share every other parameter and
@@ -59,7 +59,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from selfspec._engine.machine import CpuCapability
+from selfspec._engine.tuning.machine import CpuCapability
 from selfspec._engine.runner.placement import is_offloaded, share_hooks, tensor_key
 from selfspec._engine.runner.residency import mapped_files, own_file_backed, unmapped_copy
 
@@ -89,7 +89,7 @@ def packing_unsupported(device_type: str, dtype: torch.dtype, cpu: CpuCapability
     return None
 
 
-#: The host's own layouts (registered in :mod:`selfspec._engine.builtin.formats`, which reads
+#: The host's own layouts (registered in :mod:`selfspec._engine.runner.host_formats`, which reads
 #: their products from :func:`own_builds`); a layout a package registers reaches the functions
 #: below as its registered format.
 OWN_LAYOUTS: tuple[str, ...] = ("model", "transposed", "packed", "packed-mkl")
@@ -99,7 +99,7 @@ def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCap
                   why: str | None = None, known: Collection[str] = OWN_LAYOUTS) -> str:
     """Resolve a requested weight layout to the one that runs before anything is measured (a
     pure function: ``why`` is the layout's registered ``unsupported`` answer, ``known`` the
-    registered names; :func:`selfspec._engine.formats.check_layout` gives both).
+    registered names; :func:`selfspec._engine.runner.formats.check_layout` gives both).
 
     ``"auto"`` is ``"packed"`` where oneDNN can prepack for this device, dtype and CPU
     (:func:`packing_unsupported` says ``None``), and ``"model"`` everywhere else: float64,
@@ -306,7 +306,7 @@ class PackedLinear(nn.Linear):
 
     #: rows a one-row input is computed in (the row, then zero rows): oneDNN's kernel for one
     #: row can be slower than for a few (it is on Zen 4). Measured per machine and model shape
-    #: by the runner (:func:`selfspec._engine.calibration.choose_one_row_width`); 1 unmeasured.
+    #: by the runner (:func:`selfspec._engine.tuning.calibration.choose_one_row_width`); 1 unmeasured.
     one_row_width = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

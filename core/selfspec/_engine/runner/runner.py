@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from selfspec._engine import formats, machine
+from selfspec._engine.runner import formats
+
+from selfspec._engine.tuning import machine
 from selfspec._engine.runner import masks, placement
 from selfspec._engine.runner.adapters import Adapter, adapter_for
 from selfspec._engine.runner.cache import KVCache
@@ -36,7 +38,7 @@ from selfspec._engine.runner.lean import LeanBlocks
 from selfspec._engine.runner.traffic import block_bytes, product_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from selfspec._engine.draftweights import DraftWeights
+    from selfspec._engine.drafting.draftweights import DraftWeights
 
 
 @dataclass
@@ -73,7 +75,7 @@ class Runner:
         self.layers = self.adapter.layers
         self.weight_layout = formats.check_layout(weight_layout, self.device, self.dtype)
         #: how each ``auto`` of this runner was decided (``{"weight_layout": Choice, ...}``;
-        #: :mod:`selfspec._engine.calibration`); the draft weights add theirs when built
+        #: :mod:`selfspec._engine.tuning.calibration`); the draft weights add theirs when built
         self.choices: dict[str, Any] = {}
         if weight_layout == "auto":
             self.weight_layout = self._measured_layout(model)
@@ -119,10 +121,10 @@ class Runner:
 
     def _measured_layout(self, model: nn.Module) -> str:
         """``auto``: the fastest layout measured here among the registered layouts that run for
-        this device and dtype (:func:`selfspec._engine.formats.candidates`), the static rule's
+        this device and dtype (:func:`selfspec._engine.runner.formats.candidates`), the static rule's
         choice when the measurement cannot tell them apart or where none but it runs (a layout
         of the model's own dtype only: a GPU, float64)."""
-        from selfspec._engine.calibration import Choice, choose_weight_layout
+        from selfspec._engine.tuning.calibration import Choice, choose_weight_layout
 
         static = self.weight_layout
         if placement.is_dispatched(model):  # offloaded weights are not in memory to time
@@ -145,9 +147,9 @@ class Runner:
 
     def _measured_one_row_width(self) -> None:
         """The packed products compute a one-token input in the number of rows measured fastest
-        here (``self.choices["one_row_width"]``; :func:`~selfspec._engine.calibration.
+        here (``self.choices["one_row_width"]``; :func:`~selfspec._engine.tuning.calibration.
         choose_one_row_width`)."""
-        from selfspec._engine.calibration import choose_one_row_width
+        from selfspec._engine.tuning.calibration import choose_one_row_width
         from selfspec._engine.runner.layout import set_one_row_width
 
         choice = choose_one_row_width(self.model, list(self.layers), self.adapter.lm_head)

@@ -42,7 +42,7 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
                     + "; ".join(sorted({f"{r['method']} on {r['task']}/{r['question_id']}: {r['error']}" for r in failed})),
                     fg="yellow", err=True)
     if ties:
-        click.secho(f"{ties} output(s) differ from the baseline at a near-tie (within the dtype's rounding: selfspec._engine.tiebound).", fg="yellow")
+        click.secho(f"{ties} output(s) differ from the baseline at a near-tie (within the dtype's rounding: selfspec._engine.contract.tiebound).", fg="yellow")
     if bad:
         click.secho(f"{len(bad)} output(s) DIVERGED from the baseline: "
                     + ", ".join(sorted({f"{r['method']} on {r['task']}/{r['question_id']}" for r in bad})),
@@ -103,9 +103,9 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
     speedup.png to --out; with --suite spec-bench also one Spec-Bench answer file per method
     (model_answer/<model>-<method>.jsonl) and Spec-Bench's speed report in the table.
     """
-    from selfspec._engine.machine import plural
-    from selfspec._engine.plugins import BUILTIN_METHOD, available
-    from selfspec._engine.sampling import Sampling
+    from selfspec._engine.tuning.machine import plural
+    from selfspec._engine.contract.plugins import BUILTIN_METHOD, available
+    from selfspec._engine.contract.sampling import Sampling
     from selfspec.app._bench import results as res
     from selfspec.app._bench.harness import Method, n_layers, run_bench
 
@@ -193,7 +193,7 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
                             weight_layout=weight_layout)
         records = kept + records
     except Exception as exc:
-        from selfspec._engine.plugins import PluginError
+        from selfspec._engine.contract.plugins import PluginError
 
         if isinstance(exc, PluginError):
             raise click.ClickException(str(exc)) from exc
@@ -257,9 +257,9 @@ def sweep(model: str | None, device: str, dtype: str, device_map: str | None, ma
     Example: specdec sweep --plugin lookup -o max_ngram=1,2,3 -o num_draft=4,8,16
     (or specdec --plugin lookup sweep -o ...).
     """
-    from selfspec._engine.manager import make_manager
-    from selfspec._engine.options import OptionError
-    from selfspec._engine.plugins import BUILTIN_METHOD, PluginError, declared_options
+    from selfspec._engine.contract.manager import make_manager
+    from selfspec._engine.contract.options import OptionError
+    from selfspec._engine.contract.plugins import BUILTIN_METHOD, PluginError, declared_options
     from selfspec.app._bench import results as res
     from selfspec.app._bench import sweep as sw
     from selfspec.app._bench.harness import Method, run_bench

@@ -6,7 +6,7 @@ users know), HF prompt lookup decoding (``hf-pld``), HF early-exit self-speculat
 (``hf-assisted``, the classic two-model speculative decoding), or a selfspec plugin with options (``vanilla`` included). :func:`run_bench`
 runs every method on prompt 1, then every method on prompt 2, ... (the order of methods rotates
 by one each prompt), so machine drift hits all methods alike, and checks every output against
-the baseline's with :func:`selfspec._engine.reference.compare` (exact, or the near-tie rule).
+the baseline's with :func:`selfspec._engine.contract.reference.compare` (exact, or the near-tie rule).
 
 Every method is timed the same way: wall-clock time around one call, prefill included, after a
 warm-up call per method.
@@ -70,9 +70,9 @@ def resolved_options(plugin: str, options: dict[str, Any], plugin_object: Any = 
     can tell a row measured at other defaults than today's (``scripts/readme_tables.py``)."""
     import json
 
-    from selfspec._engine.manager import make_manager
-    from selfspec._engine.options import resolve
-    from selfspec._engine.plugins import declared_options
+    from selfspec._engine.contract.manager import make_manager
+    from selfspec._engine.contract.options import resolve
+    from selfspec._engine.contract.plugins import declared_options
 
     values = resolve(declared_options(make_manager(plugin, plugin_object)[0]), options, plugin)
     return json.loads(json.dumps(values))
@@ -133,7 +133,7 @@ def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, s
         return _hf_runner(method, model, sampling)
     if method.kind != "plugin":
         raise ValueError(f"unknown method kind {method.kind!r}")
-    from selfspec._engine.loop import Decoder
+    from selfspec._engine.contract.loop import Decoder
 
     dec = Decoder(model, method.plugin or "vanilla", method.options, tokenizer=tokenizer, plugin_object=method.plugin_object,
                   sampling=sampling, weight_layout=weight_layout)
@@ -153,7 +153,7 @@ def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, s
 
 
 def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> RunFn:
-    """HF ``generate``: greedy, as :func:`selfspec._engine.reference.reference_generate` configures it,
+    """HF ``generate``: greedy, as :func:`selfspec._engine.contract.reference.reference_generate` configures it,
     or sampling (``do_sample=True`` with the temperature, top-k and top-p of ``sampling``, HF's
     RNG seeded with its seed before every call).
 
@@ -269,7 +269,7 @@ def run_bench(
     record with ``error`` set, never an exception. ``on_sample(sample, records)`` is called
     after every sample with its records. ``weight_layout``: every plugin's runner layout.
     """
-    from selfspec._engine.reference import compare
+    from selfspec._engine.contract.reference import compare
 
     names = [m.name for m in methods]
     if len(set(names)) != len(names):

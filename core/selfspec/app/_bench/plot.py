@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from selfspec._engine.machine import capability_note, plural
+from selfspec._engine.tuning.machine import capability_note, plural
 
 
 def format_params(n: float) -> str:

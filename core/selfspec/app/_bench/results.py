@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from selfspec._engine.machine import capability_note, plural
+from selfspec._engine.tuning.machine import capability_note, plural
 
 RECORDS = "results.jsonl"
 SUMMARY = "summary.json"
@@ -52,9 +52,9 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def machine_info() -> dict[str, Any]:
-    """:func:`selfspec._engine.machine.machine_info` (CPU model and capability, threads, versions, the
+    """:func:`selfspec._engine.tuning.machine.machine_info` (CPU model and capability, threads, versions, the
     date) plus the load average: other processes on the machine skew every timing."""
-    from selfspec._engine.machine import machine_info as info
+    from selfspec._engine.tuning.machine import machine_info as info
 
     return {**info(), "load_avg": load_avg()}
 
@@ -270,7 +270,7 @@ def choices_markdown(summary: dict[str, Any]) -> list[str]:
     choices = summary.get("choices")
     if not choices:
         return []
-    from selfspec._engine.calibration import Choice
+    from selfspec._engine.tuning.calibration import Choice
 
     return ["", "**Measured choices**", "", *(f"- {Choice.from_dict(c).note()}" for c in choices.values())]
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from selfspec._engine.machine import capability_note
+from selfspec._engine.tuning.machine import capability_note
 from selfspec.app._bench.plot import format_params
 from selfspec.app._bench.results import SUMMARY, geomean_speedups
 

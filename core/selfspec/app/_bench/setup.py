@@ -68,8 +68,8 @@ def _samples(tasks: Sequence[str], split: str, n: int, seed: int) -> list[Any]:
 
 
 def _threads(threads: int | None) -> Any:
-    """The run's :class:`selfspec._engine.machine.ThreadChoice` (the busy-machine rule, said on stderr)."""
-    from selfspec._engine.machine import choose_threads
+    """The run's :class:`selfspec._engine.tuning.machine.ThreadChoice` (the busy-machine rule, said on stderr)."""
+    from selfspec._engine.tuning.machine import choose_threads
 
     choice = choose_threads(threads)
     if choice.reason == "busy":
@@ -115,7 +115,7 @@ def _config(loaded: Any, model: str | None, **kw: Any) -> dict[str, Any]:
 
 def _method_config(m: Any) -> dict[str, Any]:
     """A method as summary.json records it; a plugin's with every option value it ran with."""
-    from selfspec._engine.options import OptionError
+    from selfspec._engine.contract.options import OptionError
     from selfspec.app._bench.harness import resolved_options
 
     entry = {"name": m.name, "kind": m.kind, "plugin": m.plugin, "options": m.options, **m.extra}

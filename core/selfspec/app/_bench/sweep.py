@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from selfspec._engine.options import Option, OptionError
+from selfspec._engine.contract.options import Option, OptionError
 from selfspec.app._bench.harness import Method
 from selfspec.app._bench.results import summarize
 

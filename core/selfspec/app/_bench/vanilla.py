@@ -3,7 +3,7 @@
 The measurement behind docs/performance.md; ``lab/scripts/vanilla_vs_hf.py`` is its command line.
 
 Method (:func:`run`): warm both paths up, then for every repeat and every prompt time
-``model.generate(do_sample=False)`` (through :func:`selfspec._engine.reference.reference_generate`)
+``model.generate(do_sample=False)`` (through :func:`selfspec._engine.contract.reference.reference_generate`)
 and ``Decoder(model, "vanilla", weight_layout=L).generate`` for every runner weight layout L
 back to back, rotating which one goes first, so that all see the same machine load.
 Reported: tokens/s of each (from the median time per prompt), the speed ratio host/HF per
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.formats import check_layout, format_names
-from selfspec._engine.loop import Decoder
-from selfspec._engine.reference import compare, reference_generate
+from selfspec._engine.runner.formats import check_layout, format_names
+from selfspec._engine.contract.loop import Decoder
+from selfspec._engine.contract.reference import compare, reference_generate
 from selfspec.app._models import Loaded, format_prompt
 
 #: SMOKE PROMPTS, not benchmark data: short instructions of the kinds a chat model gets.

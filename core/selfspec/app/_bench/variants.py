@@ -12,9 +12,9 @@ def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, d
     """Route ``-o [PLUGIN.]KEY=VALUE`` to plugins: scoped to one (and to the member of that name
     in every composition measured), or unscoped to every plugin and composition member declaring
     KEY."""
-    from selfspec._engine.manager import make_manager
-    from selfspec._engine.options import OptionError, parse_pairs
-    from selfspec._engine.plugins import PluginError, declared_options
+    from selfspec._engine.contract.manager import make_manager
+    from selfspec._engine.contract.options import OptionError, parse_pairs
+    from selfspec._engine.contract.plugins import PluginError, declared_options
 
     try:
         given = parse_pairs(pairs)
@@ -66,8 +66,8 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def _check_inline(variants: Sequence[tuple[str, str, dict[str, str]]]) -> None:
-    from selfspec._engine.manager import make_manager
-    from selfspec._engine.plugins import declared_options
+    from selfspec._engine.contract.manager import make_manager
+    from selfspec._engine.contract.plugins import declared_options
 
     for spec, name, inline in variants:
         if inline:

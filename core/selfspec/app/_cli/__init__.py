@@ -52,7 +52,7 @@ def _dev_corpus(tasks: tuple[str, ...]):  # noqa: ANN202
 
 def _register_corpus() -> None:
     """The command line ranks draft vocabularies by the app's dev-split texts."""
-    from selfspec._engine.corpus import set_vocab_corpus
+    from selfspec._engine.drafting.corpus import set_vocab_corpus
 
     set_vocab_corpus(_dev_corpus)
 

@@ -42,21 +42,21 @@ def check_command(ctx: click.Context, prompts: tuple[str, ...], as_json: bool, a
     with `vanilla --exact` instead, bit for bit (OK or DIVERGED: no near-tie rule).
 
     Prints OK, NEAR-TIE (a float32/bf16 rounding flip: the reference's top-1/top-2 logit
-    margin is within the dtype's near-tie bound at those logits, selfspec._engine.tiebound) or
+    margin is within the dtype's near-tie bound at those logits, selfspec._engine.contract.tiebound) or
     DIVERGED for every prompt; exits with status 1 when any prompt diverged. Under sampling the
     reference is the model's own forward one token at a time, each token picked with the same
     position-keyed noise, and the near-tie margin is that of the perturbed logits (bound / T).
     ``--audit`` (or ``SELFSPEC_AUDIT=1``) stops a decode at the step where it goes wrong and
-    says which hook, step and token (``selfspec._engine.audit``).
+    says which hook, step and token (``selfspec._engine.contract.audit``).
 
     By default one more decode runs past where short prompts stop: the built-in prompts
     repeated into a long prompt, and a long output with no EOS, where late bugs show. The
     summary says how long the prompts and outputs checked were: a bug past them is not seen.
     """
-    from selfspec._engine.audit import AuditError
-    from selfspec._engine.reference import compare
-    from selfspec._engine.sampling import reference_sample
-    from selfspec._engine.tiebound import FIXED_BOUND, explain
+    from selfspec._engine.contract.audit import AuditError
+    from selfspec._engine.contract.reference import compare
+    from selfspec._engine.contract.sampling import reference_sample
+    from selfspec._engine.contract.tiebound import FIXED_BOUND, explain
 
     settings: Settings = ctx.obj.merged(params)
     texts = list(prompts) or list(DEFAULT_CHECK_PROMPTS)
@@ -157,7 +157,7 @@ def _reach_line(prompt_tokens: int, new_tokens: int, long: bool) -> str:
 def _exact_reference(loaded: Any, decoder: Any) -> Any:
     """``vanilla`` in exact mode with the decoder's layout and sampling: the reference every
     exact-mode output must equal bit for bit."""
-    from selfspec._engine.loop import Decoder
+    from selfspec._engine.contract.loop import Decoder
 
     return Decoder(loaded.model, "vanilla", tokenizer=loaded.tokenizer, weight_layout=decoder.runner.weight_layout,
                    sampling=decoder.sampling, exact=True)

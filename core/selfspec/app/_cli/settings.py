@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:  # pragma: no cover
-    from selfspec._engine.loop import Decoder
+    from selfspec._engine.contract.loop import Decoder
     from selfspec.app._models import Loaded
 
 #: Prompts ``specdec check`` uses when none are given: short, varied, and quick to decode.
@@ -71,7 +71,7 @@ class Settings:
     top_p: float | None = None
     seed: int | None = None
     _plugin_cache: dict[str, Any] = field(default_factory=dict, repr=False)
-    #: what :meth:`load_model` chose (:class:`selfspec._engine.machine.ThreadChoice`), None before
+    #: what :meth:`load_model` chose (:class:`selfspec._engine.tuning.machine.ThreadChoice`), None before
     thread_choice: Any = field(default=None, repr=False, compare=False)
 
     def merged(self, params: dict[str, Any]) -> Settings:
@@ -95,7 +95,7 @@ class Settings:
             return self.plugin
         if self.plugin_file:
             return self.plugin_object()[0]
-        from selfspec._engine.plugins import BUILTIN_METHOD
+        from selfspec._engine.contract.plugins import BUILTIN_METHOD
 
         return BUILTIN_METHOD
 
@@ -106,23 +106,23 @@ class Settings:
             return self.plugin_name, None
         key = os.path.abspath(self.plugin_file)
         if key not in self._plugin_cache:
-            from selfspec._engine.plugins import load_file
+            from selfspec._engine.contract.plugins import load_file
 
             self._plugin_cache[key] = load_file(self.plugin_file)
         stem, module = self._plugin_cache[key]
         return self.plugin or stem, module
 
     def parsed_options(self) -> dict[str, str]:
-        from selfspec._engine.options import parse_pairs
+        from selfspec._engine.contract.options import parse_pairs
 
         return parse_pairs(self.options)
 
     def validate_plugin(self) -> dict[str, Any]:
         """Load the plugin and check the ``-o`` options against what it declares (before any
         model is loaded). Returns the resolved option values."""
-        from selfspec._engine.manager import make_manager
-        from selfspec._engine.options import resolve
-        from selfspec._engine.plugins import declared_options
+        from selfspec._engine.contract.manager import make_manager
+        from selfspec._engine.contract.options import resolve
+        from selfspec._engine.contract.plugins import declared_options
 
         plugin_commands(self)  # a command-name clash is an error whatever the command
         name, obj = self.plugin_object()
@@ -133,7 +133,7 @@ class Settings:
     def validate_model_args(self) -> None:
         """Check dtype, device and weight layout before anything is loaded: an explicit
         ``--weight-layout packed`` this CPU cannot run fails here, in one line."""
-        from selfspec._engine.formats import check_layout
+        from selfspec._engine.runner.formats import check_layout
         from selfspec.app import _models as models
 
         dtype = models.parse_dtype(self.dtype or "float32")
@@ -146,7 +146,7 @@ class Settings:
         """Set the thread count and load the model (a :class:`selfspec.app._models.Loaded`)."""
         import torch
 
-        from selfspec._engine.machine import choose_threads
+        from selfspec._engine.tuning.machine import choose_threads
         from selfspec.app import _models as models
 
         self.thread_choice = choose_threads(self.threads)  # the busy-machine rule (docs/cli.md)
@@ -178,7 +178,7 @@ class Settings:
     def sampling(self) -> Any:
         """The :class:`selfspec.Sampling` of ``--temperature/--top-k/--top-p/--seed`` (greedy
         when no temperature or 0 was given)."""
-        from selfspec._engine.sampling import Sampling
+        from selfspec._engine.contract.sampling import Sampling
 
         try:
             return Sampling(self.temperature or 0.0, self.top_k or 0,
@@ -190,7 +190,7 @@ class Settings:
         """A :class:`selfspec.Decoder` for ``loaded`` with the selected plugin and options.
         ``adopt_weights``: lay the model's own weights out in place (one copy in memory) when
         nothing else needs them as they were."""
-        from selfspec._engine.loop import Decoder
+        from selfspec._engine.contract.loop import Decoder
 
         name, obj = self.plugin_object()
         return Decoder(loaded.model, name, self.parsed_options(), tokenizer=loaded.tokenizer, plugin_object=obj,
@@ -208,8 +208,8 @@ def placement_record(loaded: Loaded) -> dict[str, Any] | None:
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the host's own "bad input" exceptions into one-line click errors."""
-    from selfspec._engine.options import OptionError
-    from selfspec._engine.plugins import PluginError
+    from selfspec._engine.contract.options import OptionError
+    from selfspec._engine.contract.plugins import PluginError
     from selfspec._engine.runner import UnsupportedModelError
     from selfspec._engine.runner.layout import WeightLayoutError
     from selfspec.app._models import ModelLoadError
@@ -234,8 +234,8 @@ def plugin_commands(settings: Settings) -> dict[str, click.Command]:
         return settings._plugin_cache[key]
     commands: dict[str, click.Command] = {}
     with user_errors():
-        from selfspec._engine.manager import make_manager
-        from selfspec._engine.plugins import PluginError
+        from selfspec._engine.contract.manager import make_manager
+        from selfspec._engine.contract.plugins import PluginError
 
         name, obj = settings.plugin_object()
         pm, _ = make_manager(name, obj)

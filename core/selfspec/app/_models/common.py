@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.paths import CACHE_ENV, cache_dir  # noqa: F401  (re-exported: selfspec.app._models.cache_dir)
+from selfspec._engine.tuning.paths import CACHE_ENV, cache_dir  # noqa: F401  (re-exported: selfspec.app._models.cache_dir)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

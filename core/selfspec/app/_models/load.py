@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.eos import eos_token_ids
+from selfspec._engine.contract.eos import eos_token_ids
 from selfspec.app._models.common import (
     DEFAULT_MODEL,
     Loaded,

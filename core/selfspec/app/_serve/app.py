@@ -82,7 +82,7 @@ def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str |
             raise ApiError(404, f"the model {req.model!r} does not exist: this server serves {_model_id(worker)!r} "
                            "(GET /v1/models)", "model", code="model_not_found")
         prompt_ids = await encoder().encode(req)
-        from selfspec._engine.sampling import Sampling
+        from selfspec._engine.contract.sampling import Sampling
 
         loop = asyncio.get_running_loop()
         job = Job(prompt_ids, req.max_tokens, Sampling(req.temperature, req.top_k, req.top_p, req.seed), req.stop,

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.builtin.verify import verify_greedy
-from selfspec._engine.markers import hookimpl
-from selfspec._engine.types import Draft, Verdict
+from selfspec._engine.contract.builtin.verify import verify_greedy
+from selfspec._engine.contract.markers import hookimpl
+from selfspec._engine.contract.types import Draft, Verdict
 from selfspec.testing._mutants._echo import Echo, _accept_all
 
 
@@ -143,8 +143,8 @@ class StepKeyedNoise(Echo):
     def verify(self, state, draft):
         if not state.sampling_on:
             return verify_greedy(state, draft)
-        from selfspec._engine.sampling import sample_tokens
-        from selfspec._engine.verification import accepted_length
+        from selfspec._engine.contract.sampling import sample_tokens
+        from selfspec._engine.contract.verification import accepted_length
 
         base = state.length - 1
         ids = torch.cat([state.tokens[base : base + 1], draft.tokens])

@@ -6,10 +6,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from selfspec._engine.builtin.verify import verify_greedy
-from selfspec._engine.markers import hookimpl
-from selfspec._engine.options import Option
-from selfspec._engine.types import DecodeState, Draft, Verdict
+from selfspec._engine.contract.builtin.verify import verify_greedy
+from selfspec._engine.contract.markers import hookimpl
+from selfspec._engine.contract.options import Option
+from selfspec._engine.contract.types import DecodeState, Draft, Verdict
 
 
 class Echo:

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import torch
 
-from selfspec._engine.builtin.verify import verify_greedy
-from selfspec._engine.types import Verdict
+from selfspec._engine.contract.builtin.verify import verify_greedy
+from selfspec._engine.contract.types import Verdict
 from selfspec.testing._mutants._echo import Echo
 
 
@@ -22,8 +22,8 @@ class ForgetsTopK(Echo):
     def verify(self, state, draft):
         if not state.sampling_on or state.sampler.sampling.top_k == 0:
             return verify_greedy(state, draft)
-        from selfspec._engine.sampling import sample_tokens
-        from selfspec._engine.verification import accepted_length
+        from selfspec._engine.contract.sampling import sample_tokens
+        from selfspec._engine.contract.verification import accepted_length
 
         base = state.length - 1
         ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
@@ -96,7 +96,7 @@ class AcceptsNearTies(Echo):
     def verify(self, state, draft):
         if state.sampling_on or draft.parents is not None:
             return verify_greedy(state, draft)
-        from selfspec._engine.reference import greedy
+        from selfspec._engine.contract.reference import greedy
 
         base = state.length - 1
         ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
@@ -123,7 +123,7 @@ class SiblingMaskRowDeep(Echo):
         if draft.parents is None:
             return verify_greedy(state, draft)
         from selfspec._engine.runner import masks
-        from selfspec._engine.verification import _verdict, tree_path
+        from selfspec._engine.contract.verification import _verdict, tree_path
 
         base = state.length - 1
         pl = draft.parents.tolist()
@@ -167,7 +167,7 @@ class ClampsPositions(Echo):
         base = state.length - 1
         if base <= self.at or draft.parents is not None:
             return verify_greedy(state, draft)
-        from selfspec._engine.verification import chain_verdict
+        from selfspec._engine.contract.verification import chain_verdict
 
         self.fault(state)
         ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
