@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from selfspec import Runner, draft_weights
+from selfspec._engine.drafting.draftweights import agreement, shadow
 from selfspec._engine.tuning import calibration
 from selfspec._engine.tuning.artefacts import ArtefactStore
-from selfspec._engine.drafting.draftweights import agreement, shadow
 from selfspec.testing import tiny_model
 
 SECONDS = {"int8": {1: 0.060, 4: 0.060}, "none": {1: 0.200, 4: 0.300}, "int4": {1: 0.036, 4: 0.048}}
@@ -32,7 +32,7 @@ def _speed_says(monkeypatch, chosen: str, seconds=SECONDS) -> None:
     def fake_choose(runner, static, candidates):
         return calibration.Choice("draft_weights", chosen, "measured", seconds, "k")
 
-    monkeypatch.setattr(calibration, "choose_draft_weights", fake_choose)
+    monkeypatch.setattr(shadow, "choose_draft_weights", fake_choose)
 
 
 def _agree(values: dict[str, float]):

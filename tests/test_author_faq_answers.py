@@ -23,8 +23,8 @@ from selfspec import (
     reference_generate,
     verify_tree,
 )
-from selfspec._engine.tuning.machine import ThreadChoice, plural
 from selfspec._engine.contract.plugins import instantiate, load_file
+from selfspec._engine.tuning.machine import ThreadChoice, plural
 
 PROMPT = [5, 17, 3, 99, 42, 7, 7, 1]
 

@@ -11,18 +11,17 @@ import json
 import pytest
 import torch
 
+from selfspec._engine.drafting.draftweights import choice as draft_choice
+from selfspec._engine.drafting.draftweights.choice import choose_draft_weights
+from selfspec._engine.runner import layout_choice
+from selfspec._engine.runner import runner as runner_module
+from selfspec._engine.runner.formats import candidates
+from selfspec._engine.runner.layout import packing_unsupported
+from selfspec._engine.runner.layout_choice import choose_one_row_width, choose_weight_layout
 from selfspec._engine.tuning import calibration
 from selfspec._engine.tuning.artefacts import ArtefactStore
-from selfspec._engine.tuning.calibration import (
-    Choice,
-    choose_draft_weights,
-    choose_one_row_width,
-    choose_weight_layout,
-    decide,
-)
-from selfspec._engine.runner.formats import candidates
+from selfspec._engine.tuning.calibration import Choice, decide
 from selfspec._engine.tuning.machine import cpu_capability
-from selfspec._engine.runner.layout import packing_unsupported
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128)
@@ -101,7 +100,7 @@ def test_a_packed_runner_computes_one_token_products_in_the_width_chosen(monkeyp
     from selfspec._engine.runner import Runner
     from selfspec._engine.runner.layout import PackedLinear
 
-    monkeypatch.setattr(calibration, "choose_one_row_width",
+    monkeypatch.setattr(runner_module, "choose_one_row_width",
                         lambda *a, **k: Choice("one_row_width", width, "measured", {}))
     r = Runner(_model(), weight_layout="packed")
     assert r.choices["one_row_width"].chosen == width
@@ -216,8 +215,8 @@ def test_auto_measures_every_registered_layout_that_runs_here_and_picks_the_fast
     if fastest not in runs:
         pytest.skip(f"{fastest} does not run here")
     fake = _fake({c: 0.5 if c == fastest else 3.0 for c in runs})
-    real = calibration.choose_weight_layout
-    monkeypatch.setattr(calibration, "choose_weight_layout", lambda *a, **k: real(*a, **k, measure=fake))
+    real = layout_choice.choose_weight_layout
+    monkeypatch.setattr(runner_module, "choose_weight_layout", lambda *a, **k: real(*a, **k, measure=fake))
     r = Runner(_model())
     choice = r.choices["weight_layout"]
     assert set(choice.seconds) == set(runs) >= {"model", "transposed", "packed"}
@@ -249,9 +248,9 @@ def test_a_sample_of_laid_out_layers_takes_the_layers_and_scale_of_the_models_ow
     model = _model()
     ad = adapter_for(model)
     layers = list(ad.layers)
-    monkeypatch.setattr(calibration, "SAMPLE_BYTES", product_bytes(layers[0]) + 1)
-    own = calibration._sample(layers, ad.lm_head)
-    packed = calibration._sample([layout_copy(m, "packed") for m in layers], ad.lm_head)
+    monkeypatch.setattr(layout_choice, "SAMPLE_BYTES", product_bytes(layers[0]) + 1)
+    own = layout_choice.sample(layers, ad.lm_head)
+    packed = layout_choice.sample([layout_copy(m, "packed") for m in layers], ad.lm_head)
     assert len(own[0]) == len(packed[0]) == 2 and own[2] == packed[2] == len(layers) / 2
 
 
@@ -280,7 +279,7 @@ def test_a_cached_choice_is_read_without_sampling_the_model(monkeypatch):
     def no_sampling(*_args, **_kwargs):
         raise AssertionError("a cached choice copied the model's weights to measure them")
 
-    monkeypatch.setattr(calibration, "_sample", no_sampling)
+    monkeypatch.setattr(draft_choice, "sample", no_sampling)
     again = choose_draft_weights(runner, static="int8", candidates=["int8", "none"])
     assert again.how.startswith("cached") and again.chosen == first.chosen
 

@@ -446,8 +446,7 @@ def test_a_curve_is_measured_again_under_another_torch(tmp_path, monkeypatch):
 
 
 def test_tree_config_holds_the_draft_weights_curve_and_drafts_with_it(monkeypatch):
-    from selfspec._engine.drafting import costcurve
-    from selfspec._engine.drafting import treeconfig
+    from selfspec._engine.drafting import costcurve, treeconfig
 
     runner = Runner(tiny_model("llama"))
     weights = selfspec.draft_weights(runner, "int8")

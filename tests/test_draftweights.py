@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 import selfspec
 from selfspec import DraftWeightsError, Runner, draft_weights, skip_layer_draft
-from selfspec._engine.drafting.draftweights import built_nbytes, linears, quantize, resolve_backend, vocab
+from selfspec._engine.drafting.draftweights import built_nbytes, resolve_backend, vocab
 from selfspec._engine.drafting.draftweights.layers import FusedMember, FusedProduct
+from selfspec._engine.runner import linears, quantize
 from selfspec._engine.runner.formats import candidates
 from selfspec._engine.tuning.machine import cpu_capability
 from selfspec.testing import ARCHS, tiny_model
@@ -129,8 +130,8 @@ def test_int8_products_compute_the_int8_weights_product_within_their_activations
 
 
 def test_auto_measures_every_registered_copy_that_runs_here(monkeypatch):
-    from selfspec._engine.tuning import calibration
     from selfspec._engine.drafting.draftweights import shadow
+    from selfspec._engine.tuning import calibration
 
     seen = {}
 
@@ -138,7 +139,7 @@ def test_auto_measures_every_registered_copy_that_runs_here(monkeypatch):
         seen["candidates"] = list(candidates)
         return calibration.Choice("draft_weights", static, "injected")
 
-    monkeypatch.setattr(calibration, "choose_draft_weights", fake_choose)
+    monkeypatch.setattr(shadow, "choose_draft_weights", fake_choose)
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     assert shadow.measured_backend(runner) == "int8"
     assert seen["candidates"] == candidates("draft", "cpu", torch.float32)
@@ -379,7 +380,11 @@ def test_quantizing_leaves_the_weight_it_reads_untouched(in_features):
 
 def test_copies_built_through_the_reused_buffer_equal_copies_built_without_it_and_it_is_freed():
     from selfspec._engine.drafting.draftweights import layers as layers_mod
-    from selfspec._engine.drafting.draftweights.layers import compressed_layer, reused_buffer, stacked_weight
+    from selfspec._engine.drafting.draftweights.layers import (
+        compressed_layer,
+        reused_buffer,
+        stacked_weight,
+    )
 
     model = tiny_model("qwen2", dtype=torch.float32)
     layer = model.model.layers[0]

@@ -22,11 +22,11 @@ from click.testing import CliRunner
 
 import selfspec
 from selfspec import Decoder, Runner, WeightFormat, WeightFormatError, draft_weights, weight_formats
-from selfspec._engine.tuning import calibration
-from selfspec._engine.runner import formats
 from selfspec._engine.drafting.draftweights import resolve_backend, shadow
+from selfspec._engine.runner import formats
 from selfspec._engine.runner.formats import FormatPackageError, check_layout
 from selfspec._engine.runner.layout import WeightLayoutError
+from selfspec._engine.tuning import calibration
 from selfspec.testing import assert_lossless, tiny_model
 
 PACKAGE = '''
@@ -148,13 +148,13 @@ def test_hook_weight_formats(installed, monkeypatch):
     assert "acme-layout" not in formats.candidates("layout", "cpu", torch.float16)  # its own check
     # auto measures it beside the host's
     seen = {}
-    real = calibration.choose_draft_weights
+    real = shadow.choose_draft_weights
 
     def spy(runner, *, static, candidates, **kw):
         seen["draft"] = list(candidates)
         return real(runner, static=static, candidates=candidates, measure=_fake_times(candidates))
 
-    monkeypatch.setattr(calibration, "choose_draft_weights", spy)
+    monkeypatch.setattr(shadow, "choose_draft_weights", spy)
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     chosen = shadow.measured_backend(runner)
     assert "acme-copy" in seen["draft"] and chosen == "acme-copy"  # the fake timing makes it fastest

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from selfspec._engine.contract import hooksdoc
-
-from selfspec._engine.contract import hookspecs
+from selfspec._engine.contract import hooksdoc, hookspecs
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent

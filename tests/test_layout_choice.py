@@ -12,8 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from selfspec._engine.tuning.machine import CpuCapability
 from selfspec._engine.runner.layout import WeightLayoutError, choose_layout, packing_unsupported
+from selfspec._engine.tuning.machine import CpuCapability
 
 AVX2 = CpuCapability(aten="AVX2")  # oneDNN's fp32 kernels, no bf16/fp16 ones
 AVX512 = CpuCapability(aten="AVX512", avx512=True, onednn_bf16=True)  # bf16 via BW/VL/DQ

@@ -289,8 +289,8 @@ def test_model_identity_is_stable_across_dtypes_and_tells_checkpoints_apart():
 def test_model_identity_does_not_depend_on_a_layout_the_model_adopted(layout):
     # specdec adopts the layout in place (one copy of the weights): a tuned profile found
     # through the identity must be found all the same
-    from selfspec._engine.tuning.machine import cpu_capability
     from selfspec._engine.runner.layout import packing_unsupported
+    from selfspec._engine.tuning.machine import cpu_capability
 
     why = packing_unsupported("cpu", torch.float32, cpu_capability()) if layout == "packed" else None
     if why:

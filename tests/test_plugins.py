@@ -11,8 +11,7 @@ import pytest
 
 import selfspec
 from selfspec import Decoder, Option
-from selfspec._engine.contract import manager
-from selfspec._engine.contract import plugins
+from selfspec._engine.contract import manager, plugins
 from selfspec._engine.contract.manager import make_manager
 from selfspec._engine.contract.options import OptionError, parse_pairs, resolve
 from selfspec._engine.contract.plugins import PluginError, UnknownPluginError, declared_options

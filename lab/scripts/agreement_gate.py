@@ -25,8 +25,8 @@ import time
 import torch
 
 import selfspec
-from selfspec._engine.tuning.artefacts import ArtefactStore
 from selfspec._engine.drafting.draftweights import agreement, shadow
+from selfspec._engine.tuning.artefacts import ArtefactStore
 from selfspec.app._models.load import load
 
 

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 import torch
 
 from selfspec._engine.drafting.draftweights import draft_weights
-from selfspec._engine.tuning.machine import machine_info
 from selfspec._engine.runner import Runner
+from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._models import format_prompt, load
 
 PROMPT = "Write a Python function that checks whether a number is prime, with tests and a docstring."

@@ -24,8 +24,8 @@ import time
 from collections.abc import Sequence
 
 from selfspec import Decoder
-from selfspec._engine.tuning.machine import machine_info
 from selfspec._engine.contract.reference import reference_generate
+from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._bench.vanilla import SMOKE_PROMPTS
 from selfspec.app._models import format_prompt, load
 

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from selfspec._engine.drafting.draftweights.layers import draft_linear
-from selfspec._engine.tuning.machine import machine_info
 from selfspec._engine.runner import Runner
+from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._data import load_task
 from selfspec.app._models import format_prompt, load
 

@@ -29,8 +29,8 @@ import torch
 
 from selfspec import Decoder
 from selfspec._engine.drafting.draftweights import draft_weights
-from selfspec._engine.tuning.machine import machine_info
 from selfspec._engine.runner import Runner
+from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._data import load_task
 from selfspec.app._models import format_prompt, load
 

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from selfspec._engine.tuning.machine import machine_info
 from selfspec._engine.runner import Runner
+from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._models import format_prompt, load
 
 

@@ -52,6 +52,7 @@ from selfspec._engine.contract.plugins import PluginError
 from selfspec._engine.contract.reference import greedy
 from selfspec._engine.contract.tiebound import explain, tie_bound
 from selfspec._engine.contract.types import DecodeState, Draft, Verdict
+from selfspec._engine.runner.placement import loaded
 
 #: (rtol, atol) of the KV comparison per dtype: forwards of different block shapes round
 #: differently; a stale or shifted slot differs by O(1).
@@ -379,7 +380,5 @@ def _value(module: torch.nn.Module, name: str, p: torch.Tensor) -> torch.Tensor:
     """A copy of a parameter's values; an offloaded one's read from its offload store."""
     if p.device.type != "meta":
         return p.detach().clone()
-    from selfspec._engine.runner.placement import loaded
-
     with torch.inference_mode(False), torch.no_grad(), loaded(module):
         return module._parameters[name].detach().clone()

@@ -37,10 +37,10 @@ from selfspec._engine.contract.markers import hookspec
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
 
-    from selfspec._engine.runner.formats import WeightFormat
     from selfspec._engine.contract.options import Option
-    from selfspec._engine.runner import Runner
     from selfspec._engine.contract.types import DecodeState, Draft, Result, Verdict
+    from selfspec._engine.runner import Runner
+    from selfspec._engine.runner.formats import WeightFormat
 
 
 # ---------------------------------------------------------------------------------------------

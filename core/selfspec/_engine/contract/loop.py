@@ -18,11 +18,20 @@ import torch
 from selfspec._engine.contract import plugins
 from selfspec._engine.contract.audit import Auditor, WeightGuard, audit_from_env
 from selfspec._engine.contract.draftcheck import check_draft_kept
+from selfspec._engine.contract.eos import eos_token_ids
 from selfspec._engine.contract.manager import make_manager
+from selfspec._engine.contract.options import resolve
 from selfspec._engine.contract.plugins import PluginError
-from selfspec._engine.runner import Runner
 from selfspec._engine.contract.sampling import GREEDY, Sampler, Sampling
-from selfspec._engine.contract.types import DecodeState, Draft, Result, Stats, StreamCallback, Verdict
+from selfspec._engine.contract.types import (
+    DecodeState,
+    Draft,
+    Result,
+    Stats,
+    StreamCallback,
+    Verdict,
+)
+from selfspec._engine.runner import Runner
 
 
 class Decoder:
@@ -96,17 +105,13 @@ class Decoder:
         self.model = model
         self.sampling = sampling or GREEDY
         self.tokenizer = tokenizer
-        from selfspec._engine.drafting.compose import label
-
-        plugin = label(plugin)
+        plugin = plugins.label(plugin)
         self.plugin_name = plugin
         self.draft_slack = draft_slack
         self.runner = Runner(model, weight_layout=weight_layout, adopt=adopt_weights, exact=exact)
         self._placement = self.runner.placement  # None unless accelerate dispatched the model
         self.pm, self.plugin = make_manager(plugin, plugin_object, trace=trace)
         self.declared = plugins.declared_options(self.pm)
-        from selfspec._engine.contract.options import resolve
-
         self.options = resolve(self.declared, options or {}, plugin)
         self.audit = audit_from_env() if audit is None else audit
         self.audit_tolerance: float | None = None  # near-tie tolerance of the audit (None: per dtype)
@@ -171,9 +176,7 @@ class Decoder:
         bytes_at_start = runner.weight_bytes
         self.auditor = self._auditor()
         observers = [self.auditor] if self.auditor is not None else []  # see _observe
-        from selfspec._engine.drafting.compose import Composer
-
-        if isinstance(self.plugin, Composer):  # the audit blames a member for what its own hooks broke
+        if isinstance(self.plugin, plugins.composer()):  # the audit blames a member for what its own hooks broke
             self.plugin.observers = observers
         self._call("selfspec_start", state=state)
         self._observe(observers, "start", state)
@@ -289,11 +292,7 @@ class Decoder:
         return verdict
 
     def _default_eos(self) -> frozenset[int]:
-        from selfspec._engine.contract.eos import (
-            eos_token_ids,  # the one EOS rule (generation config, config, tokenizer)
-        )
-
-        return eos_token_ids(self.model, self.tokenizer)
+        return eos_token_ids(self.model, self.tokenizer)  # the one EOS rule (generation config, config, tokenizer)
 
     def _decode(self, ids: list[int]) -> str | None:
         if self.tokenizer is None:

@@ -1,8 +1,9 @@
 """The plugin manager factory: built-ins plus one method plugin, or the host's composer over
 several (``"lookup+selfsd"``); and :func:`describe`, what ``specdec plugins`` prints.
 
-Apart from :mod:`.plugins` (discovery and loading) so that the composer, which loads its
-members with those helpers, sits between the two without an import cycle.
+Apart from :mod:`.plugins` (discovery and loading): the composer, in the drafting room above
+this one, loads its members with those helpers, and this module reaches the composer through
+its entry point (:func:`.plugins.composer`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,7 @@ from typing import Any
 
 import pluggy
 
-from selfspec._engine.drafting import compose
-
-from selfspec._engine.contract import hookspecs
-
-from selfspec._engine.contract import plugins
+from selfspec._engine.contract import hookspecs, plugins
 from selfspec._engine.contract.markers import PROJECT
 from selfspec._engine.contract.plugins import (
     BUILTIN_METHOD,
@@ -46,9 +43,9 @@ def make_manager(name: str = BUILTIN_METHOD, plugin_object: Any = None, *, trace
     pm.add_hookspecs(hookspecs)
     for builtin_name, plugin in builtin_plugins():
         pm.register(plugin, name=f"builtin.{builtin_name}")
-    members = compose.member_names(name)
+    members = plugins.member_names(name)
     if members is not None:  # "a+b": the host's composer, holding each member's own manager
-        obj = compose.Composer.build(name, members, plugin_object)
+        obj = plugins.composer().build(name, members, plugin_object)
     else:
         obj = plugin_object if plugin_object is not None else plugins._load_object(name)  # looked up at call time (tests replace it)
     instance = None

@@ -15,10 +15,12 @@ Environment variables:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -27,12 +29,18 @@ from typing import Any
 
 import pluggy
 
+from selfspec._engine.contract.builtin import default_plugins
 from selfspec._engine.contract.markers import PROJECT
 from selfspec._engine.contract.options import Option
 from selfspec._engine.contract.version import __version__
 
 ENTRY_POINT_GROUP = "selfspec"
 BUILTIN_METHOD = "vanilla"
+#: The entry-point group of the host's composer (``"a+b"``), which sits above this contract in
+#: the drafting room and is loaded the way every plugin is: by entry point, never imported here.
+COMPOSER_GROUP = "selfspec.composer"
+#: Joins the members of a composed plugin name: ``"lookup+selfsd"``.
+SEPARATOR = "+"
 
 
 class PluginError(RuntimeError):
@@ -56,6 +64,30 @@ class PluginInfo:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "distribution": self.distribution, "value": self.value}
+
+
+def member_names(plugin: str | Sequence[str]) -> list[str] | None:
+    """The members of a composed plugin name (``"a+b"`` or ``["a", "b"]``), None for one plugin."""
+    names = [p.strip() for p in (plugin.split(SEPARATOR) if isinstance(plugin, str) else plugin)]
+    if isinstance(plugin, str) and len(names) == 1:
+        return None
+    return names
+
+
+def label(plugin: str | Sequence[str]) -> str:
+    """The decoder's plugin name: ``"lookup+selfsd"`` for a list of members."""
+    return plugin if isinstance(plugin, str) else SEPARATOR.join(p.strip() for p in plugin)
+
+
+@functools.cache
+def composer() -> type:
+    """The host's composer class (:class:`selfspec._engine.drafting.compose.Composer`), loaded
+    through its entry point in :data:`COMPOSER_GROUP`."""
+    eps = [ep for ep in metadata.entry_points(group=COMPOSER_GROUP) if ep.name == "compose"]
+    if not eps:
+        raise PluginError(SEPARATOR, f"composed plugins need selfspec's {COMPOSER_GROUP!r} entry point; "
+                                     "install selfspec (pip install -e .) rather than running it from a source tree")
+    return eps[0].load()
 
 
 def blocked() -> set[str]:
@@ -136,8 +168,6 @@ def _is_hook(name: str, value: Any) -> bool:
 
 
 def builtin_plugins() -> list[tuple[str, Any]]:
-    from selfspec._engine.contract.builtin import default_plugins
-
     return default_plugins()
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.runner.placement import model_device
 from selfspec._engine.contract.tiebound import tie_bound
+from selfspec._engine.runner.placement import model_device
 
 #: The fixed near-tie tolerances used before the bound became principled; superseded by
 #: :func:`selfspec._engine.contract.tiebound.tie_bound` (which every check uses: float32 1e-3 and float64 0 as
@@ -44,7 +44,7 @@ def reference_generate(
     The model's own generation config (repetition penalties and the like) is replaced by a
     plain greedy one: selfspec decodes plain greedy, and that is what it is compared with.
     """
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # here: importing selfspec must not load transformers
 
     eos = sorted(set(eos_token_ids))
     # no EOS ids: never stop early. ``None`` would let generate fill in the model's own EOS ids,

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec._engine.contract.reference import greedy
+from selfspec._engine.contract.reference import greedy, reference_generate
+from selfspec._engine.runner.cache import cache_argument, output_cache
 from selfspec._engine.runner.placement import model_device
 
 _MASK32 = 0xFFFFFFFF
@@ -226,9 +227,6 @@ def reference_sample(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_
     """Plain sampling with ``sampling``: one token at a time through the model's own Hugging
     Face forward (its own KV cache), each picked by :func:`sample_tokens` at its position. The
     reference every sampling losslessness check compares with (greedy: ``reference_generate``)."""
-    from selfspec._engine.contract.reference import reference_generate
-    from selfspec._engine.runner.cache import cache_argument, output_cache
-
     if sampling.greedy:
         return reference_generate(model, prompt_ids, max_new_tokens, eos_token_ids)
     eos = set(eos_token_ids)

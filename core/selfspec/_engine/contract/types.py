@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from selfspec._engine.contract.reference import greedy
 from selfspec._engine.contract.stats import Stats
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torch import nn
 
-    from selfspec._engine.runner import KVCache, Runner
     from selfspec._engine.contract.sampling import Sampler
+    from selfspec._engine.runner import KVCache, Runner
 
 
 @dataclass(frozen=True)
@@ -302,8 +302,6 @@ class DecodeState:
         ``vocab`` ``[V']``: the logits' columns are these token ids (a vocabulary subset); the
         ids returned are vocabulary ids. A draft picked this way is coupled to the target."""
         if self.sampler is None:
-            from selfspec._engine.contract.reference import greedy
-
             ids = greedy(logits)
             return ids if vocab is None else vocab.index_select(0, ids.reshape(-1)).reshape(ids.shape)
         return self.sampler.pick(logits, positions, vocab)

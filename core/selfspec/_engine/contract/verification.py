@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from selfspec._engine.contract.reference import greedy
-from selfspec._engine.runner import masks
 from selfspec._engine.contract.types import DecodeState, Draft, Verdict
+from selfspec._engine.runner import masks
 
 
 @dataclass(frozen=True)

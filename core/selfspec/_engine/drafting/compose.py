@@ -33,15 +33,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pluggy
 import torch
 
-from selfspec._engine.contract import hookspecs
-
-from selfspec._engine.contract import plugins
+from selfspec._engine.contract import hookspecs, plugins
+from selfspec._engine.contract.draftcheck import (
+    check_draft_kept,  # the host's own draft checks, blamed on the member
+)
+from selfspec._engine.contract.markers import PROJECT, hookimpl
+from selfspec._engine.contract.options import Option
+from selfspec._engine.contract.plugins import (  # noqa: F401 (member_names, label: this room's names too)
+    SEPARATOR,
+    PluginError,
+    _Manager,
+    blocked,
+    declared_options,
+    hook_names,
+    instantiate,
+    label,
+    member_names,
+)
+from selfspec._engine.contract.types import DecodeState, Draft, Verdict
 from selfspec._engine.drafting.composetree import (
     CallOutcomes,
     MemberStats,
@@ -52,39 +67,12 @@ from selfspec._engine.drafting.composetree import (
     without_member,
     worth_calling,
 )
-from selfspec._engine.contract.draftcheck import (
-    check_draft_kept,  # the host's own draft checks, blamed on the member
-)
-from selfspec._engine.contract.markers import PROJECT, hookimpl
-from selfspec._engine.contract.options import Option
-from selfspec._engine.contract.plugins import (
-    PluginError,
-    _Manager,
-    blocked,
-    declared_options,
-    hook_names,
-    instantiate,
-)
+from selfspec._engine.drafting.costcurve import cost_curve
 from selfspec._engine.drafting.treeconfig import check_budget
-from selfspec._engine.contract.types import DecodeState, Draft, Verdict
 
 #: Joins member names: ``lookup+selfsd``.
-SEPARATOR = "+"
 #: A member's hooks a composition never calls (the host verifies and keeps the cache).
 PRIVATE_HOOKS = ("selfspec_verify", "selfspec_cache")
-
-
-def member_names(plugin: str | Sequence[str]) -> list[str] | None:
-    """The members of a composed plugin name (``"a+b"`` or ``["a", "b"]``), None for one plugin."""
-    names = [p.strip() for p in (plugin.split(SEPARATOR) if isinstance(plugin, str) else plugin)]
-    if isinstance(plugin, str) and len(names) == 1:
-        return None
-    return names
-
-
-def label(plugin: str | Sequence[str]) -> str:
-    """The decoder's plugin name: ``"lookup+selfsd"`` for a list of members."""
-    return plugin if isinstance(plugin, str) else SEPARATOR.join(p.strip() for p in plugin)
 
 
 def composable(obj: Any, hooks: Sequence[str]) -> str | None:
@@ -215,8 +203,6 @@ class Composer:
         self.budget = None if spec == "auto" else int(spec)
         self.cheap_first = bool(options["cheap_first"])
         self.counterfactual = bool(options["counterfactual"])
-        from selfspec._engine.drafting.costcurve import cost_curve
-
         self.curve = cost_curve(runner)
         for m in self.members:
             own = {k.split(".", 1)[1]: v for k, v in options.items() if k.startswith(f"{m.name}.")}
@@ -386,6 +372,4 @@ def _merged(trie: Trie, values: Sequence[float], device: torch.device) -> Draft:
 
 def _prefixed(opt: Option, member: str) -> Option:
     """A member's option under the composition's name for it: ``selfsd.gamma``."""
-    from dataclasses import replace
-
     return replace(opt, name=f"{member}.{opt.name}")

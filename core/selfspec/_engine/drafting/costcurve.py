@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.tuning import calibration
-from selfspec._engine.tuning.artefacts import ArtefactStore
 from selfspec._engine.runner import Runner
+from selfspec._engine.tuning import calibration, machine
+from selfspec._engine.tuning.artefacts import ArtefactStore
 
 #: Where measured curves are kept: ``<selfspec cache dir>/drafttree/``.
 STORE = ArtefactStore("drafttree")
@@ -173,8 +173,6 @@ def _weights_key(weights: Any) -> str:
 
 def _machine(runner: Runner) -> dict[str, Any]:
     """What the curve depends on besides the model's shape."""
-    from selfspec._engine.tuning import machine
-
     info: dict[str, Any] = {"device": str(runner.device), "threads": torch.get_num_threads(),
                             "torch": torch.__version__}
     if runner.device.type == "cuda":

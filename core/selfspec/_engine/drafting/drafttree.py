@@ -38,10 +38,12 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.runner import KVCache, Runner
-from selfspec._engine.drafting.treecost import best_size, frontier_width, guess_length
-from selfspec._engine.drafting.treecost import choose_size as choose_size  # re-exported: the size rule
 from selfspec._engine.contract.types import Draft
+from selfspec._engine.drafting.treecost import best_size, frontier_width, guess_length
+from selfspec._engine.drafting.treecost import (
+    choose_size as choose_size,  # re-exported: the size rule
+)
+from selfspec._engine.runner import KVCache, Runner
 
 #: A draft pass: ``(ids [q], start, positions [q], mask [q, start+q] or None) -> logits [q, V']``.
 DraftStep = Callable[[torch.Tensor, int, torch.Tensor, "torch.Tensor | None"], torch.Tensor]

@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
+from selfspec._engine.contract.options import Option
+from selfspec._engine.contract.types import DecodeState
+from selfspec._engine.drafting.costcurve import cost_curve
 from selfspec._engine.drafting.drafttree import DraftStep, DraftTree, draft_tree
 from selfspec._engine.drafting.ngram import NgramIndex
-from selfspec._engine.contract.options import Option
 from selfspec._engine.runner import Runner
-from selfspec._engine.contract.types import DecodeState
 
 #: The host's default for ``tree``: drafters that declare the tree options draft trees, verified
 #: in one tree pass; on a CPU a verification of a few extra rows costs about one one-token step,
@@ -149,8 +150,6 @@ class TreeConfig:
         budget = None if spec == "auto" else int(spec)
         curve = draft_curve = None
         if enabled and budget is None:
-            from selfspec._engine.drafting.costcurve import cost_curve
-
             curve = cost_curve(runner)
             draft_curve = None if weights is None else cost_curve(runner, weights=weights)
         calibration = TreeCalibration() if options.get("tree_calibrate", True) else None

@@ -9,6 +9,7 @@ valid length and the next write overwrites them (gpt-fast's ``KVCache``).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -148,8 +149,6 @@ def cache_argument(forward: Any) -> str:
     func = getattr(forward, "__func__", forward)
     name = _CACHE_ARGUMENT.get(func)
     if name is None:
-        import inspect
-
         try:
             params = inspect.signature(func).parameters
         except (TypeError, ValueError):

@@ -187,7 +187,7 @@ def register() -> None:
     attention implementation the exact layer copies (:func:`~.exact.exact_copy`) name."""
     global _registered
     if not _registered:
-        from transformers import AttentionInterface
+        from transformers import AttentionInterface  # here: only exact mode registers it
 
         AttentionInterface.register(IMPL, exact_attention)
         _registered = True

@@ -159,7 +159,9 @@ _REGISTRY: dict[str, WeightFormat] | None = None
 def _load() -> dict[str, WeightFormat]:
     """Call every ``selfspec_weight_formats`` implementation: the host's own first, then each
     package's in the entry-point group."""
-    from selfspec._engine.runner import host_formats  # here: it imports WeightFormat from this module
+    from selfspec._engine.runner import (
+        host_formats,  # here: it imports WeightFormat from this module
+    )
 
     sources: list[tuple[str, Any]] = [(HOST, host_formats)]
     eps = metadata.entry_points(group=ENTRY_POINT_GROUP)

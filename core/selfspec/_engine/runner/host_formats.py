@@ -15,6 +15,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from selfspec._engine.runner.formats import WeightFormat
+from selfspec._engine.runner.layout import (
+    MklPackedLinear,
+    own_builds,
+    packing_unsupported,
+)
 from selfspec._engine.runner.linears import (
     Bf16Linear,
     BnbLinear,
@@ -27,12 +33,6 @@ from selfspec._engine.runner.linears import (
     bnb_module,
 )
 from selfspec._engine.tuning.machine import cpu_capability
-from selfspec._engine.runner.layout import (
-    MklPackedLinear,
-    own_builds,
-    packing_unsupported,
-)
-from selfspec._engine.runner.formats import WeightFormat
 
 
 def selfspec_weight_formats(register: Callable[[WeightFormat], None]) -> None:

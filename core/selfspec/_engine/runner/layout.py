@@ -59,9 +59,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from selfspec._engine.tuning.machine import CpuCapability
 from selfspec._engine.runner.placement import is_offloaded, share_hooks, tensor_key
 from selfspec._engine.runner.residency import mapped_files, own_file_backed, unmapped_copy
+from selfspec._engine.tuning.machine import CpuCapability
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

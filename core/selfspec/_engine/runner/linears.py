@@ -253,7 +253,7 @@ def bnb_module():
     # hub (selfspec never downloads at run time); its own CPU kernels run instead
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     try:
-        import bitsandbytes  # noqa: PLC0415 (optional: the [bnb] extra)
+        import bitsandbytes  # here: optional, the [bnb] extra
     except Exception:  # ImportError, or a broken set-up inside the package
         return None
     return bitsandbytes

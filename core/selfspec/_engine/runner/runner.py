@@ -21,24 +21,32 @@ from __future__ import annotations
 import weakref
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from selfspec._engine.runner import formats
-
-from selfspec._engine.tuning import machine
-from selfspec._engine.runner import masks, placement
+from selfspec._engine.runner import exact_attention, formats, masks, placement
 from selfspec._engine.runner.adapters import Adapter, adapter_for
 from selfspec._engine.runner.cache import KVCache
+from selfspec._engine.runner.exact import exact_copy
 from selfspec._engine.runner.exact_attention import position_mask
-from selfspec._engine.runner.layout import adopt_layout, shared_layout_copies
+from selfspec._engine.runner.layout import adopt_layout, set_one_row_width, shared_layout_copies
+from selfspec._engine.runner.layout_choice import choose_one_row_width, choose_weight_layout
 from selfspec._engine.runner.lean import LeanBlocks
 from selfspec._engine.runner.traffic import block_bytes, product_bytes
+from selfspec._engine.tuning import machine
+from selfspec._engine.tuning.calibration import Choice
 
-if TYPE_CHECKING:  # pragma: no cover
-    from selfspec._engine.drafting.draftweights import DraftWeights
+
+class DraftCopy(Protocol):
+    """What a draft pass's ``weights=`` gives :meth:`Runner.forward` (``selfspec.DraftWeights``
+    is one): layers to run in place of the model's, a head, and an embedding or ``None``."""
+
+    embedding: nn.Module | None
+    layers: Mapping[int, nn.Module]
+
+    def head(self, runner: Runner, rows: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass
@@ -90,10 +98,7 @@ class Runner:
         #: exact mode (:mod:`.exact`): every row of a forward bitwise its one-token forward's
         self.exact = exact
         if exact:
-            from selfspec._engine.runner.exact import exact_copy
-            from selfspec._engine.runner.exact_attention import register
-
-            register()
+            exact_attention.register()
             self._run_layers = [exact_copy(layer) for layer in self._run_layers]
             self.adapter.lm_head = exact_copy(self.adapter.lm_head)
         self.n_layers = len(self.layers)
@@ -124,8 +129,6 @@ class Runner:
         this device and dtype (:func:`selfspec._engine.runner.formats.candidates`), the static rule's
         choice when the measurement cannot tell them apart or where none but it runs (a layout
         of the model's own dtype only: a GPU, float64)."""
-        from selfspec._engine.tuning.calibration import Choice, choose_weight_layout
-
         static = self.weight_layout
         if placement.is_dispatched(model):  # offloaded weights are not in memory to time
             self.choices["weight_layout"] = Choice("weight_layout", static, "static: a model accelerate dispatched")
@@ -149,9 +152,6 @@ class Runner:
         """The packed products compute a one-token input in the number of rows measured fastest
         here (``self.choices["one_row_width"]``; :func:`~selfspec._engine.tuning.calibration.
         choose_one_row_width`)."""
-        from selfspec._engine.tuning.calibration import choose_one_row_width
-        from selfspec._engine.runner.layout import set_one_row_width
-
         choice = choose_one_row_width(self.model, list(self.layers), self.adapter.lm_head)
         self.choices["one_row_width"] = choice
         set_one_row_width([*self._run_layers, self.adapter.lm_head], int(choice.chosen))
@@ -194,7 +194,7 @@ class Runner:
         """A cache for up to ``capacity`` positions (prompt + output + the largest draft block)."""
         return KVCache(self.n_layers, capacity, self.device)
 
-    def embed(self, ids: torch.Tensor, *, weights: DraftWeights | None = None) -> torch.Tensor:
+    def embed(self, ids: torch.Tensor, *, weights: DraftCopy | None = None) -> torch.Tensor:
         """ids ``[q]`` or ``[1, q]`` -> ``[1, q, H]``. ``weights``: a draft pass's draft
         weights, whose in-memory copy of an offloaded embedding then embeds (the model's own
         embedding otherwise: the same values)."""
@@ -263,7 +263,7 @@ class Runner:
         capture: Collection[int] = (),
         logits: str | torch.Tensor | None = "all",
         substitutes: Mapping[int, nn.Module] | None = None,
-        weights: DraftWeights | None = None,
+        weights: DraftCopy | None = None,
     ) -> ForwardOut:
         """Run a block of ``q`` tokens through layers ``[a, b)``.
 

@@ -1,93 +1,26 @@
-"""Per-model artefacts of plugins: one fingerprint, one store, one ``profile`` resolver.
+"""Per-model artefacts of plugins: one store, one ``profile`` resolver (the fingerprint that
+names them is :mod:`selfspec._engine.runner.identity`).
 
 A plugin that tunes or calibrates something for one model (a skip set, exit heads, measured
 costs) keeps it in its :class:`ArtefactStore` (``<selfspec cache dir>/<plugin>/``), named by
-the model's :class:`ModelIdentity` key, written atomically (an interrupted save never looks
+the model's ``ModelIdentity`` key, written atomically (an interrupted save never looks
 finished). Its ``profile`` option then takes ``auto`` (this model's artefact in the store, else
 one shipped with the plugin, else none), ``none``, or a path; :func:`resolve_profile` decides.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from selfspec._engine.tuning.paths import cache_dir
-from selfspec._engine.runner.placement import loaded
 
 
 class ArtefactError(ValueError):
     """A profile path that does not exist, or an artefact made for another model."""
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """Architecture, sizes and a fingerprint of a model's weights (see :func:`model_identity`)."""
-
-    model_type: str
-    n_layers: int
-    hidden_size: int
-    vocab_size: int
-    fingerprint: str
-
-    @property
-    def key(self) -> str:
-        """File-name key, e.g. ``llama-30x576-ea5b98e7aadf037c``."""
-        return f"{self.model_type}-{self.n_layers}x{self.hidden_size}-{self.fingerprint}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def model_identity(runner: Any) -> ModelIdentity:
-    """The identity of the runner's model.
-
-    The fingerprint (16 hex digits of a SHA-256) hashes the shapes and a strided sample of at
-    most 2,048 values of the embedding and of each parameter of the last decoder layer, cast
-    to bfloat16 first, so float32 and bfloat16 loads of one checkpoint agree while different
-    checkpoints of one architecture do not. Costs a few milliseconds; call it at setup.
-    """
-    cfg = runner.config
-    h = hashlib.sha256()
-    for module, recurse in ((runner.embedding, False), (runner.layers[-1], True)):
-        with loaded(module):  # an offloaded module's weights, read for this sample only
-            for t in _weights(module, recurse):
-                flat = t.detach().reshape(-1)
-                step = max(1, flat.numel() // 2048)
-                sample = flat[::step][:2048].to("cpu", torch.bfloat16).to(torch.float32)
-                h.update(str(tuple(t.shape)).encode())
-                h.update(sample.numpy().tobytes())
-    return ModelIdentity(
-        model_type=str(getattr(cfg, "model_type", type(runner.model).__name__)),
-        n_layers=int(runner.n_layers),
-        hidden_size=int(runner.hidden_size),
-        vocab_size=int(runner.vocab_size),
-        fingerprint=h.hexdigest()[:16],
-    )
-
-
-def _weights(module: torch.nn.Module, recurse: bool) -> list[torch.Tensor]:
-    """``module``'s parameters in registration order, a product module's weight read through
-    its ``.weight`` where a layout holds it in another form (a model that adopted packed
-    weights keeps only their packed buffer), so the identity does not depend on the layout."""
-    if not recurse:
-        return list(module.parameters(recurse=False))
-    out: list[torch.Tensor] = []
-    for sub in module.modules():
-        own = dict(sub.named_parameters(recurse=False))
-        if isinstance(sub, torch.nn.Linear) and "weight" not in own:
-            out.append(sub.weight)
-            out.extend(t for t in (getattr(sub, "bias", None),) if t is not None)
-        else:
-            out.extend(own.values())
-    return out
 
 
 class ArtefactStore:

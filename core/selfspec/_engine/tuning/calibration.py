@@ -1,5 +1,10 @@
 """Measured choices: which weight layout, draft weights and one-token width are fastest *here*.
 
+This module times candidates it is handed and keeps the verdicts; it knows no layout, format
+or model. The choosers above it (:mod:`selfspec._engine.runner.layout_choice` for layouts and
+the one-token width, :mod:`selfspec._engine.drafting.draftweights.choice` for draft weights)
+sample the model and pass each candidate as a callable that builds its copies of the sample.
+
 Which kernels win depends on the machine, not on its instruction set alone: float32 products
 run on MKL in the model's own layout and on oneDNN when prepacked, MKL is fast on Intel and
 slow on AMD, and the int8 kernels' speed depends on VNNI and the vendor as well. So ``auto``
@@ -40,19 +45,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from selfspec._engine.tuning import progress
+from selfspec._engine.tuning import machine, progress
 from selfspec._engine.tuning.artefacts import ArtefactStore
 
 #: Where measured choices are kept: ``<selfspec cache dir>/calibration/``.
 STORE = ArtefactStore("calibration")
-#: Weight bytes of the sampled decoder layers (at least; all layers of a smaller model).
-SAMPLE_BYTES = 256 * 2**20
-#: Weight bytes of the LM head rows sampled (at most; the whole head of a smaller model).
-HEAD_BYTES = 64 * 2**20
 #: The block width standing for a verification forward.
 BLOCK = 8
-#: The widths a packed one-token product may be computed in (the first is the static choice).
-ONE_ROW_WIDTHS = ("1", "4")
 #: Timed rounds after the warm-up round.
 ROUNDS = 5
 #: Two scores closer than this fraction are a tie even on a quiet machine.
@@ -105,86 +104,7 @@ class Choice:
         return f"{what} {self.chosen} ({self.how}: {parts} ms at {'/'.join(map(str, widths))} tokens)"
 
 
-# ------------------------------------------------------------------------------ the choices
-def choose_weight_layout(model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, *,
-                         static: str, candidates: Sequence[str], measure: Measure | None = None,
-                         refresh: bool = False, store: ArtefactStore | None = None) -> Choice:
-    """The weight layout ``"auto"`` runs for this model here: the fastest of ``candidates``
-    (layouts that can run on this device and dtype; ``static`` is the capability rule's
-    choice, the fallback). One candidate: that one, unmeasured."""
-    if len(candidates) < 2:
-        return Choice("weight_layout", static, "static: the only layout that runs here")
-    from selfspec._engine.runner.formats import weight_format
-    from selfspec._engine.runner.layout import layout_copy
-
-    def prepare() -> tuple[Build, tuple[float, float]]:
-        sample, head, scale_layers, scale_head = _sample(layers, lm_head)
-
-        def build(layout: str) -> list[nn.Module]:
-            return [layout_copy(m, weight_format(layout, "layout")) for m in (*sample, head)]
-
-        return build, (scale_layers, scale_head)
-
-    key = _key("weight_layout", model, layers, lm_head, _candidates_key(candidates))
-    return _choose("weight_layout", key, candidates, static, prepare, (1, BLOCK), measure, refresh, store)
-
-
-def choose_draft_weights(runner: Any, *, static: str, candidates: Sequence[str],
-                         measure: Measure | None = None, refresh: bool = False,
-                         store: ArtefactStore | None = None) -> Choice:
-    """The draft weights ``"auto"`` builds for this model here: the fastest of ``candidates``
-    per draft token (``"none"``: the model's own weights in the runner's layout; the others:
-    compressed copies of the sample), at 1 token and at a tree's few tokens per depth."""
-    if len(candidates) < 2:
-        return Choice("draft_weights", static, "static: the only draft weights that run here")
-    from selfspec._engine.drafting.draftweights.layers import (
-        compress_linear,
-        compressed_layer,
-        reused_buffer,
-    )
-
-    def prepare() -> tuple[Build, tuple[float, float]]:
-        own = list(runner._run_layers)  # the layers in the runner's layout (what "none" reads)
-        sample, head, scale_layers, scale_head = _sample(own, runner.adapter.lm_head)
-        model_sample, model_head, _, _ = _sample(list(runner.layers), runner.lm_head)
-
-        def build(kind: str) -> list[nn.Module]:
-            if kind == "none":
-                return [*sample, head]
-            with torch.inference_mode(False), torch.no_grad(), reused_buffer():
-                return [*(compressed_layer(m, kind) for m in model_sample), compress_linear(model_head, kind)]
-
-        return build, (scale_layers, scale_head)
-
-    key = _key("draft_weights", runner.model, runner.layers, runner.lm_head,
-               f"{runner.weight_layout}-{_candidates_key(candidates)}")
-    return _choose("draft_weights", key, candidates, static, prepare, (1, 4), measure, refresh, store)
-
-
-def choose_one_row_width(model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, *,
-                         measure: Measure | None = None, refresh: bool = False,
-                         store: ArtefactStore | None = None) -> Choice:
-    """How many rows the packed layout computes a one-token product in: ``"1"``, or ``"4"``
-    (the row and three zero rows, the first row kept), whichever is faster here on the
-    model's shapes; ``"1"`` (static) when the measurement cannot tell them apart. oneDNN's
-    kernel for a single row can be the slower one (it is on Zen 4)."""
-    from selfspec._engine.runner.layout import layout_copy, set_one_row_width
-
-    def prepare() -> tuple[Build, tuple[float, float]]:
-        sample, head, scale_layers, scale_head = _sample(layers, lm_head)
-
-        def build(width: str) -> list[nn.Module]:
-            copies = [layout_copy(m, "packed") for m in (*sample, head)]  # each candidate its own copy
-            set_one_row_width(copies, int(width))
-            return copies
-
-        return build, (scale_layers, scale_head)
-
-    key = _key("one_row_width", model, layers, lm_head, "packed")
-    return _choose("one_row_width", key, list(ONE_ROW_WIDTHS), ONE_ROW_WIDTHS[0], prepare, (1,), measure, refresh,
-                   store)
-
-
+# ------------------------------------------------------------------------------ choosing
 def decide(seconds: Mapping[str, Mapping[int, float]], spread: Mapping[str, float], static: str) -> tuple[str, str]:
     """``(chosen, how)`` from each candidate's seconds per width (its fastest round) and the
     relative spread of its score (the sum over widths of its median rounds over the sum of its
@@ -245,11 +165,18 @@ def again() -> bool:
     return os.environ.get(ENV, "").strip().lower() == "again"
 
 
-# ------------------------------------------------------------------------------ helpers
-def _choose(what: str, key: str, candidates: Sequence[str], static: str,
-            prepare: Callable[[], tuple[Build, tuple[float, float]]], widths: Sequence[int],
-            measure: Measure | None, refresh: bool, store: ArtefactStore | None) -> Choice:
-    """The choice cached under ``key``, else measured; ``prepare()`` (sampling) runs only to measure."""
+def choose(what: str, key: str, candidates: Sequence[str], static: str,
+           prepare: Callable[[], tuple[Build, tuple[float, float]]], widths: Sequence[int], *,
+           measure: Measure | None = None, refresh: bool = False,
+           store: ArtefactStore | None = None) -> Choice:
+    """The choice ``what`` among ``candidates`` cached under ``key``, else measured.
+
+    ``prepare()`` runs only to measure: it samples the model and returns ``(build, scales)``,
+    ``build(candidate)`` making that candidate's copies of the sample (sampled layers, then the
+    head rows) and ``scales`` the factors from the sample's time to the whole model's (layers,
+    head). Each candidate's products are timed at ``widths`` rows (:func:`measure_candidates`,
+    or ``measure`` in tests); :func:`decide` picks; the verdict is cached in ``store``.
+    """
     if not enabled():
         return Choice(what, static, f"static: {ENV}=0")
     store = store or STORE
@@ -288,7 +215,7 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
     choice = Choice(what, chosen, how, seconds, key)
     if measure is None:
         store.save_text(path, json.dumps({**choice.as_dict(), "version": VERSION, "spread": spread,
-                                          "machine": _machine(), "busy_load": busy,
+                                          "machine": machine_facts(), "busy_load": busy,
                                           "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
                                          indent=1) + "\n")
     _MEMO[key] = choice
@@ -296,6 +223,26 @@ def _choose(what: str, key: str, candidates: Sequence[str], static: str,
     return choice
 
 
+def choice_key(what: str, shape: str, dtype: torch.dtype, extra: str, device: torch.device | str) -> str:
+    """File-name key of one choice: what, the model's shape, dtype, the extra (the candidates;
+    draft weights: the runner's layout too) and a hash of the machine (CPU, capability,
+    threads, forced ISA, device)."""
+    return "-".join(p for p in (what, shape, str(dtype).removeprefix("torch."), extra, _digest(str(device))) if p)
+
+
+def candidates_key(candidates: Sequence[str]) -> str:
+    """The candidates, sorted, for a key (a new candidate is measured again)."""
+    return ",".join(sorted(candidates))
+
+
+def machine_facts() -> dict[str, Any]:
+    """What a measured choice depends on besides the model: CPU, capability, forced ISA,
+    threads, torch's version."""
+    return {"cpu": machine.cpu_model(), "cpu_capability": machine.cpu_capability().label,
+            "forced_isa": machine.forced_isa(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+# ------------------------------------------------------------------------------ helpers
 def _runner_of(modules: list[nn.Module], scales: tuple[float, float]) -> Callable[[int], float]:
     """A callable that runs every product of ``modules`` (sampled layers, then the head rows)
     on a block of ``w`` rows and returns the seconds it took, scaled to the whole model
@@ -335,66 +282,14 @@ def _products(module: nn.Module) -> list[nn.Module]:
             and not any(hasattr(c, "in_features") for c in m.children())]
 
 
-def _sample(layers: Sequence[nn.Module], lm_head: nn.Module) -> tuple[list[nn.Module], nn.Module, float, float]:
-    """``(middle layers, head rows, layer scale, head scale)``: the middle decoder layers
-    holding at least :data:`SAMPLE_BYTES` of product weights (all layers if fewer), a linear
-    over at most :data:`HEAD_BYTES` of the head's rows, and the factors that turn the sample's
-    time into the whole model's (layers in the model / in the sample; head rows / sampled rows)."""
-    from selfspec._engine.runner.traffic import (
-        product_bytes,  # any layout: packed weights are buffers
-    )
-
-    per_layer = [product_bytes(layer) for layer in layers]
-    n = len(layers)
-    take, total, lo = 0, 0, n // 2
-    while take < n and total < SAMPLE_BYTES:
-        total += per_layer[(lo + take) % n]
-        take += 1
-    picked = [layers[(lo + i) % n] for i in range(take)]
-    from selfspec._engine.runner.layout import weight_rows, weight_spec
-
-    (out_f, in_f), dtype, device = weight_spec(lm_head)
-    rows = max(1, min(out_f, HEAD_BYTES // max(1, in_f * dtype.itemsize)))
-    head = nn.Linear(in_f, rows, bias=getattr(lm_head, "bias", None) is not None, device="meta", dtype=dtype)
-    head.weight = nn.Parameter(weight_rows(lm_head, rows).to(device).clone(), requires_grad=False)
-    if head.bias is not None:
-        head.bias = nn.Parameter(lm_head.bias.detach()[:rows].to(device).clone(), requires_grad=False)
-    return picked, head, n / take, out_f / rows
-
-
 def _busy_load() -> float | None:
     """The load average when the machine is busy (:func:`selfspec._engine.tuning.machine.is_busy`), else
     ``None``. A choice measured while busy is cached, and measured again by the first process
     that finds the machine quiet."""
-    from selfspec._engine.tuning.machine import is_busy, load_average, physical_cores
-
-    load = load_average()
-    return load if is_busy(load, physical_cores()) else None
-
-
-def _candidates_key(candidates: Sequence[str]) -> str:
-    """The candidates, sorted (a new candidate is measured again)."""
-    return ",".join(sorted(candidates))
-
-
-def _key(what: str, model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, extra: str) -> str:
-    """File-name key: what, model shape, dtype, the extra (the candidates; draft weights: the
-    runner's layout too) and a hash of the machine (CPU, capability, threads, forced ISA, device)."""
-    from selfspec._engine.runner.layout import weight_spec
-
-    (rows, cols), dtype, device = weight_spec(lm_head)
-    cfg = getattr(model, "config", None)
-    shape = f"{getattr(cfg, 'model_type', 'model')}-{len(layers)}x{cols}x{rows}"
-    return "-".join(p for p in (what, shape, str(dtype).removeprefix("torch."), extra, _digest(str(device))) if p)
+    load = machine.load_average()
+    return load if machine.is_busy(load, machine.physical_cores()) else None
 
 
 def _digest(device: str) -> str:
     """Ten hex digits naming this machine (CPU, capability, forced ISA, threads) and device."""
-    return hashlib.sha256(json.dumps({**_machine(), "device": device}, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def _machine() -> dict[str, Any]:
-    from selfspec._engine.tuning import machine
-
-    return {"cpu": machine.cpu_model(), "cpu_capability": machine.cpu_capability().label,
-            "forced_isa": machine.forced_isa(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return hashlib.sha256(json.dumps({**machine_facts(), "device": device}, sort_keys=True).encode()).hexdigest()[:10]

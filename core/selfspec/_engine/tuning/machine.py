@@ -13,11 +13,13 @@ two variables were set).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import os
 import platform
 import sys
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from typing import Any
 
 #: Environment variables that lower the instruction set torch's kernels use.
@@ -61,7 +63,7 @@ class CpuCapability:
 def cpu_capability() -> CpuCapability:
     """This process's :class:`CpuCapability` (cached: the environment variables that change it
     are read once, when torch loads)."""
-    import torch
+    import torch  # here: the CLI sets torch's environment (threads, wait policy) before it loads
 
     def probe(name: str) -> bool:
         fn = getattr(torch.cpu, name, None)
@@ -144,7 +146,7 @@ def plural(n: Any, word: str) -> str:
 def default_threads() -> int:
     """Torch threads the CLI uses when none are asked for: the physical cores, at most
     torch's own default."""
-    import torch
+    import torch  # here: the CLI sets torch's environment before it loads
 
     return max(1, min(physical_cores(), torch.get_num_threads()))
 
@@ -236,10 +238,8 @@ def capability_note(machine: dict[str, Any]) -> str:
 def machine_info() -> dict[str, Any]:
     """What a measurement must record: CPU model and capability, cores, threads, library
     versions, the forced ISA variables, and the date (UTC)."""
-    import datetime as dt
-
-    import torch
-    import transformers
+    import torch  # here: the CLI sets torch's environment before it loads
+    import transformers  # here: only a measurement's record needs it
 
     cap = cpu_capability()
     info: dict[str, Any] = {
@@ -259,9 +259,7 @@ def machine_info() -> dict[str, Any]:
         info["forced_isa"] = forced_isa()
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
-    from selfspec._engine.contract.version import __version__
-
-    info["selfspec"] = __version__
+    info["selfspec"] = _selfspec_version()
     return info
 
 
@@ -275,3 +273,11 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _selfspec_version() -> str:
+    """The installed selfspec's version (its metadata: this room sits below the package's own)."""
+    try:
+        return metadata.version("selfspec")
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from platformdirs import user_cache_dir
+
 #: The environment variable that moves the cache directory.
 CACHE_ENV = "SELFSPEC_CACHE_DIR"
 
@@ -15,6 +17,4 @@ def cache_dir() -> Path:
     env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
     return Path(user_cache_dir("selfspec"))

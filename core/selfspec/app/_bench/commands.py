@@ -103,9 +103,9 @@ def bench(ctx: click.Context, model: str | None, device: str, dtype: str, device
     speedup.png to --out; with --suite spec-bench also one Spec-Bench answer file per method
     (model_answer/<model>-<method>.jsonl) and Spec-Bench's speed report in the table.
     """
-    from selfspec._engine.tuning.machine import plural
     from selfspec._engine.contract.plugins import BUILTIN_METHOD, available
     from selfspec._engine.contract.sampling import Sampling
+    from selfspec._engine.tuning.machine import plural
     from selfspec.app._bench import results as res
     from selfspec.app._bench.harness import Method, n_layers, run_bench
 

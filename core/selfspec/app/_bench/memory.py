@@ -79,8 +79,8 @@ def _peak_rss() -> int:
 def _child(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from selfspec._engine.drafting.draftweights import built_nbytes
     from selfspec._engine.contract.loop import Decoder
+    from selfspec._engine.drafting.draftweights import built_nbytes
     from selfspec.app._bench.harness import Method, Run, make_runner
     from selfspec.app._models import load
 

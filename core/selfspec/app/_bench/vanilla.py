@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.runner.formats import check_layout, format_names
 from selfspec._engine.contract.loop import Decoder
 from selfspec._engine.contract.reference import compare, reference_generate
+from selfspec._engine.runner.formats import check_layout, format_names
 from selfspec.app._models import Loaded, format_prompt
 
 #: SMOKE PROMPTS, not benchmark data: short instructions of the kinds a chat model gets.

@@ -17,8 +17,7 @@ from selfspec.app._cli.settings import Settings, user_errors
 @click.pass_obj
 def plugins_command(settings: Settings, as_json: bool) -> None:
     """List installed plugins with version, hooks and options."""
-    from selfspec._engine.contract import manager
-    from selfspec._engine.contract import plugins
+    from selfspec._engine.contract import manager, plugins
 
     entries: list[dict[str, Any]] = []
     for name, info in plugins.available().items():
@@ -56,8 +55,8 @@ def host_line() -> str:
     """The CPU and what ``--weight-layout auto`` runs on it in each dtype, and why."""
     import torch
 
-    from selfspec._engine.tuning.machine import cpu_capability, cpu_model
     from selfspec._engine.runner.layout import choose_layout, packing_unsupported
+    from selfspec._engine.tuning.machine import cpu_capability, cpu_model
 
     cpu = cpu_capability()
     parts = []
@@ -92,8 +91,8 @@ def format_lines() -> list[str]:
 
 def measured_lines() -> list[str]:
     """What ``auto`` measured on this machine so far, one line per model shape and choice."""
-    from selfspec._engine.tuning.calibration import cached_choices
     from selfspec._engine.drafting.draftweights.agreement import cached_agreements, gated
+    from selfspec._engine.tuning.calibration import cached_choices
 
     found = cached_choices()
     if not found:

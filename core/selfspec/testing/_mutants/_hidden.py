@@ -122,8 +122,8 @@ class SiblingMaskRowDeep(Echo):
     def verify(self, state, draft):
         if draft.parents is None:
             return verify_greedy(state, draft)
-        from selfspec._engine.runner import masks
         from selfspec._engine.contract.verification import _verdict, tree_path
+        from selfspec._engine.runner import masks
 
         base = state.length - 1
         pl = draft.parents.tolist()

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from selfspec._engine.contract.builtin.commit import CacheCommit
+from selfspec._engine.contract.builtin.timing import PhaseTimer
+from selfspec._engine.contract.builtin.vanilla import Vanilla
+from selfspec._engine.contract.builtin.verify import GreedyVerifier
+
 
 def default_plugins() -> list[tuple[str, Any]]:
-    from selfspec._engine.contract.builtin.commit import CacheCommit
-    from selfspec._engine.contract.builtin.timing import PhaseTimer
-    from selfspec._engine.contract.builtin.vanilla import Vanilla
-    from selfspec._engine.contract.builtin.verify import GreedyVerifier
-
+    """A fresh instance of each built-in, with the name it is registered under."""
     return [("vanilla", Vanilla()), ("verify", GreedyVerifier()), ("commit", CacheCommit()), ("timing", PhaseTimer())]

@@ -2,7 +2,7 @@
 (nearly) as well as the copy that would run otherwise.
 
 ``auto`` times every draft-weights candidate on the model's shapes
-(:func:`selfspec._engine.tuning.calibration.choose_draft_weights`). The 4-bit copies (the
+(:func:`selfspec._engine.tuning.drafting.draftweights.choice.choose_draft_weights`). The 4-bit copies (the
 formats registered ``gated=True``: ``int4``, ``bnb-nf4``; :func:`gated`) read half the bytes of the 8-bit ones and are often the fastest, but
 they round the weights more coarsely: on one model that costs a point of agreement with the
 model, on another many, and a draft that agrees less has fewer of its tokens accepted. Speed
@@ -50,8 +50,8 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.tuning import progress
 from selfspec._engine.runner.formats import weight_formats
+from selfspec._engine.tuning import calibration, progress
 from selfspec._engine.tuning.progress import MEASURING
 
 
@@ -121,9 +121,7 @@ def gate_terms(seconds: dict[str, dict[int, float]], static: str = "int8"
     seconds}}``, :attr:`selfspec._engine.tuning.calibration.Choice.seconds`): the fastest ungated copy
     (``static`` when too close to call), each copy's mean pass over the widths timed (chains' and
     trees' passes), and the model's own (``none``) forward at the widest block timed."""
-    from selfspec._engine.tuning.calibration import decide
-
-    fallback = decide({c: s for c, s in seconds.items() if not gated(c)}, {}, static)[0]
+    fallback = calibration.decide({c: s for c, s in seconds.items() if not gated(c)}, {}, static)[0]
     draft_s = {c: sum(s.values()) / len(s) for c, s in seconds.items()}
     return fallback, draft_s, max(seconds["none"].items())[1]
 
@@ -153,9 +151,7 @@ def cached_agreements(store: Any = None) -> list[str]:
     """One line per agreement measured here so far (``specdec plugins`` lists them):
     ``qwen2 28x1536 (Qwen2.5-Coder-1.5B): int4 1.000, int8 1.000 (96 positions)``. Which
     copy runs also depends on the timings, which the rule weighs at each use."""
-    from selfspec._engine.tuning.calibration import STORE
-
-    store = store or STORE
+    store = store or calibration.STORE
     lines = []
     for path in sorted(store.path("x").parent.glob("agreement-*.json")):
         try:
@@ -212,11 +208,9 @@ def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: Measu
                 store: Any) -> tuple[dict[str, float], int, str]:
     """``(agreement, positions, how)`` for the pair on this model (``key``: :func:`_key`): this
     process's, else the store's, else measured now (a progress line on stderr) and saved."""
-    from selfspec._engine.tuning.calibration import STORE, _machine
-
     if key in _MEMO:
         return _MEMO[key]
-    path = (store or STORE).path(f"{key}.json")
+    path = (store or calibration.STORE).path(f"{key}.json")
     if path.is_file():
         try:
             blob = json.loads(path.read_text(encoding="utf-8"))
@@ -229,9 +223,9 @@ def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: Measu
     progress.say(f"measuring how often {gated} and {fallback} draft weights agree with the model "
                  f"(once per model and machine)...", headline=MEASURING)
     agreement = measure(runner, (gated, fallback))
-    (store or STORE).save_text(path, json.dumps({"version": VERSION, "gated": gated, "fallback": fallback,
+    (store or calibration.STORE).save_text(path, json.dumps({"version": VERSION, "gated": gated, "fallback": fallback,
                                                  "agreement": agreement, "positions": POSITIONS,
-                                                 "model": _model_label(runner), "machine": _machine()},
+                                                 "model": _model_label(runner), "machine": calibration.machine_facts()},
                                                 indent=1) + "\n")
     _MEMO[key] = (agreement, POSITIONS, "measured")
     return _MEMO[key]

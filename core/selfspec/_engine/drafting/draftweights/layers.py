@@ -12,9 +12,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from selfspec._engine.runner.linears import CompressedLinear
 from selfspec._engine.runner.formats import weight_format
 from selfspec._engine.runner.layout import rebuilt_weight, weight_into, weight_spec
+from selfspec._engine.runner.linears import CompressedLinear
 from selfspec._engine.runner.placement import detach_hooks, own_tensors, share_hooks
 
 # Linears of one module that Hugging Face models call on the same input tensor, one after the

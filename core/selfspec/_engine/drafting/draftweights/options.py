@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from selfspec._engine.drafting.draftweights.shadow import BACKENDS
 from selfspec._engine.contract.options import Option
+from selfspec._engine.drafting.draftweights.shadow import BACKENDS
 
 #: The host's default draft weights for every drafter that declares them: ``auto`` (the
 #: fastest registered draft format measured on a CPU, bitsandbytes on CUDA where installed). A draft token on the shared int8 copy costs a

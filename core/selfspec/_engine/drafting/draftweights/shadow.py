@@ -30,22 +30,36 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from selfspec._engine.drafting.draftweights.agreement import (
+    gate,
+    gate_terms,
+    gated,
+    measure_agreement,
+)
+from selfspec._engine.drafting.draftweights.choice import choose_draft_weights
 from selfspec._engine.drafting.draftweights.layers import (
     compress_linear,
     compressed_layer,
     layer_nbytes,
     reused_buffer,
 )
+from selfspec._engine.runner.formats import (
+    FormatChoices,
+    WeightFormatError,
+    candidates,
+    weight_format,
+)
 from selfspec._engine.runner.linears import CompressedLinear, bnb_module
-from selfspec._engine.runner.formats import FormatChoices, WeightFormatError, candidates, weight_format
 from selfspec._engine.runner.placement import (
     detach_hooks,
+    is_dispatched,
     is_offloaded,
     loaded,
     own_tensors,
     share_hooks,
     tensor_key,
 )
+from selfspec._engine.tuning.calibration import Choice
 
 #: Names of the draft weights: ``auto`` and every registered draft format
 #: (:mod:`selfspec._engine.runner.formats`), read from the registry when used.
@@ -232,7 +246,7 @@ def measured_backend(runner, *, measure_agreement=None) -> str:
     """``auto`` on a CPU: the draft weights fastest per draft token here, measured once per
     machine and model shape among ``none`` (the model's own weights in the runner's layout)
     and every registered draft format with ``auto=True`` that runs here (see
-    :mod:`selfspec._engine.tuning.calibration`); the static choice (:func:`resolve_backend`) when the
+    :mod:`.choice`); the static choice (:func:`resolve_backend`) when the
     measurement cannot tell. A ``gated`` winner (a 4-bit copy) runs only if it passes the
     agreement gate (:mod:`.agreement`: its lower agreement with the model must cost less than
     its cheaper draft tokens save) against the fastest of the others, which runs otherwise
@@ -240,16 +254,11 @@ def measured_backend(runner, *, measure_agreement=None) -> str:
     in ``runner.choices["draft_weights"]``."""
     if "draft_weights" in getattr(runner, "choices", {}):
         return runner.choices["draft_weights"].chosen
-    from selfspec._engine.tuning.calibration import Choice, choose_draft_weights
-    from selfspec._engine.runner.placement import is_dispatched
-
     static = resolve_backend("auto", runner.device, runner.dtype)
     if is_dispatched(runner.model):  # offloaded layers are not in memory to time
         choice = Choice("draft_weights", static, "static: a model accelerate dispatched")
         runner.choices["draft_weights"] = choice
         return choice.chosen
-
-    from selfspec._engine.drafting.draftweights.agreement import gate, gate_terms, gated
 
     if runner.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         found = [static]  # float64: the static rule
@@ -274,8 +283,6 @@ def agreement_measure(runner) -> Callable[..., dict[str, float]]:
     """The agreement gate's measurement for ``runner``'s model
     (:func:`.agreement.measure_agreement`; ``tokens``/``positions`` passed on), building each
     copy through :func:`draft_weights` and freeing the ones built for it."""
-    from selfspec._engine.drafting.draftweights.agreement import measure_agreement
-
     def copy(backend: str) -> tuple[DraftWeights, Callable[[], None]]:
         before = _built_keys(runner.model)
         return draft_weights(runner, backend), lambda: _drop_built(runner.model, None, before)

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from selfspec._engine.tuning.artefacts import ArtefactStore
 from selfspec._engine.drafting.corpus import corpus_source
+from selfspec._engine.tuning.artefacts import ArtefactStore
 
 #: Corpus tokens counted for a ranking.
 MAX_TOKENS = 2_000_000
@@ -45,8 +46,6 @@ def token_counts(tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKEN
         counts = np.load(path)
         if counts.shape[0] >= vocab_size:
             return counts[:vocab_size]
-    from tqdm.auto import tqdm  # noqa: PLC0415
-
     source = corpus_source()
     if source is None:
         return np.zeros(vocab_size, dtype=np.int64)
