@@ -16,8 +16,8 @@ import torch
 
 import selfspec
 from selfspec import Decoder, Draft, PluginError, Verdict
-from selfspec._engine.drafting.compose import Composer, _Proposal, member_names
-from selfspec._engine.drafting.composetree import (
+from selfspec._engine.contract.compose import Composer, _Proposal
+from selfspec._engine.contract.composetree import (
     CallOutcomes,
     MemberStats,
     Trie,
@@ -26,7 +26,8 @@ from selfspec._engine.drafting.composetree import (
     without_member,
     worth_calling,
 )
-from selfspec._engine.drafting.costcurve import CostCurve
+from selfspec._engine.contract.plugins import member_names
+from selfspec._engine.runner.costcurve import CostCurve
 from selfspec.testing import assert_lossless
 from selfspec.testing._mutants import Echo
 

@@ -389,7 +389,7 @@ def test_cost_curve_interpolates_and_is_monotone():
 
 
 def test_cost_curve_is_measured_once_and_kept(tmp_path, monkeypatch):
-    from selfspec._engine.drafting import costcurve
+    from selfspec._engine.runner import costcurve
 
     runner = Runner(tiny_model("llama"))
     store = ArtefactStore("drafttree", root=tmp_path)
@@ -427,7 +427,7 @@ def test_cost_curve_is_measured_once_and_kept(tmp_path, monkeypatch):
 
 def test_a_curve_is_measured_again_under_another_torch(tmp_path, monkeypatch):
     # the kernels are torch's: a curve measured under one torch is not read under another
-    from selfspec._engine.drafting import costcurve
+    from selfspec._engine.runner import costcurve
 
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     store = ArtefactStore("drafttree", root=tmp_path)
@@ -446,12 +446,12 @@ def test_a_curve_is_measured_again_under_another_torch(tmp_path, monkeypatch):
 
 
 def test_tree_config_holds_the_draft_weights_curve_and_drafts_with_it(monkeypatch):
-    from selfspec._engine.drafting import costcurve, treeconfig
+    from selfspec._engine.drafting import treeconfig
 
     runner = Runner(tiny_model("llama"))
     weights = selfspec.draft_weights(runner, "int8")
     model_curve, weights_curve = CostCurve((1, 4), (1.0, 1.1)), CostCurve((1, 4), (1.0, 3.0))
-    monkeypatch.setattr(costcurve, "cost_curve", lambda r, weights=None: model_curve if weights is None else weights_curve)
+    monkeypatch.setattr(treeconfig, "cost_curve", lambda r, weights=None: model_curve if weights is None else weights_curve)
     auto = {"tree": True, "tree_budget": "auto"}
     config = selfspec.TreeConfig.from_options(auto, runner, weights=weights)
     assert config.curve is model_curve and config.draft_curve is weights_curve

@@ -199,4 +199,4 @@ def test_the_layer_rule_itself(tmp_path):
     (pkg / "_engine" / "__init__.py").write_text("")
     (pkg / "_engine" / "loop.py").write_text("def eos():\n    from ..app import x\n")  # function-local counts
     (pkg / "app" / "cli.py").write_text("from .._engine import loop\n")  # the app may import the engine
-    assert layer_violations(import_graph(tmp_path)) == ["selfspec._engine.contract.loop -> selfspec.app"]
+    assert layer_violations(import_graph(tmp_path)) == ["selfspec._engine.loop -> selfspec.app"]

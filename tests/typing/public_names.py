@@ -14,7 +14,7 @@ import selfspec.testing
 from selfspec._engine.contract.loop import Decoder as _Decoder
 from selfspec._engine.contract.types import Draft as _Draft
 from selfspec._engine.contract.types import Verdict as _Verdict
-from selfspec._engine.runner.formats import WeightFormat as _WeightFormat
+from selfspec._engine.runner.weightformat import WeightFormat as _WeightFormat
 from selfspec.testing._lossless import LosslessError as _LosslessError
 
 assert_type(selfspec.Draft, type[_Draft])

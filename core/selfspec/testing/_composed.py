@@ -56,8 +56,7 @@ class ComposedSuite(PluginSuite):
     long_options: ClassVar[dict[str, Any]] = {"budget": "1"}
 
     def test_plugin_is_installed(self) -> None:
-        from selfspec._engine.contract.plugins import available
-        from selfspec._engine.drafting.compose import member_names
+        from selfspec._engine.contract.plugins import available, member_names
 
         members = member_names(self.plugin) or []
         assert len(members) >= 2, f"{type(self).__name__}: {self.plugin!r} names no composition (a+b)"

@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from selfspec._engine.contract.options import Option
     from selfspec._engine.contract.types import DecodeState, Draft, Result, Verdict
     from selfspec._engine.runner import Runner
-    from selfspec._engine.runner.formats import WeightFormat
+    from selfspec._engine.runner.weightformat import WeightFormat
 
 
 # ---------------------------------------------------------------------------------------------

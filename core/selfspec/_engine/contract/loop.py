@@ -17,6 +17,7 @@ import torch
 
 from selfspec._engine.contract import plugins
 from selfspec._engine.contract.audit import Auditor, WeightGuard, audit_from_env
+from selfspec._engine.contract.compose import Composer
 from selfspec._engine.contract.draftcheck import check_draft_kept
 from selfspec._engine.contract.eos import eos_token_ids
 from selfspec._engine.contract.manager import make_manager
@@ -176,7 +177,7 @@ class Decoder:
         bytes_at_start = runner.weight_bytes
         self.auditor = self._auditor()
         observers = [self.auditor] if self.auditor is not None else []  # see _observe
-        if isinstance(self.plugin, plugins.composer()):  # the audit blames a member for what its own hooks broke
+        if isinstance(self.plugin, Composer):  # the audit blames a member for what its own hooks broke
             self.plugin.observers = observers
         self._call("selfspec_start", state=state)
         self._observe(observers, "start", state)

@@ -1,9 +1,8 @@
 """The plugin manager factory: built-ins plus one method plugin, or the host's composer over
 several (``"lookup+selfsd"``); and :func:`describe`, what ``specdec plugins`` prints.
 
-Apart from :mod:`.plugins` (discovery and loading): the composer, in the drafting room above
-this one, loads its members with those helpers, and this module reaches the composer through
-its entry point (:func:`.plugins.composer`).
+Apart from :mod:`.plugins` (discovery and loading) so that the composer, which loads its
+members with those helpers, sits between the two without an import cycle.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Any
 import pluggy
 
 from selfspec._engine.contract import hookspecs, plugins
+from selfspec._engine.contract.compose import Composer
 from selfspec._engine.contract.markers import PROJECT
 from selfspec._engine.contract.plugins import (
     BUILTIN_METHOD,
@@ -36,7 +36,7 @@ def make_manager(name: str = BUILTIN_METHOD, plugin_object: Any = None, *, trace
     Returns ``(manager, plugin)`` where ``plugin`` is the registered instance (None for
     ``vanilla``). Pass ``plugin_object`` to register an already-imported object (a class,
     module or instance) under ``name`` instead of looking up the entry point. A composed name
-    (``"lookup+selfsd"``) registers the host's :class:`~selfspec._engine.drafting.compose.Composer` over
+    (``"lookup+selfsd"``) registers the host's :class:`~selfspec._engine.contract.compose.Composer` over
     those members; ``plugin_object`` may then be a mapping ``{member: object}``.
     """
     pm = _Manager(PROJECT)
@@ -45,7 +45,7 @@ def make_manager(name: str = BUILTIN_METHOD, plugin_object: Any = None, *, trace
         pm.register(plugin, name=f"builtin.{builtin_name}")
     members = plugins.member_names(name)
     if members is not None:  # "a+b": the host's composer, holding each member's own manager
-        obj = plugins.composer().build(name, members, plugin_object)
+        obj = Composer.build(name, members, plugin_object)
     else:
         obj = plugin_object if plugin_object is not None else plugins._load_object(name)  # looked up at call time (tests replace it)
     instance = None

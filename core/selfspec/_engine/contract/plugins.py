@@ -15,7 +15,6 @@ Environment variables:
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import inspect
 import os
@@ -36,9 +35,6 @@ from selfspec._engine.contract.version import __version__
 
 ENTRY_POINT_GROUP = "selfspec"
 BUILTIN_METHOD = "vanilla"
-#: The entry-point group of the host's composer (``"a+b"``), which sits above this contract in
-#: the drafting room and is loaded the way every plugin is: by entry point, never imported here.
-COMPOSER_GROUP = "selfspec.composer"
 #: Joins the members of a composed plugin name: ``"lookup+selfsd"``.
 SEPARATOR = "+"
 
@@ -77,17 +73,6 @@ def member_names(plugin: str | Sequence[str]) -> list[str] | None:
 def label(plugin: str | Sequence[str]) -> str:
     """The decoder's plugin name: ``"lookup+selfsd"`` for a list of members."""
     return plugin if isinstance(plugin, str) else SEPARATOR.join(p.strip() for p in plugin)
-
-
-@functools.cache
-def composer() -> type:
-    """The host's composer class (:class:`selfspec._engine.drafting.compose.Composer`), loaded
-    through its entry point in :data:`COMPOSER_GROUP`."""
-    eps = [ep for ep in metadata.entry_points(group=COMPOSER_GROUP) if ep.name == "compose"]
-    if not eps:
-        raise PluginError(SEPARATOR, f"composed plugins need selfspec's {COMPOSER_GROUP!r} entry point; "
-                                     "install selfspec (pip install -e .) rather than running it from a source tree")
-    return eps[0].load()
 
 
 def blocked() -> set[str]:

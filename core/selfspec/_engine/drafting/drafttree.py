@@ -38,11 +38,11 @@ from typing import Any
 
 import torch
 
-from selfspec._engine.contract.types import Draft
-from selfspec._engine.drafting.treecost import best_size, frontier_width, guess_length
-from selfspec._engine.drafting.treecost import (
+from selfspec._engine.contract.treecost import best_size, frontier_width, guess_length
+from selfspec._engine.contract.treecost import (
     choose_size as choose_size,  # re-exported: the size rule
 )
+from selfspec._engine.contract.types import Draft
 from selfspec._engine.runner import KVCache, Runner
 
 #: A draft pass: ``(ids [q], start, positions [q], mask [q, start+q] or None) -> logits [q, V']``.
@@ -340,7 +340,7 @@ def _add_token(lp: torch.Tensor, token: int, parent: int, parent_logp: float, vo
 
 def _powers(rate: float, m: int) -> list[float]:
     """``[rate, rate**2, ..., rate**m]``: the probability that a guess's first ``j`` tokens are all
-    right, for :func:`~selfspec._engine.drafting.treecost.guess_length`."""
+    right, for :func:`~selfspec._engine.contract.treecost.guess_length`."""
     return [rate**j for j in range(1, m + 1)]
 
 

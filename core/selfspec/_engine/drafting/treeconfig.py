@@ -17,11 +17,12 @@ from typing import Any
 import torch
 
 from selfspec._engine.contract.options import Option
+from selfspec._engine.contract.treecost import check_budget
 from selfspec._engine.contract.types import DecodeState
-from selfspec._engine.drafting.costcurve import cost_curve
 from selfspec._engine.drafting.drafttree import DraftStep, DraftTree, draft_tree
 from selfspec._engine.drafting.ngram import NgramIndex
 from selfspec._engine.runner import Runner
+from selfspec._engine.runner.costcurve import cost_curve
 
 #: The host's default for ``tree``: drafters that declare the tree options draft trees, verified
 #: in one tree pass; on a CPU a verification of a few extra rows costs about one one-token step,
@@ -269,12 +270,3 @@ class TreeConfig:
         gain[0], gain[1] = gain[0] * PAUSE_DECAY + 1.0, gain[1] * PAUSE_DECAY + len(nodes)
         if self.calibration is not None:
             self.calibration.observe(tree, nodes)
-
-
-def check_budget(value: str) -> str | None:
-    """Why ``value`` is not a draft budget (``auto`` or a positive number of nodes), or None;
-    the check of ``tree_budget`` and of a composition's ``budget``."""
-    spec = str(value).strip().lower()
-    if spec == "auto" or (spec.isdigit() and int(spec) >= 1):
-        return None
-    return "must be 'auto' or a positive number of nodes"

@@ -18,15 +18,15 @@ format as it adds a plugin. The CLI's choices, ``auto``'s candidates (every form
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
 import torch
-from torch import nn
 
+from selfspec._engine.runner import host_formats
 from selfspec._engine.runner.layout import choose_layout
+from selfspec._engine.runner.weightformat import WeightFormat
 from selfspec._engine.tuning.machine import cpu_capability
 
 #: The entry-point group whose modules implement ``selfspec_weight_formats``.
@@ -50,46 +50,6 @@ class FormatPackageError(WeightFormatError):
         self.package = package
 
 
-def _runs_everywhere(device: torch.device, dtype: torch.dtype) -> str | None:
-    return None
-
-
-@dataclass(frozen=True)
-class WeightFormat:
-    """One registered way to hold a linear layer's weights (see the module doc).
-
-    ``name``: what it is (``"int8"``, ``"fp16-weights"``), lower case. ``role``: ``"layout"``
-    or ``"draft"``. ``summary``: one line for ``specdec plugins`` and the option help.
-    ``build(weight, bias)``: a module computing ``x @ weight.T + bias`` for inputs ``[..., in]``
-    of the caller's dtype, returning that dtype (``weight``: ``[out, in]``, the model's dtype;
-    ``bias``: ``[out]`` or ``None``); ``None`` for the two formats that are the model's own
-    weights (``model``, ``none``). ``unsupported(device, dtype)``: why it cannot run for a
-    model on ``device`` in ``dtype`` (one clause, e.g. ``"it needs bitsandbytes"``), or
-    ``None``. ``auto``: whether ``auto`` measures it where it runs. ``gated``: a draft copy so
-    coarse (4-bit) that ``auto`` uses it only when its agreement with the model is worth its
-    speed (:mod:`selfspec._engine.drafting.draftweights.agreement`). ``runs_on``: where it can run,
-    in words, for the listing. ``memory``: a layout's bytes per byte of the model's weights it
-    lays out (``auto`` measures a layout only where that copy fits in the memory available).
-    ``owner``: the package that registered it (set by the registry).
-    """
-
-    name: str
-    role: str
-    summary: str
-    build: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None
-    unsupported: Callable[[torch.device, torch.dtype], str | None] = _runs_everywhere
-    auto: bool = True
-    gated: bool = False
-    runs_on: str = "any device, any dtype"
-    memory: float = 1.0
-    owner: str = field(default="", compare=False)
-
-    def why_not(self, device: torch.device | str, dtype: torch.dtype) -> str | None:
-        """:attr:`unsupported`, with a failure inside it reported as the reason."""
-        try:
-            return self.unsupported(torch.device(device), dtype)
-        except Exception as exc:  # a third-party check that breaks must not break the host
-            return f"its check failed ({type(exc).__name__}: {exc})"
 
 
 def weight_formats(role: str | None = None) -> dict[str, WeightFormat]:
@@ -159,10 +119,6 @@ _REGISTRY: dict[str, WeightFormat] | None = None
 def _load() -> dict[str, WeightFormat]:
     """Call every ``selfspec_weight_formats`` implementation: the host's own first, then each
     package's in the entry-point group."""
-    from selfspec._engine.runner import (
-        host_formats,  # here: it imports WeightFormat from this module
-    )
-
     sources: list[tuple[str, Any]] = [(HOST, host_formats)]
     eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
     for ep in sorted(eps, key=lambda e: (_owner(e), e.name)):

@@ -15,7 +15,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from selfspec._engine.runner.formats import WeightFormat
 from selfspec._engine.runner.layout import (
     MklPackedLinear,
     own_builds,
@@ -32,6 +31,7 @@ from selfspec._engine.runner.linears import (
     IntMmLinear,
     bnb_module,
 )
+from selfspec._engine.runner.weightformat import WeightFormat
 from selfspec._engine.tuning.machine import cpu_capability
 
 

@@ -1,6 +1,6 @@
 """The arithmetic of a composed draft: the merged trie, its budget, and the cheap-first rule.
 
-Pure functions and small records, no model: :mod:`selfspec._engine.drafting.compose` calls them each step.
+Pure functions and small records, no model: :mod:`selfspec._engine.contract.compose` calls them each step.
 
 * :class:`Trie` merges the members' drafts (chains or trees) into one tree: a node is a path
   from the pending token, so a shared prefix is one node and a token two members propose at
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from selfspec._engine.drafting.treecost import choose_size
+from selfspec._engine.contract.treecost import choose_size
 
 #: Weight kept by a member's statistics per step in which it proposed: an effective memory of
 #: ``1 / (1 - DECAY)`` = 50 of its steps. A step in which it was skipped ages its

@@ -8,11 +8,11 @@ and each step:
 1. asks the members to propose, cheapest first (:meth:`Composer.order`), each from the same
    cache state (the cache is cropped back to the committed prefix after every member), skipping
    a member the cheap-first rule finds not worth its cost once a draft exists (predicted by
-   :func:`~selfspec._engine.drafting.composetree.worth_calling` until the tokens per forward of the steps
+   :func:`~selfspec._engine.contract.composetree.worth_calling` until the tokens per forward of the steps
    that called it and of those that skipped it, or would have (option ``counterfactual``), are
-   measured, :class:`~selfspec._engine.drafting.composetree.CallOutcomes`); a member sees the draft
+   measured, :class:`~selfspec._engine.contract.composetree.CallOutcomes`); a member sees the draft
    merged so far as ``state.prior`` (valued by
-   :func:`~selfspec._engine.drafting.composetree.node_values`), which it may extend; every member draft is checked and cut like a single plugin's and any error names
+   :func:`~selfspec._engine.contract.composetree.node_values`), which it may extend; every member draft is checked and cut like a single plugin's and any error names
    the member;
 2. merges the drafts into one trie (a shared prefix is one node, each node remembers its
    members) and keeps the nodes that maximise expected committed tokens per unit of cost on
@@ -40,24 +40,7 @@ import pluggy
 import torch
 
 from selfspec._engine.contract import hookspecs, plugins
-from selfspec._engine.contract.draftcheck import (
-    check_draft_kept,  # the host's own draft checks, blamed on the member
-)
-from selfspec._engine.contract.markers import PROJECT, hookimpl
-from selfspec._engine.contract.options import Option
-from selfspec._engine.contract.plugins import (  # noqa: F401 (member_names, label: this room's names too)
-    SEPARATOR,
-    PluginError,
-    _Manager,
-    blocked,
-    declared_options,
-    hook_names,
-    instantiate,
-    label,
-    member_names,
-)
-from selfspec._engine.contract.types import DecodeState, Draft, Verdict
-from selfspec._engine.drafting.composetree import (
+from selfspec._engine.contract.composetree import (
     CallOutcomes,
     MemberStats,
     Trie,
@@ -67,8 +50,23 @@ from selfspec._engine.drafting.composetree import (
     without_member,
     worth_calling,
 )
-from selfspec._engine.drafting.costcurve import cost_curve
-from selfspec._engine.drafting.treeconfig import check_budget
+from selfspec._engine.contract.draftcheck import (
+    check_draft_kept,  # the host's own draft checks, blamed on the member
+)
+from selfspec._engine.contract.markers import PROJECT, hookimpl
+from selfspec._engine.contract.options import Option
+from selfspec._engine.contract.plugins import (
+    SEPARATOR,
+    PluginError,
+    _Manager,
+    blocked,
+    declared_options,
+    hook_names,
+    instantiate,
+)
+from selfspec._engine.contract.treecost import check_budget
+from selfspec._engine.contract.types import DecodeState, Draft, Verdict
+from selfspec._engine.runner.costcurve import cost_curve
 
 #: Joins member names: ``lookup+selfsd``.
 #: A member's hooks a composition never calls (the host verifies and keeps the cache).
@@ -314,7 +312,7 @@ class Composer:
                 verify: float) -> tuple[int, float] | None:
         """``(tokens, forwards)`` this step would have given without ``m`` (which it called
         after a cheaper draft): the path through the other members' verified nodes
-        (:func:`~selfspec._engine.drafting.composetree.without_member`), for the step's forwards less
+        (:func:`~selfspec._engine.contract.composetree.without_member`), for the step's forwards less
         ``m``'s proposing time and its nodes' share of the verification (``verify`` forwards,
         scaled on the cost curve); None with ``counterfactual`` off or before a cost is known."""
         if not self.counterfactual or self.curve is None or not took:

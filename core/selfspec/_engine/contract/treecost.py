@@ -72,3 +72,12 @@ def best_size(logp: list[float], cost: Callable[[int], float] | None, d_cost: fl
         n = min(cap, len(probs))
         return n, 1.0 + sum(probs[:n]), float("nan")
     return choose_size(probs, cost, d_cost, cap)
+
+
+def check_budget(value: str) -> str | None:
+    """Why ``value`` is not a draft budget (``auto`` or a positive number of nodes), or None;
+    the check of ``tree_budget`` and of a composition's ``budget``."""
+    spec = str(value).strip().lower()
+    if spec == "auto" or (spec.isdigit() and int(spec) >= 1):
+        return None
+    return "must be 'auto' or a positive number of nodes"
