@@ -4,7 +4,7 @@
     python lab/scripts/cheap_first_trace.py [--model M] [--method lookup+qspec]
         [--tasks gsm8k,mtbench] [--samples 2] [--max-new-tokens 64] [--json FILE]
 
-For every call of the rule (:func:`selfspec._engine.drafting.composetree.worth_calling`) it records the
+For every call of the rule (:func:`selfspec._engine.contract.composetree.worth_calling`) it records the
 inputs (the draft so far: expected accepted tokens ``covered``, merged nodes, proposing cost
 ``spent``; the member's expected gain, mean proposing cost and draft size, in one-token
 forwards) and the two ratios the rule compares. For every step it records which members
@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 
 from selfspec import Decoder
-from selfspec._engine.drafting import compose as compose_mod
+from selfspec._engine.contract import compose as compose_mod
 from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._data import load_task
 from selfspec.app._models import format_prompt, load

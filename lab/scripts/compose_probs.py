@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from selfspec import Decoder
-from selfspec._engine.drafting.composetree import Trie
+from selfspec._engine.contract.composetree import Trie
 from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._data import load_task
 from selfspec.app._models import format_prompt, load
