@@ -29,7 +29,9 @@ class ArtefactError(ValueError):
 
 @dataclass(frozen=True)
 class ModelIdentity:
-    """Architecture, sizes and a fingerprint of a model's weights (see :func:`model_identity`)."""
+    """Architecture, sizes and a fingerprint of a model's weights (see :func:`model_identity`):
+    ``model_type``, ``n_layers``, ``hidden_size``, ``vocab_size``, ``fingerprint``; :attr:`key`
+    names its files, :meth:`as_dict` is the JSON form."""
 
     model_type: str
     n_layers: int
@@ -43,6 +45,7 @@ class ModelIdentity:
         return f"{self.model_type}-{self.n_layers}x{self.hidden_size}-{self.fingerprint}"
 
     def as_dict(self) -> dict[str, Any]:
+        """The JSON form of the identity."""
         return asdict(self)
 
 
@@ -92,6 +95,13 @@ def _weights(module: torch.nn.Module, recurse: bool) -> list[torch.Tensor]:
 
 class ArtefactStore:
     """Files of one plugin under ``<selfspec cache dir>/<plugin>/`` (created on first save).
+
+    A plugin that tunes or calibrates something for one model keeps it in its store, named by
+    the model's identity (:func:`model_identity`), and takes a ``profile`` option
+    ``auto|none|PATH`` resolved by :func:`resolve_profile`. :meth:`path` and :meth:`find` (the
+    user's file, else the same relative name inside the ``shipped`` package) locate files;
+    :meth:`save` and :meth:`save_text` write atomically (an interrupted save leaves no partial
+    file). ``root``: another folder than the cache directory's (tests).
 
     ``shipped``: a package (``__package__`` of the plugin) holding artefacts shipped with the
     plugin under the same relative names (``profiles/<key>.json`` in the store and in the
