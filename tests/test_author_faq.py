@@ -1,6 +1,6 @@
 """What a new plugin author asked while writing a plugin from the docs alone.
 
-Every answer in docs/api.md ("Questions authors ask") that is code is checked here; the
+Every answer in docs/faq.md ("Questions authors ask") that is code is checked here; the
 regions between ``# [start:NAME]`` and ``# [end:NAME]`` are shown in that page verbatim
 (``scripts/docsync.py``), so the page cannot drift from what the host does.
 

@@ -1,7 +1,7 @@
 """What a third plugin author (Lookahead decoding: a Jacobi window riding in the verification
 pass as an ``ExtraBlock``) asked of the contract, each answer checked.
 
-The regions between ``# [start:NAME]`` and ``# [end:NAME]`` are shown in docs/api.md
+The regions between ``# [start:NAME]`` and ``# [end:NAME]`` are shown in docs/faq.md
 ("Questions authors ask") verbatim (``scripts/docsync.py``). Models: the kit's tiny random
 Llama in float64 (1024 positions), so every comparison is exact.
 """

@@ -1,6 +1,6 @@
 """A plugin that learns from the verification logits, and a tree draft.
 
-``Learner`` is the FAQ's example (docs/api.md, "Questions authors ask"): it drafts from what
+``Learner`` is the FAQ's example (docs/faq.md): it drafts from what
 the full model predicted at earlier verifications, read from ``Verdict.top_k`` in
 ``selfspec_update_policy``, and never overrides ``selfspec_verify``. With ``tree=True`` it drafts
 a tree (the model's first and second choice after the pending token, each continued as a

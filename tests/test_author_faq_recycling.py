@@ -2,7 +2,7 @@
 successors filled from verification logits, a breadth-first tree drafted through it, sized
 online by the host's cost curve) asked of the contract, each answer checked.
 
-The regions between ``# [start:NAME]`` and ``# [end:NAME]`` are shown in docs/api.md
+The regions between ``# [start:NAME]`` and ``# [end:NAME]`` are shown in docs/faq.md
 ("Questions authors ask") verbatim (``scripts/docsync.py``). Models: the kit's tiny random
 Llama in float64, so every comparison is exact.
 """

@@ -52,8 +52,8 @@ def _code_files() -> list:
 
 
 def test_code_comments_and_test_names_carry_no_issue_numbers_or_dates():
-    """Comments, docstrings and test names state rules and what is tested; history and dated
-    figures go to CHANGELOG.md and the lab's logs. (Paths of lab folders named by date may be
+    """Comments, docstrings and test names state rules and what is tested; what changed goes to
+    CHANGELOG.md, dated figures to the lab's logs. (Paths of lab folders named by date may be
     cited; they are data, not history.)"""
     bad = []
     for path in _code_files():

@@ -1,4 +1,4 @@
-"""Draft trees from any drafter (``draft_tree``) and the machine's cost curve (docs/api.md).
+"""Draft trees from any drafter (``draft_tree``) and the machine's cost curve (docs/api/selfspec.md, docs/api/provisional.md).
 
 Set-up, and why:
 a) the expansion order, the choice of size and the cost curve are pure: checked against brute

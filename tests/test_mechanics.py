@@ -1,4 +1,4 @@
-"""The drafting and verification mechanics the host gives plugins (docs/api.md).
+"""The drafting and verification mechanics the host gives plugins (docs/api/selfspec.md).
 
 Set-up, and why:
 a) tiny float64 models (``selfspec.testing``), where losslessness is exact equality, so a

@@ -1,5 +1,5 @@
 """One plugin instance per Decoder, reused across decodes, the same in ``specdec bench``,
-``specdec check`` and the kit (the rule is in docs/api.md, "Is one plugin
+``specdec check`` and the kit (the rule is in docs/faq.md, "Is one plugin
 instance reused across decodes?").
 
 A counting plugin records every instance made and every decode each one starts."""

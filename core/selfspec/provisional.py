@@ -1,10 +1,14 @@
 """selfspec.provisional: tuning and calibration helpers, public but not yet stable.
 
-The names here are documented (``docs/api.md``, "The provisional namespace") and tested like the
-stable contract, but their signatures may change in a minor release while the tuning and
-calibration methods they serve settle: a plugin that uses one pins the host's minor version.
-A name graduates to the top-level ``selfspec`` namespace once plugins rely on it; it is never
-removed without a release of notice. Nothing heavy is imported until a name is used.
+They sit below the stable mechanics: how a tree is sized from the machine's cost curve, the
+lower-level verification and sampling helpers the verifiers are built from, the cache
+directory, and the corpus a draft vocabulary is ranked by (``from selfspec.provisional import
+cost_curve, tree_path``). They are documented (``docs/api/provisional.md``, generated from
+these docstrings) and tested like the stable contract, but their signatures may change in a
+minor release while the tuning and calibration methods they serve settle: a plugin that uses
+one pins the host's minor version. A name graduates to the top-level ``selfspec`` namespace
+once plugins rely on it; it is never removed without a release of notice. Nothing heavy is
+imported until a name is used.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Composed drafts valued by the members' own node probabilities (``Draft.probs``) or by their
-depth rates alone (docs/api.md, "Composed drafts", "Budget"): each composition decodes both
+depth rates alone (docs/composition.md, "Budget"): each composition decodes both
 ways, beside its members and ``vanilla``, interleaved prompt by prompt on one loaded model.
 
     python lab/scripts/compose_probs.py [--model M] [--tasks humaneval,gsm8k,mtbench,sharegpt]

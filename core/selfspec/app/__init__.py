@@ -3,8 +3,11 @@
 The top-level ``selfspec`` namespace is the plugin contract (the engine: hooks, options,
 drafts, verification, the runner, artefacts). This one holds what sits above it: loading
 models, encoding prompts, the benchmark data splits, and what the command line gives a plugin
-command (:class:`CommandContext`). Documented in ``docs/api.md`` ("The app namespace"); a
-plugin's decode hooks never need it. Nothing heavy is imported until a name is used.
+command (:class:`CommandContext`). Scripts and plugin commands use it (``from selfspec.app
+import load_model, load_task``); a plugin's decode hooks never need it, and a plain decode
+never imports it (the data and model-loading modules stay unloaded; ``tests/test_api.py``
+checks). Documented in ``docs/api/app.md``, generated from these docstrings. Nothing heavy is
+imported until a name is used.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from selfspec._engine.contract.lazy import lazy_namespace
 
-#: The one list of app names: name -> (module, attribute), as docs/api.md documents them.
-#: ``__all__`` is derived from it.
+#: The one list of app names: name -> (module, attribute), grouped as docs/api/app.md shows
+#: them (scripts/api_docs.py reads the ``# group`` comments). ``__all__`` is derived from it.
 _API: dict[str, tuple[str, str]] = {
     # what a plugin command receives, and the CLI's one-line errors
     "CommandContext": ("app._cli.context", "CommandContext"),

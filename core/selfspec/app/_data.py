@@ -69,7 +69,10 @@ class Sample:
 
     ``prompt`` is the user turn given to chat models (through their chat template);
     ``completion`` is the raw text given to base models when it differs (HumanEval's code).
-    ``key`` is the split key; ``meta`` carries source fields (category, reference answer...).
+    ``key`` is the split key; ``meta`` carries source fields (category, reference answer...;
+    ``meta["conversation"]``: the user turns of a multi-turn sample, which ``specdec bench``
+    runs turn by turn). :attr:`split` says which split the sample is in, :meth:`texts` lists
+    its texts.
     """
 
     task: str
@@ -81,7 +84,9 @@ class Sample:
 
     @property
     def split(self) -> str:
-        """``dev``, ``test`` or ``held-out`` (see the module docstring)."""
+        """``dev``, ``test``, or ``held-out``: a sample the split rule puts in ``dev`` whose
+        texts overlap a Spec-Bench question or reference, in neither split
+        ([benchmarks.md](docs/benchmarks.md#spec-bench---suite-spec-bench))."""
         side = split_of(self.key)
         if side == "dev" and _held_out(self.texts()):
             return HELD_OUT
@@ -129,6 +134,7 @@ def unregister_task(name: str) -> None:
 
 
 def task_names() -> list[str]:
+    """The registered tasks."""
     return list(_LOADERS)
 
 
@@ -143,6 +149,7 @@ def load_task(name: str, split: str = "test", n: int | None = None, seed: int = 
 
     With ``n``, the first ``n`` after a shuffle by ``random.Random(seed)`` (the same ``n``
     and ``seed`` always give the same prompts); without, every sample in source order.
+    Tuning and calibration commands (and plugins) read ``dev`` only; benchmarks read ``test``.
     """
     if split not in (*SPLITS, "all"):
         raise ValueError(f"split must be one of dev, test, all, not {split!r}")
@@ -155,7 +162,8 @@ def load_task(name: str, split: str = "test", n: int | None = None, seed: int = 
 
 
 def build_corpus_texts(tasks: tuple[str, ...] = ("sharegpt", "humaneval", "gsm8k")) -> Iterator[str]:
-    """Texts of the ``dev`` split only, for corpora built from data (Self-Draft's cache).
+    """Texts of the ``dev`` split only, none overlapping Spec-Bench, for corpora built from data
+    (selfdraft's corpus cache, hispec's calibration).
 
     ShareGPT: every turn of dev conversations (human and model) that have no turn overlapping
     Spec-Bench; HumanEval: prompt + canonical solution; GSM8K: question + answer (dev samples,
@@ -313,9 +321,10 @@ register_task("summarization", lambda: list(_sharegpt_split()[1]))
 
 # --------------------------------------------------------------------------- prompts
 def encode_sample(loaded: Any, sample: Sample) -> list[int]:
-    """Token ids of ``sample`` for a loaded model: :func:`selfspec.app._models.format_prompt` of the
-    user turn for chat models, of the completion prompt otherwise (one encoder for ``specdec``
-    and ``specdec bench``)."""
+    """Token ids of ``sample`` for a loaded model: :func:`selfspec.app.format_prompt` of the
+    user turn for chat models, of the completion prompt (``sample.completion``, e.g. HumanEval's
+    bare code) for base models (one encoder for ``specdec`` and ``specdec bench``, which encodes
+    its prompts with it)."""
     from selfspec.app._models import format_prompt
 
     return format_prompt(loaded, sample.text(loaded.chat))

@@ -43,7 +43,9 @@ _CACHE_ATTR = "_selfspec_decoders"
 
 def custom_generate(plugin: str = "vanilla", options: Mapping[str, Any] | None = None, *,
                     seed: int = 0, tokenizer: Any = None, weight_layout: str = "auto") -> Callable[..., Any]:
-    """A ``custom_generate`` callable that decodes with ``plugin`` (and its ``options``).
+    """A ``custom_generate`` callable that decodes with ``plugin`` (and its ``options``), for
+    ``model.generate(..., custom_generate=...)`` (transformers 5;
+    [hf-generate.md](docs/hf-generate.md)).
 
     ``model.generate(input_ids, max_new_tokens=64, custom_generate=custom_generate("selfsd"))``
     returns what the same call without ``custom_generate`` returns when greedy. With
@@ -51,7 +53,10 @@ def custom_generate(plugin: str = "vanilla", options: Mapping[str, Any] | None =
     samples with the host's seeded, position-keyed noise: ``seed`` here, or ``selfspec_seed=N``
     in the ``generate`` call, which wins. ``tokenizer`` goes to the plugin's ``selfspec_setup``
     (a plugin that builds a corpus from text uses it). ``weight_layout`` is the runner's
-    (``docs/performance.md``); the model's own weights are never changed.
+    (``docs/performance.md``); the model's own weights are never changed. The decoder is built
+    on the first call and kept on the model for later calls with the same plugin and options;
+    batch size > 1, beams, ``num_return_sequences`` > 1, padding and any logits processor or
+    stopping criterion the host cannot reproduce are a ``ValueError`` naming the argument.
     """
     from selfspec._engine.contract.options import OptionError
     from selfspec._engine.contract.plugins import available

@@ -11,6 +11,8 @@ Plugin authors prove losslessness in a few lines::
 
 Importing this package is cheap: torch, transformers and hypothesis load on first use. The
 pytest plugin (:mod:`selfspec.testing.pytest_plugin`) adds fixtures and Hypothesis profiles.
+How to test a plugin with it: [testing-plugins.md](docs/testing-plugins.md); the reference,
+generated from these docstrings: ``docs/api/testing.md``.
 """
 
 from __future__ import annotations
@@ -21,15 +23,19 @@ from selfspec._engine.contract.lazy import lazy_namespace
 
 from ._archs import ARCHS  # noqa: F401 (public: __all__)
 
-#: The kit's names: name -> (module, attribute). ``__all__`` is derived from it.
+#: The kit's names: name -> (module, attribute), grouped as docs/api/testing.md shows them
+#: (scripts/api_docs.py reads the ``# group`` comments). ``__all__`` is derived from it.
 _API: dict[str, tuple[str, str]] = {
+    # tiny models
     "tiny_model": ("selfspec.testing._models", "tiny_model"),
     "tiny_config": ("selfspec.testing._models", "tiny_config"),
     "offloaded_tiny_model": ("selfspec.testing._models", "offloaded_tiny_model"),
     "split_device_map": ("selfspec.testing._models", "split_device_map"),
+    # the losslessness check
     "assert_lossless": ("selfspec.testing._lossless", "assert_lossless"),
     "LosslessError": ("selfspec.testing._lossless", "LosslessError"),
     "NearTieWarning": ("selfspec.testing._lossless", "NearTieWarning"),
+    # the standard suites
     "PluginSuite": ("selfspec.testing._suite", "PluginSuite"),
     "ComposedSuite": ("selfspec.testing._composed", "ComposedSuite"),
 }

@@ -1,5 +1,7 @@
 """Hypothesis strategies for losslessness tests: architectures, prompts, lengths, options, drafts.
 
+In a plugin's tests::
+
     from hypothesis import given
     from selfspec.testing import strategies as sst
 

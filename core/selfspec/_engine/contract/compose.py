@@ -26,7 +26,7 @@ and each step:
 
 A member's ``selfspec_verify`` and ``selfspec_cache`` are never called: a plugin that has them
 joins only when it declares ``composable = True`` (they are optimisations it does without);
-``composable = False`` refuses always (``docs/api.md``, "Composed drafts").
+``composable = False`` refuses always (``docs/composition.md``).
 """
 
 from __future__ import annotations

@@ -48,15 +48,19 @@ class Decoder:
         model: a Hugging Face causal LM of a supported architecture.
         plugin: the method plugin's entry-point name (default ``vanilla``), or several joined by
             ``+`` (``"lookup+selfsd"``) or listed (``["lookup", "selfsd"]``): a composed draft
-            (``docs/api.md``, "Composed drafts").
+            ([composition.md](docs/composition.md)).
         options: the plugin's options (``{"ngram": 3}``), validated against its declaration; a
             composition's are its own (``budget``, ``cheap_first``, ``counterfactual``) and each
             member's under ``MEMBER.name`` (``{"selfsd.gamma": 0.5}``).
         tokenizer: the model's tokenizer, passed to ``selfspec_setup`` and used for
             ``Result.text`` and the default EOS ids.
         plugin_object: a class, instance or module to register under ``plugin`` instead of
-            an installed entry point; for a composition, a mapping ``{member: object}``.
-        draft_slack: cache slots past ``prompt + max_new_tokens`` for drafts.
+            an installed entry point: a class is instantiated once per ``Decoder``, an instance
+            is used as it is (shared by every ``Decoder`` given it), a module gives its
+            module-level hooks ([class or instance?](docs/faq.md#plugin_object-class-or-instance));
+            for a composition, a mapping ``{member: object}``.
+        draft_slack: cache slots past ``prompt + max_new_tokens`` for drafts: each decode's KV
+            cache holds ``len(prompt_ids) + max_new_tokens + draft_slack`` slots.
         trace: pluggy's hook-call tracing on stderr (default: ``SELFSPEC_TRACE``).
         weight_layout: how the runner holds the linear weights: ``auto`` (the host's choice
             for this CPU and dtype, ``docs/performance.md``), ``model`` (the model's own,
@@ -73,14 +77,21 @@ class Decoder:
 
     Returns:
         :meth:`generate` ``(prompt_ids [T] or [1, T], max_new_tokens, eos_token_ids=None,
-        stream=None, sampling=None)`` returns a :class:`selfspec.Result`; ``stream`` receives
-        each step's committed ids, and a ``stream`` that returns a true value ends the decode
-        after that block (the result holds what was committed). ``.plugin`` is the plugin instance, ``.runner`` the
+        stream=None, sampling=None)`` returns a :class:`selfspec.Result`: it decodes greedily,
+        or samples with a :class:`selfspec.Sampling` (the call's, else the decoder's).
+        ``stream`` receives each step's committed ids, and a ``stream`` that returns a true
+        value ends the decode after that block (a stop string, a cancelled request; the result
+        holds what was committed). ``eos_token_ids=None`` stops at the model's EOS ids by the
+        host's one rule, the union of the generation config's, the model config's and the
+        tokenizer's (the same ids ``specdec`` and ``specdec bench`` stop at); ``()`` always
+        decodes ``max_new_tokens``. ``.plugin`` is the plugin instance, ``.runner`` the
         :class:`selfspec.Runner`, ``.auditor`` the last audited decode's auditor.
 
     Host enforces:
         An empty prompt, ids outside ``[0, vocab)``, a negative budget, or a prompt and
-        budget past the model's positions (``max_position_embeddings``) are a ``ValueError``.
+        budget past the model's positions (``len(prompt_ids) + max_new_tokens >
+        max_position_embeddings``) are a ``ValueError`` before anything runs
+        ([positions past the limit](docs/faq.md#may-a-forward-use-positions-past-the-models-limit)).
         Every hook result is checked (see each hook's contract) and a broken rule stops the
         decode with a ``PluginError`` naming the plugin; only verified tokens are committed
         and streamed; EOS (``eos_token_ids=None``: the host's one rule over generation config,
@@ -107,16 +118,21 @@ class Decoder:
         self.sampling = sampling or GREEDY
         self.tokenizer = tokenizer
         plugin = plugins.label(plugin)
+        #: the plugin's name (a composition's: its members joined by ``+``)
         self.plugin_name = plugin
         self.draft_slack = draft_slack
+        #: the :class:`selfspec.Runner` over the model
         self.runner = Runner(model, weight_layout=weight_layout, adopt=adopt_weights, exact=exact)
         self._placement = self.runner.placement  # None unless accelerate dispatched the model
+        #: the pluggy plugin manager and the plugin instance
         self.pm, self.plugin = make_manager(plugin, plugin_object, trace=trace)
         self.declared = plugins.declared_options(self.pm)
+        #: the validated options, defaults filled in
         self.options = resolve(self.declared, options or {}, plugin)
         self.audit = audit_from_env() if audit is None else audit
         self.audit_tolerance: float | None = None  # near-tie tolerance of the audit (None: per dtype)
         self.auditor: Auditor | None = None
+        #: the hooks the plugin implements (``"selfspec_verify" in decoder.plugin_hooks``)
         self.plugin_hooks = plugins.hook_names(self.pm, self.plugin) if self.plugin is not None else []
         self.weights = WeightGuard(model) if self.audit else None  # audit: the weights before setup
         self._call("selfspec_setup", runner=self.runner, options=self.options, tokenizer=tokenizer)
@@ -125,6 +141,7 @@ class Decoder:
 
     @property
     def hook(self) -> pluggy.HookRelay:
+        """The plugin manager's hook relay (``decoder.hook.selfspec_options(...)``)."""
         return self.pm.hook
 
     # ------------------------------------------------------------------------------ the loop

@@ -12,8 +12,10 @@ class Layers:
 
     ``Option("skip_attn", Layers, None, ...)`` parses the user's text into a sorted tuple of
     distinct non-negative ints (``""`` and ``"none"`` are the empty set); a Python sequence
-    of ints is taken as it is. The model's depth is not known when options are parsed: check
-    the range at setup with :func:`check_layers`. :func:`format_layers` writes the text back.
+    of ints is taken as it is. A layer listed twice or a malformed part is an
+    :class:`OptionError`. The model's depth is not known when options are parsed: check the
+    range at setup with :func:`check_layers`. :meth:`parse` parses the same syntax elsewhere (a
+    command's ``--layers``); :func:`format_layers` writes the text back.
     """
 
 
@@ -83,20 +85,24 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 class OptionError(ValueError):
-    """A user-supplied option is unknown or malformed."""
+    """A user-supplied option is unknown or malformed; the CLI prints it as one line."""
 
 
 @dataclass(frozen=True)
 class Option:
-    """One option a plugin accepts.
+    """One option a plugin accepts, declared in ``selfspec_options``: the host parses ``-o
+    name=value``, validates it and fills in defaults.
 
     ``type`` is ``int``, ``float``, ``str``, ``bool`` or :class:`Layers` (a layer set, parsed
-    into a sorted tuple); ``choices`` restricts the values; ``min``/``max`` bound numbers;
-    ``check`` is an extra validator returning an error message or None. ``default`` may be
-    None, meaning "the plugin decides" (at setup, e.g. from the model's depth); such an option
-    also accepts an explicit Python ``None`` with the same meaning (``options={"k": None}``),
-    while an option with a real default refuses ``None``. ``choices``, ``min``, ``max`` and
-    ``check`` never see ``None``.
+    into a sorted tuple). A ``float`` option takes ``"0.25"`` on the command line and an ``int``
+    from Python (``1`` becomes ``1.0``). ``choices`` restricts the values; ``min``/``max``
+    bound ``int`` and ``float`` values; ``check`` is an extra validator returning an error
+    message or None. ``default`` may be None, meaning "the plugin decides" (in
+    ``selfspec_setup``, e.g. from the model's depth): the plugin then receives ``None`` when the
+    user gave nothing, and an explicit Python ``None`` (``options={"k": None}``, in ``Decoder``
+    or the kit's ``assert_lossless``) means the same, while an option with a real default
+    refuses ``None`` with an :class:`OptionError` saying so. ``choices``, ``min``, ``max`` and
+    ``check`` never see ``None``. See [option types and None](docs/faq.md#option-types-and-none).
     """
 
     name: str
@@ -159,6 +165,7 @@ class Option:
         return value
 
     def describe(self) -> dict[str, Any]:
+        """The option as JSON: ``name``, ``type``, ``default``, ``help`` and ``choices``."""
         return {
             "name": self.name,
             "type": _TYPES[self.type],

@@ -40,7 +40,8 @@ SEPARATOR = "+"
 
 
 class PluginError(RuntimeError):
-    """A plugin could not be loaded, or broke a contract; the message names it."""
+    """A plugin could not be loaded, or broke a contract; the message names it. Exceptions a
+    hook raises reach the caller wrapped in it."""
 
     def __init__(self, plugin: str, message: str) -> None:
         super().__init__(f"plugin {plugin!r}: {message}")
@@ -80,7 +81,9 @@ def blocked() -> set[str]:
 
 
 def available() -> dict[str, PluginInfo]:
-    """Every installed method plugin (the built-in ``vanilla`` first), without importing any."""
+    """Every installed method plugin by name (the built-in ``vanilla`` first), without importing
+    any: ``{name: info}`` with the info's ``name``, ``version``, ``distribution`` and entry-point
+    ``value``. A plugin's test suite starts with ``assert "myplugin" in available_plugins()``."""
     found = {BUILTIN_METHOD: PluginInfo(BUILTIN_METHOD, __version__, "selfspec", "selfspec._engine.contract.builtin")}
     for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         dist = getattr(ep, "dist", None)

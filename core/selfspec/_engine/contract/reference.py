@@ -28,7 +28,8 @@ NEAR_TIE_TOLERANCE: dict[torch.dtype, float] = {
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """``[..., V]`` -> ``[...]`` int64: argmax over float32 logits (generate's rule)."""
+    """``[..., V]`` -> ``[...]`` int64: argmax over float32 logits (generate's rule), the
+    host's one definition of a greedy token."""
     return logits.to(torch.float32).argmax(-1)
 
 
@@ -39,7 +40,11 @@ def reference_generate(
     max_new_tokens: int,
     eos_token_ids: Iterable[int] = (),
 ) -> list[int]:
-    """New tokens of plain greedy decoding by ``model.generate(do_sample=False)``.
+    """New tokens of plain greedy decoding by ``model.generate(do_sample=False)``: Hugging
+    Face's own greedy decoding, the reference every losslessness check compares with. The new
+    tokens only (never the prompt, like ``Result.output_ids``), at most ``max_new_tokens``,
+    ending with the first of ``eos_token_ids`` when one comes (EOS included; see
+    [the question](docs/faq.md#what-does-reference_generate-return)).
 
     The model's own generation config (repetition penalties and the like) is replaced by a
     plain greedy one: selfspec decodes plain greedy, and that is what it is compared with.

@@ -38,10 +38,17 @@ _DOMAIN = 0x53504543  # the fourth counter word: "SPEC", so this stream is no ot
 
 @dataclass(frozen=True)
 class Sampling:
-    """How to pick each token: ``temperature`` 0 is greedy (the default); above 0 it samples
+    """How a decode picks its tokens: lossless sampling for every plugin (why it is lossless:
+    [losslessness.md](docs/losslessness.md#sampling)).
+
+    ``temperature`` 0 is greedy (the default) and runs no sampling code; above 0 it samples
     from ``softmax(logits / temperature)`` restricted to the ``top_k`` most likely tokens
     (0 = all) and to the smallest set whose probability reaches ``top_p`` (1.0 = all), with
-    noise keyed by ``seed`` and the position. Hugging Face's order: temperature, top-k, top-p."""
+    noise keyed by ``seed`` and the position. Hugging Face's order: temperature, top-k, top-p.
+    Precisely, the token at absolute position ``t`` is ``argmax(process(logits) + g(seed,
+    t))``: ``process`` is Hugging Face's warping in float32 (``/ temperature``, then top-k,
+    then top-p; filtered entries ``-inf``) and ``g(seed, t, ·)`` standard Gumbel noise from
+    Philox4x32-10 keyed only by ``(seed, t)``. A ``ValueError`` for a value out of range."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -64,6 +71,7 @@ class Sampling:
         return self.temperature == 0.0
 
     def as_dict(self) -> dict[str, float | int]:
+        """The JSON form: ``temperature``, ``top_k``, ``top_p``, ``seed``."""
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
 
     def scores(self, logits: torch.Tensor, position: int) -> torch.Tensor:
@@ -82,7 +90,8 @@ GREEDY = Sampling()
 def sample_tokens(logits: torch.Tensor, positions: torch.Tensor | Sequence[int], sampling: Sampling,
                   vocab: torch.Tensor | None = None) -> torch.Tensor:
     """``[n, V]`` logits -> ``[n]`` int64 token ids: row ``i`` picks the token at absolute
-    position ``positions[i]``. Greedy (:func:`selfspec.greedy`) when ``sampling`` is greedy.
+    position ``positions[i]``: what ``state.pick`` does without the decode's cache of noise
+    rows. Greedy (:func:`selfspec.greedy`) when ``sampling`` is greedy.
     ``vocab`` ``[V']``: the logits' columns are these token ids (a vocabulary subset); the
     ids returned are then vocabulary ids, not column indices."""
     if sampling.greedy:

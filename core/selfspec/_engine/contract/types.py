@@ -45,7 +45,7 @@ class Draft:
         probs: optional ``[k]`` float, the proposer's estimate of each node's probability of
             being accepted (its whole path from the pending token, so never above its
             parent's). The verifier ignores it; a composition values the node by it
-            (``docs/api.md``, "Composed drafts") instead of the member's running acceptance
+            ([composition.md](docs/composition.md)) instead of the member's running acceptance
             rate at that depth. :func:`selfspec.draft_tree`'s trees carry their calibrated
             ``probs``.
 
@@ -96,6 +96,7 @@ class Draft:
 
     @property
     def is_tree(self) -> bool:
+        """Whether the draft is a tree (``parents`` given) rather than a chain."""
         return self.parents is not None
 
     def best_path(self) -> list[int]:

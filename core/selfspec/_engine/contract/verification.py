@@ -32,17 +32,20 @@ from selfspec._engine.runner import masks
 
 @dataclass(frozen=True)
 class ExtraBlock:
-    """Tokens that ride along in a verifying forward, after the draft's nodes.
+    """Tokens that ride along in a verifying forward, after the draft's nodes: the extra
+    tokens of :func:`verify_tree` (a Lookahead window, selfdraft's branches).
 
     ``ids``/``positions``: ``[e]`` int64, positions absolute (the pending token is at
-    ``state.length - 1``) and below ``state.runner.max_positions``; ``mask``: ``[e, e]`` bool,
+    ``state.length - 1``, so a token right after it is at ``state.length``) and below
+    ``state.runner.max_positions``; ``mask``: ``[e, e]`` bool,
     which extra tokens each extra token sees (besides the cached prefix and the pending token,
     which every extra token sees; it never sees a draft node); ``rows``: ``[r]`` indices into
     ``ids`` whose predictions are wanted: ``state.pick`` for position ``positions[row] + 1``
     (the greedy token, or the decode's sampled one). The draft's nodes never see the extra
     tokens, so the verdict is the one :func:`verify_greedy` gives. ``[pending, nodes...,
     extra...]`` is written from cache slot ``state.length - 1`` and must fit in
-    ``state.cache.capacity`` (else a ``ValueError`` from the runner).
+    ``state.cache.capacity`` (else a ``ValueError`` from the runner). See
+    [positions, cache room and sampling](docs/faq.md#extrablock-positions-cache-room-and-sampling).
     """
 
     ids: torch.Tensor
@@ -52,7 +55,9 @@ class ExtraBlock:
 
 
 def verify_greedy(state: DecodeState, draft: Draft) -> Verdict:
-    """Verify a chain or tree draft with one full-model forward; see ``selfspec_verify``.
+    """Verify a chain or tree draft with one full-model forward over ``[pending, draft...]``
+    (causal for a chain, the ancestor mask for a tree); see ``selfspec_verify``. The built-in
+    verifier: call it from your own ``selfspec_verify`` to fall back to plain verification.
 
     Writes the keys/values of ``[pending, draft...]`` at cache slots ``state.length - 1`` on;
     captures ``state.capture_layers`` at the committed positions into ``Verdict.hidden``.
@@ -73,7 +78,8 @@ def verify_tree(state: DecodeState, draft: Draft, extra: ExtraBlock | None = Non
     """Verify a tree draft (a chain is the tree ``parents[i] = i - 1``) in one forward over
     ``[pending, nodes..., extra...]``; returns the verdict and the full model's token
     (``state.pick``: greedy, or the decode's sampled choice) after each of ``extra.rows``
-    (``[]`` without ``extra``).
+    (``[]`` without ``extra``). ``extra`` (an :class:`ExtraBlock`) holds tokens that ride along
+    in the same pass without being verified (selfdraft's draft branches).
 
     Cache: the block is written at slots ``state.length - 1`` on; the verdict's ``kv_slots``
     name the accepted path's slots (the extra tokens' slots are never kept).
@@ -119,6 +125,8 @@ def verify_from_layer(state: DecodeState, draft: Draft, hidden: Sequence[torch.T
     len(draft)``) it runs layers ``[0, layer)`` alone first. Then ``[pending, draft...]`` runs
     layers ``[layer, L)`` from those states at slot ``state.length - 1``. ``fields`` go to the
     :class:`Verdict` (``forwards=...``). Equal to :func:`verify_greedy` when ``hidden`` is exact.
+    Used by selfsd (reuse below the first skipped block) and hispec (from the intermediate
+    verifier's layer).
     """
     runner, cache = state.runner, state.cache
     base = state.length - 1
@@ -162,7 +170,8 @@ def chain_verdict(draft: Draft, logits: torch.Tensor, *, state: DecodeState | No
 
 
 def tree_path(parents: Sequence[int], tokens: Sequence[int], pred: Sequence[int]) -> list[int]:
-    """Longest root-to-node path whose tokens equal the model's predictions.
+    """Longest root-to-node path whose tokens equal the model's predictions: the accepted node
+    indices, root first (``[]`` when the first token is already wrong).
 
     ``pred[n+1]`` is the model's token after node n (``pred[0]`` after the pending token).
     Among children with the right token the first in draft order wins (they are identical

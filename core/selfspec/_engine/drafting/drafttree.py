@@ -58,9 +58,11 @@ class DraftTree:
     tokens those passes ran in all; ``candidates``: nodes scored before the choice of size;
     ``expected``: ``1 + probs.sum()``, the expected committed tokens if the draft's
     probabilities were exact; ``cost``: the step's estimated cost in one-token verify
-    forwards (``nan`` without a curve); ``guessed``/``agreed``: guessed tokens judged and
-    those the draft itself ranked first (each guess up to its first disagreement: the
-    evidence for ``guess_rate``).
+    forwards (``nan`` without a curve); ``widths``: each pass's width; ``local``: each node's
+    own raw draft probability; ``guessed``/``agreed``: guessed tokens judged and those the
+    draft itself ranked first (each guess up to its first disagreement: the evidence for
+    ``guess_rate``). ``probs`` are calibrated when :func:`draft_tree` was given ``calibrate``;
+    :meth:`draft` makes the ``Draft`` (with ``probs``).
     """
 
     tokens: torch.Tensor
@@ -108,6 +110,25 @@ def draft_tree(
 ) -> DraftTree:
     """Grow a draft tree after ``pending`` (``[1]`` int64, at cache slot ``slot``) with ``step``.
 
+    A dynamic draft tree from any drafter (EAGLE-2 / SWIFT style), to verify with
+    :func:`verify_tree` (the host's verifier does it for a tree ``Draft``).
+    ``step(ids [q], start, positions [q], mask) -> logits [q, V']`` is one draft pass over a
+    block written at cache slots ``[start, start+q)`` (``mask``: ``None`` or ``[q, start+q]``
+    bool, for ``Runner.forward``'s ``block_mask``); :func:`skip_layer_step` makes one from a
+    skip set, and any other drafter (an early exit, a compressed copy) is a few lines. The
+    pending token's pass gives the root's ``topk`` children; then, depth by depth up to
+    ``max_depth``, the ``topk`` newest candidates with the highest cumulative draft
+    probability run one pass together (each sees the prefix, the pending token and its own
+    ancestors' draft slots; position = the pending token's + depth; the ``j``-th expanded node
+    writes slot ``slot + 1 + j``) and add their ``topk`` children. The tree is the ``n`` most
+    probable candidates (closed under ancestors), ``n = budget``, or, with ``budget=None``, the
+    ``n`` that maximises ``(1 + sum of their probabilities) / (draft cost + cost(n + 1))``
+    (:func:`selfspec.provisional.choose_size`). With a ``cost``, each pass expands the
+    ``q <= topk`` best frontier nodes whose optimistic ratio ``(expected + their probability
+    mass) / (cost + draft_cost * cost(q) + the verify cost of q more nodes)`` is highest, and
+    drafting stops when no ``q`` beats the best tree's expected tokens per unit of cost (a
+    confident draft grows a chain, an unsure one a wider tree where wide passes are cheap).
+
     max_depth: deepest node (the host's ``state.max_draft_depth`` bounds it). topk: children
     kept per expanded node, and nodes expanded per depth. budget: most nodes in the tree;
     ``None`` = chosen by ``cost`` (then required). cost: verify cost of a block of ``w`` tokens
@@ -122,20 +143,26 @@ def draft_tree(
     earlier members, :attr:`selfspec.DecodeState.prior`): the first pass runs the pending token
     and the prefix together (causal), so each prefix token becomes a node scored by the draft's
     own probability of it, beside its ``topk`` alternatives, and the tree grows from all of
-    them; a prefix token past ``max_depth`` or the room is dropped. prefix_probs: the probability
+    them (the frontier is every candidate of that pass but the prefix nodes, each expanded node
+    at its own depth's position); a prefix token past ``max_depth`` or the room is dropped.
+    prefix_probs: the probability
     that each prefix token is accepted with those before it (a composition's node values); with
     a cost curve the prefix is then cut where its next token no longer pays for its row, as a
     guess is (below).
     guess: ``guess(path) -> tokens``, a cheap guess of what follows a node (``path``: its tokens
     from the root, ``[]`` for the pending token), e.g. :meth:`selfspec.NgramIndex.lookup` over
     the context: every pass after the first runs the guess after its most probable frontier
-    node as rows of the same pass (causal after that node), scored and expanded like the
-    prefix, so a right guess advances the tree several depths in one pass; the first pass
-    runs the pending token's guess when there is no prefix. guess_rate: the probability that a
-    guessed token is the draft's own choice when the ones before it were (learned by the
-    caller, e.g. :class:`TreeConfig`); with a cost curve, a guess runs the ``m`` tokens that
-    maximise ``sum(guess_rate**j for j <= m) * pass(q) - (pass(q + m) - pass(q))`` (each
-    right token saves a pass of the ``q`` frontier rows), all of it without a curve.
+    node as rows of the same pass (causal after that node, at the positions after it, seeing
+    what it sees and none of the other frontier nodes), each guessed token a node scored by the
+    draft's own probability of it and expanded with its own row, like a prefix token, so a
+    right guess advances the tree several depths in one pass and a wrong one adds a few
+    low-probability nodes; the first pass runs the pending token's guess when there is no
+    prefix; a guessed token past ``max_depth`` or the room is dropped. guess_rate: the
+    probability that a guessed token is the draft's own choice when the ones before it were
+    (learned by the caller, e.g. :class:`TreeConfig`); with a cost curve, a guess runs the
+    ``m`` tokens that maximise ``sum(guess_rate**j for j <= m) * pass(q) - (pass(q + m) -
+    pass(q))`` (each right token saves a pass of the ``q`` frontier rows), all of it without a
+    curve.
     draft_curve: a draft pass's cost at width ``w`` relative to width 1 (a
     :class:`selfspec.provisional.CostCurve` measured on the draft weights: a compressed
     copy's kernels grow with the width unlike the full model's); ``None``: ``cost``. A pass of

@@ -15,14 +15,17 @@ class NgramIndex:
 
     ``extend`` appends tokens and indexes the n-grams whose continuation became known;
     ``match`` finds the longest suffix that occurred before; ``continuation`` returns what
-    followed it. Invariant: after ``extend``, every n-gram ``tokens[s-n:s]`` with
-    ``s < len(tokens)`` is indexed at its largest such ``s``.
+    followed it; ``lookup`` guesses what comes after a path that continues the list.
+    Invariant: after ``extend``, every n-gram ``tokens[s-n:s]`` with ``s < len(tokens)`` is
+    indexed at its largest such ``s``. Prompt lookup's retrieval; used by lookup, by
+    selfdraft's history source and by the tree drafts' ``tree_guess``.
     """
 
     def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError("n-grams need 1 <= min_n <= max_n")
         self.max_n, self.min_n = max_n, min_n
+        #: the indexed token list
         self.tokens: list[int] = []
         self.index: dict[tuple[int, ...], int] = {}
 

@@ -69,6 +69,8 @@ def skip_layer_draft(
 
     weights: the model's draft weights (:func:`selfspec.draft_weights`): the draft model runs
     their compressed layers and head (a token outside their draft vocabulary is never drafted).
+
+    Draft & Verify's draft exit, one token per forward; used by selfsd and clasp.
     """
     tokens: list[torch.Tensor] = []
     captured: list[torch.Tensor] = []

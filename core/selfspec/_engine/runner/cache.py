@@ -25,17 +25,20 @@ class KVCache:
 
     Operations: :meth:`crop` (per layer range), :meth:`keep` (gather kept slots, for a tree's
     accepted path), and, through :meth:`view`, append/overwrite at a slot or attend
-    read-only without writing.
+    read-only without writing. A rejected draft's slots are simply overwritten by the next
+    write.
     """
 
     def __init__(self, n_layers: int, capacity: int, device: torch.device | str = "cpu") -> None:
         if capacity <= 0:
             raise ValueError("cache capacity must be positive")
         self.n_layers = n_layers
+        #: slots per layer (``Runner.new_cache(capacity)``)
         self.capacity = capacity
         self.device = torch.device(device)
         self.keys: list[torch.Tensor | None] = [None] * n_layers
         self.values: list[torch.Tensor | None] = [None] * n_layers
+        #: each layer's valid length (:attr:`length` when they all agree)
         self.lengths: list[int] = [0] * n_layers
         # pos: [capacity] position id of the token in each slot (shared by all layers)
         self.pos = torch.zeros(capacity, dtype=torch.long, device=self.device)
@@ -50,6 +53,7 @@ class KVCache:
         return first
 
     def reset(self) -> None:
+        """Forget every slot of every layer (valid lengths 0)."""
         self.lengths = [0] * self.n_layers
 
     def crop(self, length: int, layers: Iterable[int] | None = None) -> None:

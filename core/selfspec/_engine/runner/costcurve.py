@@ -44,8 +44,10 @@ class CostCurve:
 
     ``widths``: increasing, starting at 1; ``costs``: the same length, non-decreasing, ``costs[0]
     == 1``. Between widths the cost is interpolated linearly, beyond the last it grows with the
-    last segment's slope. ``meta``: how it was made (machine, raw seconds, the command); a draft
-    pass's curve also holds ``relative``, :attr:`relative`.
+    last segment's slope. Called as ``curve(w)``. ``meta``: how it was made (machine, raw
+    seconds, the command); a draft pass's curve also holds ``relative``, :attr:`relative`.
+    :meth:`from_times` builds one from measured seconds; :meth:`as_dict` and :meth:`from_dict`
+    are its JSON form.
     """
 
     widths: tuple[int, ...]
@@ -91,10 +93,12 @@ class CostCurve:
         return None if value is None else float(value)
 
     def as_dict(self) -> dict[str, Any]:
+        """The JSON form (what the store keeps)."""
         return {"version": CURVE_VERSION, "widths": list(self.widths), "costs": list(self.costs), "meta": self.meta}
 
     @classmethod
     def from_dict(cls, blob: dict[str, Any]) -> CostCurve:
+        """The curve of :meth:`as_dict`'s JSON form."""
         return cls(tuple(int(w) for w in blob["widths"]), tuple(float(c) for c in blob["costs"]),
                    dict(blob.get("meta") or {}))
 
@@ -104,7 +108,8 @@ def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix
     """Time full-model forwards of blocks of each width (with all their logits, as a tree's
     verification computes them) at slot ``prefix`` of a cache holding ``prefix`` tokens; the
     widths interleaved within each of ``repeats`` rounds, after one warm-up round; each width's
-    fastest time counts. ``weights``: time draft passes on these draft weights
+    fastest time counts (load from other processes only adds time), divided by the one-token
+    time, made non-decreasing. ``weights``: time draft passes on these draft weights
     (:func:`selfspec.draft_weights`) instead: the curve of a draft pass's cost by width, and a
     one-token full forward in every round too, for :attr:`CostCurve.relative`."""
     widths = sorted(set(int(w) for w in widths) | {1})
@@ -131,11 +136,19 @@ def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix
 def cost_curve(runner: Runner, *, store: ArtefactStore | None = None, refresh: bool = False,
                widths: Sequence[int] = WIDTHS, weights: Any = None) -> CostCurve:
     """This model shape's cost curve on this machine: from the process, else from the store
-    (``<cache dir>/drafttree/costcurve-<key>.json``), else measured now (a few seconds at 1.5B)
-    and saved. ``refresh=True`` measures again. ``weights``: the curve of draft passes on these
-    draft weights (:func:`selfspec.draft_weights`; its backend and draft vocabulary join the
-    key), for :func:`selfspec.draft_tree`'s ``draft_curve``; the model's own curve when they
-    compress nothing (``none``)."""
+    (``<cache dir>/drafttree/costcurve-<key>.json``, with its raw timings and machine), else
+    measured now (:func:`measure_cost_curve`: 36 forwards, a few seconds at 1.5B) and saved.
+    The key names the architecture, depth, width, vocabulary, dtype, weight layout and a hash of
+    the CPU model, instruction-set level, threads, device and torch's version, so a new torch's
+    kernels are measured again. ``refresh=True`` measures again (do it on a quiet machine: the
+    curve is only as good as the timings). ``widths``: the block widths measured (a tree of
+    ``n`` nodes verifies ``n + 1`` tokens). ``weights``: the curve of draft passes on these
+    draft weights (:func:`selfspec.draft_weights`; its backend, compressed layers and draft
+    vocabulary join the key), for :func:`selfspec.draft_tree`'s ``draft_curve``: a compressed
+    copy's kernels grow with the width unlike the full model's (the int8 copy of a 1.5B model
+    on a Zen 4: 1.48 at 8 rows against the full model's 1.22), so a drafter passes it to
+    ``draft_tree``; qspec, selfsd and clasp do. The model's own curve when they compress nothing
+    (``none``)."""
     store = store or STORE
     if weights is not None and not weights.layers and weights.head_module is None:
         weights = None  # the model's own layers and head: its own curve

@@ -38,7 +38,9 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9.+-]*\Z")
 
 
 class WeightFormatError(ValueError):
-    """An unknown weight format, one that cannot run here, or a malformed registration."""
+    """An unknown weight format (the message lists the registered ones), one that cannot run
+    here, or a malformed registration. :class:`selfspec.DraftWeightsError` and the runner's
+    ``WeightLayoutError`` are its subclasses."""
 
 
 class FormatPackageError(WeightFormatError):
@@ -54,7 +56,8 @@ class FormatPackageError(WeightFormatError):
 
 def weight_formats(role: str | None = None) -> dict[str, WeightFormat]:
     """``{name: format}`` of every registered format (of ``role`` when given), in registration
-    order: the host's first, then each package's. Loaded once per process."""
+    order: the host's first, then each package's. Loaded once per process
+    ([weight-formats.md](docs/weight-formats.md))."""
     global _REGISTRY
     if _REGISTRY is None:
         _REGISTRY = _load()

@@ -14,7 +14,9 @@ from selfspec._engine.runner.placement import loaded
 
 @dataclass(frozen=True)
 class ModelIdentity:
-    """Architecture, sizes and a fingerprint of a model's weights (see :func:`model_identity`)."""
+    """Architecture, sizes and a fingerprint of a model's weights (see :func:`model_identity`):
+    ``model_type``, ``n_layers``, ``hidden_size``, ``vocab_size``, ``fingerprint``; :attr:`key`
+    names its files, :meth:`as_dict` is the JSON form."""
 
     model_type: str
     n_layers: int
@@ -28,6 +30,7 @@ class ModelIdentity:
         return f"{self.model_type}-{self.n_layers}x{self.hidden_size}-{self.fingerprint}"
 
     def as_dict(self) -> dict[str, Any]:
+        """The JSON form of the identity."""
         return asdict(self)
 
 

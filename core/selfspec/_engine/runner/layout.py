@@ -4,7 +4,7 @@
   on this CPU (float32 on any x86 CPU; bfloat16/float16 only where the CPU has oneDNN's
   low-precision kernels, see :func:`packing_unsupported`), else ``"model"``; the runner then
   measures which of the layouts that can run here is fastest
-  (:func:`selfspec._engine.tuning.calibration.choose_weight_layout`). Never an error.
+  (:func:`selfspec._engine.runner.layout_choice.choose_weight_layout`). Never an error.
 * ``"model"``: the model's weights as they are. The runner's logits are
   bitwise those of the model's own forward, in every dtype.
 * ``"transposed"``: the runner keeps its own copy of every ``nn.Linear`` weight of the decoder
@@ -306,7 +306,7 @@ class PackedLinear(nn.Linear):
 
     #: rows a one-row input is computed in (the row, then zero rows): oneDNN's kernel for one
     #: row can be slower than for a few (it is on Zen 4). Measured per machine and model shape
-    #: by the runner (:func:`selfspec._engine.tuning.calibration.choose_one_row_width`); 1 unmeasured.
+    #: by the runner (:func:`selfspec._engine.runner.layout_choice.choose_one_row_width`); 1 unmeasured.
     one_row_width = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -51,8 +51,9 @@ class DraftCopy(Protocol):
 
 @dataclass
 class ForwardOut:
-    """``hidden``: ``[1, q, H]`` after the last layer run (before the final norm).
-    ``logits``: ``[n, V]`` for the requested rows, or ``None``. ``captured``:
+    """``hidden``: ``[1, q, H]`` after the last layer run (before the final norm: after a full run
+    ``runner.head(out.hidden[0])`` equals ``logits``). ``logits``: ``[n, V]`` for the requested
+    rows, or ``None`` (``logits=None``, or a run that stopped before the last layer). ``captured``:
     ``{layer: [q, H]}``, layer 0 = the input of layer 0, layer i = the output of layer i-1."""
 
     hidden: torch.Tensor
@@ -188,6 +189,7 @@ class Runner:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The model's dtype (its embedding's)."""
         return self.embedding.weight.dtype
 
     def new_cache(self, capacity: int) -> KVCache:
@@ -265,12 +267,14 @@ class Runner:
         substitutes: Mapping[int, nn.Module] | None = None,
         weights: DraftCopy | None = None,
     ) -> ForwardOut:
-        """Run a block of ``q`` tokens through layers ``[a, b)``.
+        """Run a block of ``q`` tokens through layers ``[a, b)``, under ``torch.inference_mode()``.
 
-        ids: ``[q]`` token ids (needs ``a == 0``), or hidden: ``[1, q, H]`` the input of layer a.
+        ids: ``[q]`` token ids (batch size 1; needs ``a == 0``), or hidden: ``[1, q, H]`` the
+            input of layer a.
         cache/start: the block's keys/values go to slots ``[start, start+q)`` (default: the
             valid length of layer ``a``) and it attends to slots ``[0, start)``; every layer run
-            must hold at least ``start`` valid slots. ``cache=None`` runs without a prefix.
+            must hold at least ``start`` valid slots (a slot that held a rejected draft is simply
+            overwritten). ``cache=None`` runs without a prefix.
         positions: ``[q]`` position ids (default ``start + arange(q)``), absolute (the position
             of the token in the sequence, from 0), each below :attr:`max_positions`: a
             position at or past the model's limit is a ``ValueError`` naming it.
@@ -282,8 +286,10 @@ class Runner:
             attention block writes no keys/values).
         write: ``False`` attends without writing the cache (read-only).
         capture: layer indices (0..L) whose input state to return in ``captured``.
-        logits: ``"all"``, ``"last"``, ``None``, or ``[n]`` row indices; computed only when
-            ``b`` is the last layer (use :meth:`head` for an early exit).
+        logits: the rows that get the LM head: ``"all"`` (``[q, V]``), ``"last"`` (``[1, V]``),
+            ``[n]`` row indices (``[n, V]``) or ``None`` (no LM head, as in prefill); computed
+            only when ``b`` is the last layer, else ``None`` whatever ``logits=`` says (use
+            :meth:`head` on ``out.hidden[0]`` for an early exit).
         substitutes: ``{layer: module}`` to run instead of the model's own layer.
         weights: draft weights (:func:`selfspec.draft_weights`) for a *draft* pass: their
             compressed layers run instead of the model's (``substitutes`` still win for the

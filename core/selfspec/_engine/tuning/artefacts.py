@@ -26,6 +26,13 @@ class ArtefactError(ValueError):
 class ArtefactStore:
     """Files of one plugin under ``<selfspec cache dir>/<plugin>/`` (created on first save).
 
+    A plugin that tunes or calibrates something for one model keeps it in its store, named by
+    the model's identity (:func:`model_identity`), and takes a ``profile`` option
+    ``auto|none|PATH`` resolved by :func:`resolve_profile`. :meth:`path` and :meth:`find` (the
+    user's file, else the same relative name inside the ``shipped`` package) locate files;
+    :meth:`save` and :meth:`save_text` write atomically (an interrupted save leaves no partial
+    file). ``root``: another folder than the cache directory's (tests).
+
     ``shipped``: a package (``__package__`` of the plugin) holding artefacts shipped with the
     plugin under the same relative names (``profiles/<key>.json`` in the store and in the
     package), found by :meth:`find` after the user's own.

@@ -17,12 +17,26 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class CommandContext:
-    """The command line as a plugin command sees it (``ctx.obj``).
+    """The command line as a plugin command sees it, and nothing more (a new CLI flag never
+    changes it).
+
+    A plugin adds commands with the ``selfspec_commands`` hook ([hooks.md](docs/hooks.md));
+    each is a ``click.Command`` that receives a ``CommandContext`` as ``ctx.obj``::
+
+        @click.command("calibrate")
+        @click.pass_obj
+        def calibrate(command: CommandContext) -> None:
+            loaded = command.load_model()              # the model the user chose, its tokenizer
+            baseline = command.decoder(loaded, "vanilla")
+            mine = command.decoder(loaded)             # the selected plugin with the user's -o options
 
     ``plugin``: the selected plugin's name; ``weight_layout``: the ``--weight-layout`` asked for
     (``"auto"`` when none). :meth:`load_model` loads the model the user chose (``--model``,
-    ``--dtype``, ``--device``, ``--threads``); :meth:`decoder` builds a :class:`selfspec.Decoder`
-    for it; :meth:`options` / :meth:`given_options` are the plugin's ``-o`` options.
+    ``--dtype``, ``--device``, ``--device-map``, ``--threads``); :meth:`decoder` builds a
+    :class:`selfspec.Decoder` for it (always with the chosen weight layout and the model's
+    tokenizer); :meth:`options` / :meth:`given_options` are the plugin's ``-o`` options. Where
+    a command writes its output is its own option (``--out``), by default in the plugin's
+    :class:`selfspec.ArtefactStore`.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -39,7 +53,8 @@ class CommandContext:
         return self._settings.weight_layout or "auto"
 
     def load_model(self) -> Loaded:
-        """Set the thread count and load the chosen model: ``.model``, ``.tokenizer``, ``.chat``,
+        """Set the thread count and load the chosen model (``--model``, ``--dtype``,
+        ``--device``, ``--device-map``, ``--threads``): ``.model``, ``.tokenizer``, ``.chat``,
         ``.eos_token_ids`` (as :func:`selfspec.app.load_model` returns)."""
         return self._settings.load_model()
 
@@ -55,7 +70,7 @@ class CommandContext:
     def decoder(self, loaded: Loaded, plugin: str | None = None, options: dict[str, Any] | None = None) -> Decoder:
         """A :class:`selfspec.Decoder` over ``loaded`` with the chosen weight layout: the selected
         plugin with the user's ``-o`` options when ``plugin`` is ``None``, else the named plugin
-        (e.g. ``"vanilla"`` for a baseline) with ``options``."""
+        (e.g. ``"vanilla"`` for a baseline) with ``options``; always the model's tokenizer."""
         if plugin is None and options is None:
             return self._settings.decoder(loaded)
         from selfspec._engine.contract.loop import Decoder

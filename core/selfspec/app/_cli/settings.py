@@ -47,8 +47,10 @@ class BadInput(CliError):
 
 @dataclass
 class Settings:
-    """What the command line asked for. Plugin commands receive it as ``ctx.obj``
-    (``@click.pass_obj``) and use :meth:`load_model` and :meth:`decoder`."""
+    """What the command line asked for: the CLI's own dataclass, one field per flag. For
+    scripts that drive the CLI's machinery (``Settings(plugin="lookup").plugin_name``); it
+    changes whenever a flag is added, so plugin commands use :class:`CommandContext` (their
+    ``ctx.obj``) instead."""
 
     plugin: str | None = None
     plugin_file: str | None = None
@@ -207,7 +209,9 @@ def placement_record(loaded: Loaded) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn the host's own "bad input" exceptions into one-line click errors."""
+    """``with user_errors(): ...`` turns the host's own "bad input" exceptions
+    (``OptionError``, ``PluginError``, a model that cannot be loaded or is not supported, an
+    unknown weight layout) into one-line click errors."""
     from selfspec._engine.contract.options import OptionError
     from selfspec._engine.contract.plugins import PluginError
     from selfspec._engine.runner import UnsupportedModelError

@@ -34,7 +34,9 @@ def load(
     max_memory: str | dict[Any, Any] | None = None,
     offload_folder: str | os.PathLike[str] | None = None,
 ) -> Loaded:
-    """Load a causal LM and its tokenizer.
+    """Load a causal LM and its tokenizer: a ``Loaded`` (``.model``, ``.tokenizer``, ``.chat``,
+    ``.eos_token_ids``, ``.placement``). The host's one loader: the CLI, ``specdec bench`` and
+    ``specdec sweep`` use it.
 
     ``model``: None (the embedded default), an embedded alias (``smollm2-135m-instruct``,
     ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``; see ``specdec models``), a Hugging Face model directory, a ``.gguf`` file, or a hub id already in
@@ -45,12 +47,28 @@ def load(
 
     A model bigger than memory (accelerate places it, :mod:`.placement`): ``device_map``
     (``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``, a ``{module: device}``
-    dict or its JSON text; devices ``cpu``, ``disk``, ``cuda:N``), ``max_memory``
+    dict or its JSON text; devices ``cpu``, ``disk``, ``cuda:N`` or an index), ``max_memory``
     (``"cpu=6GiB,disk=40GiB"`` or ``{"cpu": "6GiB"}``: what each device may hold; the rest
     goes to the next device, then to disk) and ``offload_folder`` (where weights offloaded to
     disk are written when the checkpoint is not safetensors). Either of the last two alone
-    means ``device_map="auto"``. The result's ``placement`` says where the layers went.
-    Raises :class:`ModelLoadError` with a message saying what to do.
+    means ``device_map="auto"``. A bad value is a :class:`ModelLoadError` of one line; so is a
+    model that cannot be loaded, with a message saying what to do.
+
+    The result's ``placement`` (and ``Runner.placement``, ``Stats.placement``) says where the
+    layers went; ``None`` for a model on one device. Every plugin decodes such a model
+    losslessly, its drafts reading the host's in-memory draft weights, never the disk::
+
+        from selfspec import Decoder
+        from selfspec.app import format_prompt, load_model
+
+        loaded = load_model("qwen2.5-coder-1.5b", max_memory="cpu=4.4GiB")  # the rest on disk
+        print(loaded.placement["layers"])  # "0-14 cpu, 15-27 disk"
+        decoder = Decoder(loaded.model, "selfsd", tokenizer=loaded.tokenizer)
+        result = decoder.generate(format_prompt(loaded, "Reverse a string in Python."), 64)
+        print(result.text, result.stats.tau, result.stats.placement["offloaded_layers"])
+
+    A model dispatched by other means (``accelerate.dispatch_model``, ``from_pretrained`` in
+    your own code) works the same way: ``Decoder`` reads the placement off the model's hooks.
     """
     torch_dtype = parse_dtype(dtype)
     request = placement_request(device_map, max_memory, offload_folder)
@@ -106,7 +124,9 @@ def load(
 
 
 def format_prompt(loaded: Loaded, text: str) -> list[int]:
-    """Token ids of ``text``: through the chat template for chat models, else a plain encode."""
+    """Token ids of one user turn ``text``: through the chat template for chat models, else a
+    plain encode with the tokenizer's special tokens. The host's one prompt encoder:
+    ``specdec``, ``specdec check`` and ``specdec bench`` all use it."""
     return format_conversation(loaded, [text], [])
 
 

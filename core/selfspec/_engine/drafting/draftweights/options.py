@@ -24,7 +24,13 @@ def register_draft_options(register: Callable[[Option], None], *, weights: str =
     :func:`selfspec.draft_weights`) and ``draft_vocab`` (default ``vocab``, 0: the size of the
     draft vocabulary, :func:`selfspec.draft_vocab`; 0 = all). Read them back as
     ``selfspec.draft_weights(runner, options["draft_weights"], selfspec.draft_vocab(runner,
-    options["draft_vocab"], tokenizer))``."""
+    options["draft_vocab"], tokenizer))``. Used by selfsd and clasp.
+
+    The defaults are the host's, so every drafter gets the same: ``auto``, because a draft
+    token on the shared int8 copy costs a fraction of one on the float32 weights at the same
+    acceptance, and the whole vocabulary, because a smaller one saved nothing measurable
+    ([performance.md](docs/performance.md)); ``-o draft_weights=none`` is the papers' setting.
+    A plugin passes other defaults only where it measured them better."""
     register(Option("draft_weights", str, weights,
                     "weights the draft model reads (the host's shared compressed copy): none (the model's "
                     "own), a registered draft format (`specdec plugins` lists them and where each runs: "

@@ -67,7 +67,8 @@ BACKENDS: FormatChoices = FormatChoices("draft")
 
 
 class DraftWeightsError(WeightFormatError):
-    """A backend this device, dtype or installation cannot run, or a bad draft vocabulary."""
+    """A backend this device, dtype or installation cannot run, or a bad draft vocabulary
+    (empty, out of range, repeated ids)."""
 
 
 def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
@@ -129,7 +130,8 @@ class _RowsOf(nn.Module):
 
 @dataclass(eq=False)
 class DraftWeights:
-    """Compressed layers and head of one model for draft passes (see the module doc).
+    """Compressed layers and head of one model for draft passes (:func:`draft_weights` builds
+    them).
 
     ``backend``: the resolved backend. ``layers``: ``{layer: module}`` substitutes for the
     runner (empty for ``none``: the model's own layers run). ``head_module``: ``[..., H]`` ->
@@ -137,7 +139,8 @@ class DraftWeights:
     ``[V']`` int64 token ids the head projects onto, or ``None`` for all ``vocab_size``.
     ``embedding``: an in-memory copy of an offloaded embedding (else ``None``: the model's
     own). ``nbytes``: the memory these copies add to the model's (``layer_bytes`` +
-    ``head_bytes`` + ``embedding_bytes``).
+    ``head_bytes`` + ``embedding_bytes``). :meth:`head` ``(runner, hidden) -> [..., V]``: the
+    model's final norm, the draft head, soft-capping; ``-inf`` outside the vocabulary.
     """
 
     backend: str
@@ -152,6 +155,7 @@ class DraftWeights:
 
     @property
     def nbytes(self) -> int:
+        """Bytes these copies add to the model's: ``layer_bytes + head_bytes + embedding_bytes``."""
         return self.layer_bytes + self.head_bytes + self.embedding_bytes
 
     def head(self, runner, hidden: torch.Tensor) -> torch.Tensor:
@@ -189,16 +193,44 @@ def _vocab_key(vocab: torch.Tensor | None) -> str:
 
 def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = None, *,
                   layers: bool = True) -> DraftWeights:
-    """The :class:`DraftWeights` of ``runner``'s model with ``backend`` (resolved with
-    :func:`resolve_backend`) and draft vocabulary ``vocab`` (``[V']`` distinct token ids, or
-    ``None`` for the whole vocabulary).
+    """The :class:`DraftWeights` of ``runner``'s model with ``backend`` and draft vocabulary
+    ``vocab``: compressed copies of the model's decoder layers and LM head that only draft
+    passes read (``runner.forward(..., weights=dw)``, ``skip_layer_draft(..., weights=dw)``);
+    verification never passes them, so it reads the model's own weights and the output is
+    unchanged.
 
     Built on first use, one layer (and then the head) at a time, so no float32 temporary of the
-    whole model is made; later calls for the same model, backend and vocabulary (from any
-    runner or plugin) return the same copies. They are rebuilt if the model's weights were
-    replaced since (the key holds each weight's storage pointer and version).
-    ``layers=False``: the head only (``layers`` empty, nothing built for them), for a drafter
-    that runs the model's own layers and compresses only its projection onto the vocabulary.
+    whole model is made (a weight is quantized a few thousand rows at a time); later calls for
+    the same model, backend and vocabulary (from any runner or plugin) return the same copies:
+    every runner and plugin over the model that asks for the same backend gets the same layer
+    copies (and per vocabulary, the same head). They are rebuilt if the model's weights were
+    replaced since (the key holds each weight's storage pointer and version). The embedding is
+    not copied (a forward reads only its tokens' rows), except when accelerate offloaded it to
+    disk: then the draft weights keep one in-memory copy (``embedding``), so a draft never reads
+    the disk. Offloaded layers and head are read one module at a time through accelerate's
+    hooks to build their copies. ``layers=False``: the head only (``layers`` empty, nothing
+    built for them), for a drafter that runs the model's own layers and compresses only its
+    projection onto the vocabulary (as hispec's exits do).
+
+    ``backend`` (:data:`selfspec.DRAFT_WEIGHTS`): ``none`` (the model's own weights; a draft
+    vocabulary still cuts the head to its rows), ``auto``, or any registered draft format
+    ([weight-formats.md](docs/weight-formats.md) lists the host's; ``specdec plugins`` lists
+    them with where each runs here). ``auto``: on CPU, the fastest per draft token of ``none``
+    and every registered format with ``auto=True`` that runs here, *measured on this machine*
+    at the model's first use; ``int8`` when the measurement cannot tell them apart; a
+    ``gated`` winner (a 4-bit copy) must also pass the agreement gate: its agreement with the
+    model and the fastest other copy's, measured once per model on the model's own text,
+    weighed against their measured costs (a chain draft's committed tokens per second), else
+    the other copy runs ([performance.md](docs/performance.md), "Measured choices"; recorded in
+    ``runner.choices["draft_weights"]`` and ``Stats.choices``); ``bnb-int8`` on CUDA when
+    installed, else ``none``. An explicit backend that cannot run here raises
+    :class:`DraftWeightsError` naming why.
+
+    ``vocab``: a draft vocabulary, ``[V']`` distinct token ids (from :func:`draft_vocab`), or
+    ``None`` for the whole vocabulary. The head then projects onto those rows only; the logits
+    stay ``[n, V]`` with ``-inf`` outside, so argmax, probabilities and draft exits work
+    unchanged and a token outside is never drafted. ``specdec bench --memory`` records the
+    bytes built (``draft_weights_bytes``).
     """
     kind = resolve_backend(backend, runner.device, runner.dtype)
     if backend == "auto" and runner.device.type == "cpu":

@@ -99,7 +99,14 @@ def vocab_ranking(vocab_size: int, tokenizer: Any = None, *, progress: bool = Tr
 def draft_vocab(runner, size: int, tokenizer: Any = None, *, progress: bool = True) -> torch.Tensor | None:
     """The ``size`` highest-ranked token ids (sorted, ``[size]`` int64 on the runner's device),
     or ``None`` for the whole vocabulary: ``size`` 0 or at least the vocabulary, or no corpus to
-    rank by (said once on stderr; the benchmark data packages hold the corpus)."""
+    rank by (said once on stderr; the benchmark data packages hold the corpus).
+
+    The ranking: the tokenizer's special tokens, then the tokens of the registered corpus
+    (:func:`selfspec.provisional.set_vocab_corpus`; ``specdec`` registers
+    ``selfspec.app.corpus_texts``, the dev split, so the engine never imports the app; at most
+    2M tokens, counted with the model's tokenizer and cached per tokenizer in
+    ``<cache_dir>/draftvocab/``) by count, then the unseen ones by id. Without a tokenizer (test
+    models) the ids in order (a byte-pair vocabulary's merge order, roughly by frequency)."""
     V = int(runner.vocab_size)
     if size <= 0 or size >= V:
         return None
