@@ -1,4 +1,7 @@
-"""Layer-level execution of Hugging Face causal LMs: adapters, masks, the KV cache."""
+"""The runner room: layer-level execution of Hugging Face causal LMs (adapters, masks, the KV
+cache, placement), the weight-format registry with its layouts and library linears, a model's
+identity and its cost-per-width curve. It imports tuning below it, never the contract or the
+drafting room above."""
 
 from selfspec._engine.runner.adapters import (
     Adapter,
