@@ -56,8 +56,13 @@ class Trie:
     probs: list[dict[int, float]] = field(default_factory=list)
     _index: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
-    def add(self, tokens: Sequence[int], parents: Sequence[int] | None, owner: int,
-            probs: Sequence[float] | None = None) -> list[int]:
+    def add(
+        self,
+        tokens: Sequence[int],
+        parents: Sequence[int] | None,
+        owner: int,
+        probs: Sequence[float] | None = None,
+    ) -> list[int]:
         """Merge one member's draft (``parents`` None: a chain; ``probs``: its own estimate of
         each node's acceptance probability, or None); returns the merged node of each of its
         nodes."""
@@ -192,8 +197,12 @@ def node_values(trie: Trie, stats: Sequence[MemberStats]) -> list[float]:
     return values
 
 
-def cut(values: Sequence[float], cost: Callable[[int], float] | None, spent: float,
-        limit: int | None = None) -> list[int]:
+def cut(
+    values: Sequence[float],
+    cost: Callable[[int], float] | None,
+    spent: float,
+    limit: int | None = None,
+) -> list[int]:
     """The merged nodes to verify: the ``n`` most valuable (ties: merged order, so parents
     first), ``n`` maximising ``(1 + sum of their values) / (spent + cost(n + 1))`` (``spent``:
     what proposing cost this step, in one-token forwards); every node when ``cost`` is None;
@@ -207,8 +216,9 @@ def cut(values: Sequence[float], cost: Callable[[int], float] | None, spent: flo
     return sorted(order[:n])
 
 
-def worth_calling(stats: MemberStats, covered: float, nodes: int, spent: float,
-                  cost: Callable[[int], float]) -> bool:
+def worth_calling(
+    stats: MemberStats, covered: float, nodes: int, spent: float, cost: Callable[[int], float]
+) -> bool:
     """The cheap-first rule: whether calling a member pays, given the draft so far (``nodes``
     merged nodes, ``covered`` expected accepted tokens, ``spent`` forwards of proposing).
 
@@ -237,8 +247,9 @@ class CallOutcomes:
     forwards: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     weight: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
 
-    def observe(self, called: bool, tokens: int, forwards: float,
-                skipped: tuple[int, float] | None = None) -> None:
+    def observe(
+        self, called: bool, tokens: int, forwards: float, skipped: tuple[int, float] | None = None
+    ) -> None:
         """One judged step: the member was ``called`` or not; the step committed ``tokens`` in
         ``forwards``. ``skipped``: for a step that called it, ``(tokens, forwards)`` the same step
         would have given without it (:func:`without_member`), measured for the skip choice in
@@ -271,8 +282,13 @@ class CallOutcomes:
         return call >= skip
 
 
-def without_member(committed: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
-                   owners: Sequence[set[int]], member: int) -> tuple[int, int]:
+def without_member(
+    committed: Sequence[int],
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    owners: Sequence[set[int]],
+    member: int,
+) -> tuple[int, int]:
     """What a verified step would have committed without ``member``'s draft: ``(tokens,
     width)``, the committed path's longest prefix among the verified nodes (``tokens``,
     ``parents``, ``owners`` of the merged draft as verified) that another member proposed, plus
@@ -305,4 +321,3 @@ def committed_path(children: dict[int, dict[int, int]], committed: Sequence[int]
         path.append(nxt)
         cur = nxt
     return path
-

@@ -23,7 +23,9 @@ name, decorated with `@selfspec.hookimpl`; it may accept any subset of the argum
 
 def hooks() -> list[tuple[str, object]]:
     """Every hookspec, in source order."""
-    found = [(n, f) for n, f in vars(hookspecs).items() if n.startswith("selfspec_") and callable(f)]
+    found = [
+        (n, f) for n, f in vars(hookspecs).items() if n.startswith("selfspec_") and callable(f)
+    ]
     return sorted(found, key=lambda nf: inspect.getsourcelines(nf[1])[1])  # type: ignore[arg-type]
 
 
@@ -99,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         path = argv[1] if len(argv) > 1 else "docs/hooks.md"
         with open(path, encoding="utf-8") as fh:
             if fh.read() != text:
-                print(f"{path} is stale: run `python -m selfspec._engine.contract.hooksdoc > {path}`", file=sys.stderr)
+                print(
+                    f"{path} is stale: run `python -m selfspec._engine.contract.hooksdoc > {path}`",
+                    file=sys.stderr,
+                )
                 return 1
         return 0
     sys.stdout.write(text)

@@ -125,7 +125,10 @@ def compare(
     output, reference = list(output), list(reference)
     if output == reference:
         return Comparison(True)
-    i = next((j for j, (a, b) in enumerate(zip(output, reference)) if a != b), min(len(output), len(reference)))
+    i = next(
+        (j for j, (a, b) in enumerate(zip(output, reference)) if a != b),
+        min(len(output), len(reference)),
+    )
     logits = next_logits(model, list(prompt_ids) + reference[:i])  # [V]
     if tolerance is None:
         tolerance = tie_bound(next(model.parameters()).dtype, logits)

@@ -77,8 +77,16 @@ def skip_layer_draft(
     want = (capture,) if capture is not None else ()
     tok = pending  # tok: [1]
     for n in range(max_tokens):
-        out = runner.forward(tok, cache=cache, start=slot + n, skip_attn=skip_attn, skip_mlp=skip_mlp,
-                             capture=want, logits="last", weights=weights)
+        out = runner.forward(
+            tok,
+            cache=cache,
+            start=slot + n,
+            skip_attn=skip_attn,
+            skip_mlp=skip_mlp,
+            capture=want,
+            logits="last",
+            weights=weights,
+        )
         if want:
             captured.append(out.captured[capture][0])  # [H]
         logits = out.logits[-1]  # logits: [V]

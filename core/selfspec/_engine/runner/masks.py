@@ -60,15 +60,23 @@ def build(
     start = int(prefix_pos.shape[0])
     full = block is not None and start > 0 and int(block.shape[1]) == start + q
     if block is not None and int(block.shape[1]) not in (q, start + q):
-        raise ValueError(f"block mask {tuple(block.shape)} fits neither [{q}, {q}] nor [{q}, {start + q}]")
-    if q == 1 and not full and (window is None or start == 0 or int(positions[0]) - int(prefix_pos.min()) < window):
+        raise ValueError(
+            f"block mask {tuple(block.shape)} fits neither [{q}, {q}] nor [{q}, {start + q}]"
+        )
+    if (
+        q == 1
+        and not full
+        and (window is None or start == 0 or int(positions[0]) - int(prefix_pos.min()) < window)
+    ):
         return None  # a single query sees everything: let the kernel run unmasked
     if block is None:
         block = causal(q, positions.device)
     if full:
         allowed = block.to(torch.bool).clone()
     else:
-        allowed = torch.cat([torch.ones(q, start, dtype=torch.bool, device=positions.device), block], 1)
+        allowed = torch.cat(
+            [torch.ones(q, start, dtype=torch.bool, device=positions.device), block], 1
+        )
     if window is not None:
         kv_pos = torch.cat([prefix_pos, positions])
         allowed &= kv_pos[None, :] > positions[:, None] - window
@@ -82,5 +90,7 @@ def for_attention(mask: torch.Tensor | None, impl: str, dtype: torch.dtype) -> t
         return None
     mask = mask[None, None]
     if impl == "eager":
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(dtype).min
+        )
     return mask

@@ -61,6 +61,8 @@ def gated(backend: str) -> bool:
     ``gated=True``)."""
     fmt = weight_formats("draft").get(backend)
     return fmt is not None and fmt.gated
+
+
 #: Tokens of the model's own text.
 TOKENS = 112
 #: Positions (the text's last) at which agreement is counted.
@@ -102,9 +104,11 @@ class Verdict:
         against 25.6 tokens/s by the rule): admitted``."""
         a, r = self.agreement, self.rate
         verdict = "admitted" if self.admitted else "refused"
-        return (f"{self.gated} agrees {a[self.gated]:.3f} with the model, {self.fallback} "
-                f"{a[self.fallback]:.3f} ({self.positions} positions, {self.how}; {r[self.gated]:.1f} "
-                f"against {r[self.fallback]:.1f} tokens/s by the rule): {verdict}")
+        return (
+            f"{self.gated} agrees {a[self.gated]:.3f} with the model, {self.fallback} "
+            f"{a[self.fallback]:.3f} ({self.positions} positions, {self.how}; {r[self.gated]:.1f} "
+            f"against {r[self.fallback]:.1f} tokens/s by the rule): {verdict}"
+        )
 
 
 def rate(agreement: float, draft_s: float, verify_s: float, depth: int = DEPTH) -> float:
@@ -115,8 +119,9 @@ def rate(agreement: float, draft_s: float, verify_s: float, depth: int = DEPTH) 
     return max((1 - a ** (k + 1)) / (1 - a) / (k * draft_s + verify_s) for k in range(1, depth + 1))
 
 
-def gate_terms(seconds: dict[str, dict[int, float]], static: str = "int8"
-               ) -> tuple[str, dict[str, float], float]:
+def gate_terms(
+    seconds: dict[str, dict[int, float]], static: str = "int8"
+) -> tuple[str, dict[str, float], float]:
     """``(fallback, draft_s, verify_s)`` from ``auto``'s draft-weights timings (``{copy: {width:
     seconds}}``, :attr:`selfspec._engine.tuning.calibration.Choice.seconds`): the fastest ungated copy
     (``static`` when too close to call), each copy's mean pass over the widths timed (chains' and
@@ -126,8 +131,18 @@ def gate_terms(seconds: dict[str, dict[int, float]], static: str = "int8"
     return fallback, draft_s, max(seconds["none"].items())[1]
 
 
-def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], verify_s: float, *,
-         measure: MeasureAgreement, remember: bool = True, store: Any = None, report: bool = False) -> Verdict:
+def gate(
+    runner: Any,
+    gated: str,
+    fallback: str,
+    draft_s: dict[str, float],
+    verify_s: float,
+    *,
+    measure: MeasureAgreement,
+    remember: bool = True,
+    store: Any = None,
+    report: bool = False,
+) -> Verdict:
     """The :class:`Verdict` on draft weights ``gated`` against ``fallback`` for ``runner``'s
     model, given each one's seconds per draft pass ``draft_s`` and a verification's
     ``verify_s``. ``measure(runner, (gated, fallback))`` measures the agreements (the draft
@@ -141,7 +156,9 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
     found = _remembered(runner, key, gated, fallback, measure, store) if remember else None
     agreement, positions, how = found or (measure(runner, (gated, fallback)), POSITIONS, "measured")
     rates = {b: rate(agreement[b], draft_s[b], verify_s) for b in (gated, fallback)}
-    verdict = Verdict(gated, fallback, rates[gated] >= rates[fallback], agreement, rates, positions, how)
+    verdict = Verdict(
+        gated, fallback, rates[gated] >= rates[fallback], agreement, rates, positions, how
+    )
     if fresh and (how == "measured" or report):
         progress.say(verdict.note(), headline=MEASURING)
     return verdict
@@ -159,16 +176,24 @@ def cached_agreements(store: Any = None) -> list[str]:
             if blob.get("version") != VERSION:
                 continue
             a = blob["agreement"]
-            lines.append(f"{blob.get('model', '?')}: {blob['gated']} {a[blob['gated']]:.3f}, "
-                         f"{blob['fallback']} {a[blob['fallback']]:.3f} ({blob['positions']} positions)")
+            lines.append(
+                f"{blob.get('model', '?')}: {blob['gated']} {a[blob['gated']]:.3f}, "
+                f"{blob['fallback']} {a[blob['fallback']]:.3f} ({blob['positions']} positions)"
+            )
         except (ValueError, KeyError, TypeError, OSError):
             continue
     return lines
 
 
 @torch.inference_mode()
-def measure_agreement(runner: Any, backends: Sequence[str], copy: Callable[[str], tuple[Any, Callable[[], None]]],
-                      *, tokens: int = TOKENS, positions: int = POSITIONS) -> dict[str, float]:
+def measure_agreement(
+    runner: Any,
+    backends: Sequence[str],
+    copy: Callable[[str], tuple[Any, Callable[[], None]]],
+    *,
+    tokens: int = TOKENS,
+    positions: int = POSITIONS,
+) -> dict[str, float]:
     """``{backend: agreement}``: how often each backend's draft weights (whole vocabulary, every
     layer) rank the model's own argmax among their :data:`RANKS` most likely, on the model's
     own text (see the module doc; the
@@ -186,10 +211,14 @@ def measure_agreement(runner: Any, backends: Sequence[str], copy: Callable[[str]
         if text is None:
             text = _own_text(runner, dw, tokens)  # [tokens]
             cache = runner.new_cache(tokens)
-            ref = runner.forward(text, cache=cache, start=0).logits.argmax(-1)  # [tokens]: the model's next tokens
+            ref = runner.forward(text, cache=cache, start=0).logits.argmax(
+                -1
+            )  # [tokens]: the model's next tokens
         hits = 0
         for t in range(tokens - positions, tokens):
-            logits = runner.forward(text[t:t + 1], cache=cache, start=t, write=False, weights=dw).logits
+            logits = runner.forward(
+                text[t : t + 1], cache=cache, start=t, write=False, weights=dw
+            ).logits
             hits += int(bool((logits[-1].topk(RANKS).indices == ref[t]).any()))
         out[b] = hits / positions
         del dw
@@ -204,8 +233,9 @@ def _key(runner: Any, gated: str, fallback: str) -> str:
     return f"agreement-{_weights_digest(runner)}-{gated}-{fallback}"
 
 
-def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: MeasureAgreement,
-                store: Any) -> tuple[dict[str, float], int, str]:
+def _remembered(
+    runner: Any, key: str, gated: str, fallback: str, measure: MeasureAgreement, store: Any
+) -> tuple[dict[str, float], int, str]:
     """``(agreement, positions, how)`` for the pair on this model (``key``: :func:`_key`): this
     process's, else the store's, else measured now (a progress line on stderr) and saved."""
     if key in _MEMO:
@@ -220,13 +250,28 @@ def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: Measu
                 return _MEMO[key]
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
-    progress.say(f"measuring how often {gated} and {fallback} draft weights agree with the model "
-                 f"(once per model and machine)...", headline=MEASURING)
+    progress.say(
+        f"measuring how often {gated} and {fallback} draft weights agree with the model "
+        f"(once per model and machine)...",
+        headline=MEASURING,
+    )
     agreement = measure(runner, (gated, fallback))
-    (store or calibration.STORE).save_text(path, json.dumps({"version": VERSION, "gated": gated, "fallback": fallback,
-                                                 "agreement": agreement, "positions": POSITIONS,
-                                                 "model": _model_label(runner), "machine": calibration.machine_facts()},
-                                                indent=1) + "\n")
+    (store or calibration.STORE).save_text(
+        path,
+        json.dumps(
+            {
+                "version": VERSION,
+                "gated": gated,
+                "fallback": fallback,
+                "agreement": agreement,
+                "positions": POSITIONS,
+                "model": _model_label(runner),
+                "machine": calibration.machine_facts(),
+            },
+            indent=1,
+        )
+        + "\n",
+    )
     _MEMO[key] = (agreement, POSITIONS, "measured")
     return _MEMO[key]
 
@@ -234,16 +279,34 @@ def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: Measu
 def _own_text(runner: Any, weights: Any, tokens: int) -> torch.Tensor:
     """``[tokens]`` int64: the model's own text through ``weights`` (module doc), seeded."""
     cfg = getattr(runner.model, "config", None)
-    first = next((t for t in (getattr(cfg, "bos_token_id", None), getattr(cfg, "eos_token_id", None))
-                  if t is not None), 0)
+    first = next(
+        (
+            t
+            for t in (getattr(cfg, "bos_token_id", None), getattr(cfg, "eos_token_id", None))
+            if t is not None
+        ),
+        0,
+    )
     first = int(first[0] if isinstance(first, (list, tuple)) else first)
     gen = torch.Generator().manual_seed(SEED)
     ids = [first]
     cache = runner.new_cache(tokens)
     for t in range(tokens - 1):
-        logits = runner.forward(torch.tensor(ids[-1:], device=runner.device), cache=cache, start=t,
-                                weights=weights, logits="last").logits[-1].float().cpu()  # [V]
-        repeats = [ids[i + 2] for i in range(len(ids) - 2) if ids[i] == ids[-2] and ids[i + 1] == ids[-1]]
+        logits = (
+            runner.forward(
+                torch.tensor(ids[-1:], device=runner.device),
+                cache=cache,
+                start=t,
+                weights=weights,
+                logits="last",
+            )
+            .logits[-1]
+            .float()
+            .cpu()
+        )  # [V]
+        repeats = [
+            ids[i + 2] for i in range(len(ids) - 2) if ids[i] == ids[-2] and ids[i + 1] == ids[-1]
+        ]
         if repeats:  # never a 3-gram twice
             logits[torch.tensor(repeats)] = float("-inf")
         top = logits.topk(min(TOP_K, logits.numel()))
@@ -267,7 +330,9 @@ def _weights_digest(runner: Any) -> str:
     layer count, shapes and dtype: the same in a runner of any layout."""
     h = hashlib.sha256()
     tensors = [runner.embedding.weight]
-    tensors += [p for layer in runner.layers for name, p in layer.named_parameters() if "norm" in name]
+    tensors += [
+        p for layer in runner.layers for name, p in layer.named_parameters() if "norm" in name
+    ]
     for t in tensors:
         flat = t.detach().reshape(-1)
         step = max(1, flat.numel() // 4096)
