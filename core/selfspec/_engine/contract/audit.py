@@ -8,10 +8,10 @@ checks, at the step where a plugin goes wrong:
 * after ``selfspec_propose``: the committed tokens and the committed KV slots ``[0, base)``
   are untouched (``base = state.length - 1``, the pending token's slot);
 * after ``selfspec_verify``: every token the verdict commits (accepted drafts, then the bonus)
-  is the full model's greedy token (under sampling: the argmax of its position-keyed
-  perturbed logits, :mod:`selfspec._engine.contract.sampling`) given exactly the committed prefix, computed by one forward
-  of ``[pending, accepted...]`` on the shadow cache (what the built-in greedy verifier decides
-  for that path; a verifier may accept fewer tokens than it could, never a wrong one);
+  is the full model's greedy token (under sampling: the argmax of its position-keyed perturbed
+  logits, :mod:`selfspec._engine.contract.sampling`) given exactly the committed prefix, computed by
+  one forward of ``[pending, accepted...]`` on the shadow cache (what the built-in greedy verifier
+  decides for that path; a verifier may accept fewer tokens than it could, never a wrong one);
 * after ``selfspec_cache`` and the commit: the runner's cache holds, slot by slot and layer by
   layer, the keys/values (and positions) the full forward wrote; the tokens buffer holds what
   was committed;
@@ -22,15 +22,15 @@ checks, at the step where a plugin goes wrong:
   :data:`EXACT_WEIGHTS` parameters also value for value after setup, start and end). The
   model is not the plugin's to change.
 
-A failure raises :class:`AuditError` (a :class:`~selfspec._engine.contract.plugins.PluginError` and an
-``AssertionError``) naming the hook at fault, the step and the token. Steps are numbered as
-``state.step`` reads while the hook runs: from 0, the same number for the propose, verify,
-cache and update-policy hooks of one step (the commit between cache and update policy does
-not renumber it). float64 is exact; in float32/bf16/float16 a different token is allowed only at a
-near-tie (the shadow's top-1/top-2 margin within ``selfspec._engine.contract.tiebound.tie_bound``;
-under sampling the margin of the perturbed logits, within the bound divided by the
-temperature, since the warping scales rounding differences by ``1 / T``),
-counted in :attr:`Auditor.near_ties`, after which the shadow follows the plugin's tokens.
+A failure raises :class:`AuditError` (a :class:`~selfspec._engine.contract.plugins.PluginError` and
+an ``AssertionError``) naming the hook at fault, the step and the token. Steps are numbered as
+``state.step`` reads while the hook runs: from 0, the same number for the propose, verify, cache and
+update-policy hooks of one step (the commit between cache and update policy does not renumber it).
+float64 is exact; in float32/bf16/float16 a different token is allowed only at a near-tie (the
+shadow's top-1/top-2 margin within ``selfspec._engine.contract.tiebound.tie_bound``; under sampling
+the margin of the perturbed logits, within the bound divided by the temperature, since the warping
+scales rounding differences by ``1 / T``), counted in :attr:`Auditor.near_ties`, after which the
+shadow follows the plugin's tokens.
 
 A plugin that implements neither ``selfspec_verify`` nor ``selfspec_cache`` has its verdicts
 and kept slots made by the host's own greedy verifier and commit: for it the auditor checks the
@@ -93,10 +93,10 @@ class LosslessError(AssertionError):
 class AuditError(PluginError, LosslessError):
     """The audit stopped a decode: a step broke losslessness (a wrong token or KV slot, a
     touched committed token, changed weights); the message names the plugin, the hook, the
-    step and the token. A :class:`LosslessError` and a :class:`~selfspec._engine.contract.plugins.PluginError`:
-    ``Decoder(audit=True)`` and ``specdec check --audit`` raise it as it is,
-    ``selfspec.testing.assert_lossless`` with the example (prompt length, budget, options)
-    added to its message."""
+    step and the token. A :class:`LosslessError` and a
+    :class:`~selfspec._engine.contract.plugins.PluginError`: ``Decoder(audit=True)`` and
+    ``specdec check --audit`` raise it as it is, ``selfspec.testing.assert_lossless`` with the
+    example (prompt length, budget, options) added to its message."""
 
 
 class Auditor:
@@ -192,10 +192,12 @@ class Auditor:
             raise AuditError(
                 self.plugin_name,
                 (
-                    f"selfspec_verify is lossy at step {self.step} (output token {state.generated + i}, "
+                    f"selfspec_verify is lossy at step {self.step} "
+                    f"(output token {state.generated + i}, "
                     f"{state.length + i} tokens in): its {what} is {got}, the full model's "
                     f"{'sampled' if state.sampling_on else 'greedy'} token "
-                    f"is {want} ({explain(self.dtype, margin, tol)}); verdict accepted {list(verdict.accepted)} + "
+                    f"is {want} ({explain(self.dtype, margin, tol)}); "
+                    f"verdict accepted {list(verdict.accepted)} + "
                     f"bonus {verdict.bonus} of draft {draft.tokens.tolist()}"
                     f"{' (a tree)' if draft.is_tree else ''}"
                 ),
@@ -283,8 +285,9 @@ class Auditor:
             raise AuditError(
                 self.plugin_name,
                 (
-                    f"{hook} changed the committed tokens {self._where(state, hook)}: position {bad} "
-                    f"(the pending token is {n - 1}); plugins must not write state.tokens or state.length"
+                    f"{hook} changed the committed tokens {self._where(state, hook)}: "
+                    f"position {bad} (the pending token is {n - 1}); "
+                    "plugins must not write state.tokens or state.length"
                 ),
             )
 
@@ -317,7 +320,10 @@ class Auditor:
             ):
                 assert ref is not None
                 if mine is None or mine.shape != ref.shape:
-                    where = f"layer {layer} {name} buffer was replaced (shape {None if mine is None else tuple(mine.shape)})"
+                    where = (
+                        f"layer {layer} {name} buffer was replaced "
+                        f"(shape {None if mine is None else tuple(mine.shape)})"
+                    )
                     break
                 snap = self.passed.get((layer, j))
                 if snap is None or snap.shape != mine.shape:
@@ -335,7 +341,8 @@ class Auditor:
                     slot = lo + int((~ok).nonzero()[0])
                     err = float((mine[:, :, slot].to(ref.dtype) - ref[:, :, slot]).abs().max())
                     where = (
-                        f"layer {layer} {name} at slot {slot} (token {int(self.tokens[slot])}) differ "
+                        f"layer {layer} {name} at slot {slot} "
+                        f"(token {int(self.tokens[slot])}) differ "
                         f"from a full forward by {err:.3g}"
                     )
                     break
@@ -344,8 +351,8 @@ class Auditor:
             raise AuditError(
                 self.plugin_name,
                 (
-                    f"{hook} left the KV cache wrong {self._where(state, hook)} ({state.generated} tokens "
-                    f"generated): {where}"
+                    f"{hook} left the KV cache wrong {self._where(state, hook)} "
+                    f"({state.generated} tokens generated): {where}"
                 ),
             )
         self.seen = upto
@@ -429,7 +436,8 @@ class WeightGuard:
         what, late = found
         who = (
             (
-                f"{hook}{when} or a hook before it (a write through .data bumps no version counter, so "
+                f"{hook}{when} or a hook before it "
+                f"(a write through .data bumps no version counter, so "
                 f"only the values show it)"
             )
             if late and hook != "selfspec_setup"

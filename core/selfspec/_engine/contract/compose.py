@@ -8,12 +8,12 @@ and each step:
 1. asks the members to propose, cheapest first (:meth:`Composer.order`), each from the same
    cache state (the cache is cropped back to the committed prefix after every member), skipping
    a member the cheap-first rule finds not worth its cost once a draft exists (predicted by
-   :func:`~selfspec._engine.contract.composetree.worth_calling` until the tokens per forward of the steps
-   that called it and of those that skipped it, or would have (option ``counterfactual``), are
+   :func:`~selfspec._engine.contract.composetree.worth_calling` until the tokens per forward of the
+   steps that called it and of those that skipped it, or would have (option ``counterfactual``), are
    measured, :class:`~selfspec._engine.contract.composetree.CallOutcomes`); a member sees the draft
    merged so far as ``state.prior`` (valued by
-   :func:`~selfspec._engine.contract.composetree.node_values`), which it may extend; every member draft is checked and cut like a single plugin's and any error names
-   the member;
+   :func:`~selfspec._engine.contract.composetree.node_values`), which it may extend; every member
+   draft is checked and cut like a single plugin's and any error names the member;
 2. merges the drafts into one trie (a shared prefix is one node, each node remembers its
    members) and keeps the nodes that maximise expected committed tokens per unit of cost on
    the machine's cost-per-width curve (option ``budget``);
@@ -84,8 +84,8 @@ def composable(obj: Any, hooks: Sequence[str]) -> str | None:
     own = [h for h in PRIVATE_HOOKS if h in hooks]
     if own and declared is not True:
         return (
-            f"implements {' and '.join(own)}, which a composition never calls, and does not declare "
-            "composable = True (that it decodes correctly without them)"
+            f"implements {' and '.join(own)}, which a composition never calls, "
+            "and does not declare composable = True (that it decodes correctly without them)"
         )
     return None
 
@@ -227,8 +227,8 @@ class Composer:
                 bool,
                 True,
                 "measure what skipping a member gives from the steps that "
-                "call it (the step less its nodes and its proposing time), instead of skipping it to "
-                "find out",
+                "call it (the step less its nodes and its proposing time), "
+                "instead of skipping it to find out",
             )
         )
         for m in self.members:
@@ -371,8 +371,8 @@ class Composer:
     ) -> tuple[int, float] | None:
         """``(tokens, forwards)`` this step would have given without ``m`` (which it called
         after a cheaper draft): the path through the other members' verified nodes
-        (:func:`~selfspec._engine.contract.composetree.without_member`), for the step's forwards less
-        ``m``'s proposing time and its nodes' share of the verification (``verify`` forwards,
+        (:func:`~selfspec._engine.contract.composetree.without_member`), for the step's forwards
+        less ``m``'s proposing time and its nodes' share of the verification (``verify`` forwards,
         scaled on the cost curve); None with ``counterfactual`` off or before a cost is known."""
         if not self.counterfactual or self.curve is None or not took:
             return None

@@ -1,6 +1,7 @@
 """The arithmetic of a composed draft: the merged trie, its budget, and the cheap-first rule.
 
-Pure functions and small records, no model: :mod:`selfspec._engine.contract.compose` calls them each step.
+Pure functions and small records, no model: :mod:`selfspec._engine.contract.compose` calls them
+each step.
 
 * :class:`Trie` merges the members' drafts (chains or trees) into one tree: a node is a path
   from the pending token, so a shared prefix is one node and a token two members propose at
@@ -238,10 +239,10 @@ def worth_calling(
 
 @dataclass
 class CallOutcomes:
-    """What the cheap-first choice gave for one member in one decode, measured: per choice (``True``: called
-    after a cheaper member's draft, ``False``: skipped), the tokens committed and the step's
-    time in one-token forwards (propose to commit), exponentially weighted by :data:`DECAY` per
-    judged step of either choice, so the choice not taken ages."""
+    """What the cheap-first choice gave for one member in one decode, measured: per choice
+    (``True``: called after a cheaper member's draft, ``False``: skipped), the tokens committed and
+    the step's time in one-token forwards (propose to commit), exponentially weighted by
+    :data:`DECAY` per judged step of either choice, so the choice not taken ages."""
 
     tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     forwards: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})

@@ -1,7 +1,7 @@
 """Render ``docs/hooks.md`` from the hookspec docstrings (one copy of the contract).
 
-``python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`` writes it; ``--check docs/hooks.md`` exits 1
-when the file is stale (the test suite runs the same check).
+``python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`` writes it;
+``--check docs/hooks.md`` exits 1 when the file is stale (the test suite runs the same check).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from selfspec._engine.contract import hookspecs
 
 HEADER = """# Hooks reference
 
-Generated from `core/selfspec/_engine/contract/hookspecs.py` by `python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`;
-do not edit by hand. Implement a hook as a method (or module-level function) with the same
-name, decorated with `@selfspec.hookimpl`; it may accept any subset of the arguments.
+Generated from `core/selfspec/_engine/contract/hookspecs.py` by
+`python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`; do not edit by hand. Implement a
+hook as a method (or module-level function) with the same name, decorated with
+`@selfspec.hookimpl`; it may accept any subset of the arguments.
 
 """
 

@@ -1,9 +1,9 @@
 """The decode loop: prefill, then propose -> verify -> cache -> update until done.
 
 Reads in one sitting (gpt-fast's ``generate.py``): :meth:`Decoder.generate` is the loop; the
-``_check_*`` helpers after it enforce the host's invariants (``docs/architecture.md``,
-"Invariants") whatever a plugin returns. Only verified tokens are committed and streamed; EOS and the token budget are the
-host's business; a broken contract stops the decode with an error naming the plugin.
+``_check_*`` helpers after it enforce the host's invariants (``docs/architecture.md``, "Invariants")
+whatever a plugin returns. Only verified tokens are committed and streamed; EOS and the token budget
+are the host's business; a broken contract stops the decode with an error naming the plugin.
 """
 
 from __future__ import annotations
@@ -172,7 +172,8 @@ class Decoder:
         limit = runner.max_positions
         if limit is not None and T + max_new_tokens > limit:
             raise ValueError(
-                f"a prompt of {T} tokens and max_new_tokens={max_new_tokens} need {T + max_new_tokens} "
+                f"a prompt of {T} tokens and max_new_tokens={max_new_tokens} "
+                f"need {T + max_new_tokens} "
                 f"positions; the model holds {limit} (max_position_embeddings): lower "
                 f"max_new_tokens to {max(0, limit - T)} or shorten the prompt"
             )

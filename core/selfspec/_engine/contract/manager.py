@@ -38,8 +38,8 @@ def make_manager(
     Returns ``(manager, plugin)`` where ``plugin`` is the registered instance (None for
     ``vanilla``). Pass ``plugin_object`` to register an already-imported object (a class,
     module or instance) under ``name`` instead of looking up the entry point. A composed name
-    (``"lookup+selfsd"``) registers the host's :class:`~selfspec._engine.contract.compose.Composer` over
-    those members; ``plugin_object`` may then be a mapping ``{member: object}``.
+    (``"lookup+selfsd"``) registers the host's :class:`~selfspec._engine.contract.compose.Composer`
+    over those members; ``plugin_object`` may then be a mapping ``{member: object}``.
     """
     pm = _Manager(PROJECT)
     pm.add_hookspecs(hookspecs)

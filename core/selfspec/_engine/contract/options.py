@@ -127,7 +127,8 @@ class Option:
             )
         if not all(part.isidentifier() for part in self.name.split(".", 1)):
             raise ValueError(
-                f"option name {self.name!r} is not an identifier (or MEMBER.identifier in a composition)"
+                f"option name {self.name!r} is not an identifier "
+                "(or MEMBER.identifier in a composition)"
             )
         if self.default is not None:
             self.convert(self.default)
@@ -212,7 +213,8 @@ def resolve(
     if unknown:
         known = ", ".join(sorted(declared)) or "none"
         raise OptionError(
-            f"plugin {plugin!r} has no option {', '.join(map(repr, unknown))} (its options: {known})"
+            f"plugin {plugin!r} has no option {', '.join(map(repr, unknown))} "
+            f"(its options: {known})"
         )
     values = {
         name: opt.convert(opt.default)

@@ -308,9 +308,10 @@ class DecodeState:
         at absolute positions ``positions`` ``[n]`` -> ``[n]`` (or ``[]``) int64 ids.
 
         The argmax (:func:`selfspec.greedy`) when the decode is greedy; else the argmax of the
-        warped logits plus the Gumbel noise of each position (:mod:`selfspec._engine.contract.sampling`).
-        ``vocab`` ``[V']``: the logits' columns are these token ids (a vocabulary subset); the
-        ids returned are vocabulary ids. A draft picked this way is coupled to the target."""
+        warped logits plus the Gumbel noise of each position
+        (:mod:`selfspec._engine.contract.sampling`). ``vocab`` ``[V']``: the logits' columns are
+        these token ids (a vocabulary subset); the ids returned are vocabulary ids. A draft picked
+        this way is coupled to the target."""
         if self.sampler is None:
             ids = greedy(logits)
             return (

@@ -17,12 +17,12 @@ that runs the draft model (the model with blocks skipped, an early exit, ...) ov
    machine's measured cost-per-width curve (:class:`selfspec.provisional.CostCurve`):
    ``(1 + sum of the chosen nodes' probabilities) / (draft cost + verify cost(n + 1))``.
 
-With a cost curve, the frontier's width and the depth are chosen by cost too: a pass over the
-``q`` best frontier nodes costs ``draft_cost * cost(q)`` (or the measured draft curve's), verifying ``q`` more nodes costs the
-curve's growth, and it can add at most their probability mass in expected tokens; the pass
-runs with the ``q`` that maximises the optimistic ratio ``(expected + mass) / (cost + pass cost
-+ verify growth)``, and drafting stops when no ``q`` beats the best
-tree's expected tokens per unit of cost so far (a confident draft grows a chain, an unsure
+With a cost curve, the frontier's width and the depth are chosen by cost too: a pass over the ``q``
+best frontier nodes costs ``draft_cost * cost(q)`` (or the measured draft curve's), verifying ``q``
+more nodes costs the curve's growth, and it can add at most their probability mass in expected
+tokens; the pass runs with the ``q`` that maximises the optimistic ratio
+``(expected + mass) / (cost + pass cost + verify growth)``, and drafting stops when no ``q`` beats
+the best tree's expected tokens per unit of cost so far (a confident draft grows a chain, an unsure
 one a wider tree where wide passes are cheap).
 
 The tree's tokens are the draft model's guesses; verification (``verify_tree``) decides, so the
@@ -132,8 +132,8 @@ def draft_tree(
     max_depth: deepest node (the host's ``state.max_draft_depth`` bounds it). topk: children
     kept per expanded node, and nodes expanded per depth. budget: most nodes in the tree;
     ``None`` = chosen by ``cost`` (then required). cost: verify cost of a block of ``w`` tokens
-    in one-token forwards (a :class:`selfspec.provisional.CostCurve`); ``None`` = no early stop, the tree
-    is the ``budget`` best nodes. draft_cost: a draft pass's cost relative to a full forward of
+    in one-token forwards (a :class:`selfspec.provisional.CostCurve`); ``None`` = no early stop, the
+    tree is the ``budget`` best nodes. draft_cost: a draft pass's cost relative to a full forward of
     the same width. room: free cache slots after ``slot`` (the expanded nodes' draft slots, and
     the tree's size, stay within it). vocab: ``[V']`` token ids of ``step``'s logit columns
     when it scores a vocabulary subset (``None``: column = token id). calibrate: maps a node's
@@ -408,9 +408,9 @@ def skip_layer_step(
 def _rows(
     logits: torch.Tensor, topk: int, vocab: torch.Tensor | None
 ) -> tuple[list[torch.Tensor], list[tuple[list[float], list[int]]]]:
-    """A pass's draft log-probabilities, one ``[V']`` row per token (in at least float32) and each row's ``topk``
-    most probable ``(log-probabilities, token ids)``, high to low: one softmax and one top-k
-    over the whole pass."""
+    """A pass's draft log-probabilities, one ``[V']`` row per token (in at least float32) and each
+    row's ``topk`` most probable ``(log-probabilities, token ids)``, high to low: one softmax and
+    one top-k over the whole pass."""
     lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
     vals, idx = torch.topk(lp, min(topk, int(lp.shape[-1])), dim=-1)
     ids = idx if vocab is None else vocab[idx]

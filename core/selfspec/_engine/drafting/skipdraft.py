@@ -46,7 +46,8 @@ def skip_layer_draft(
     pick: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
     weights: DraftWeights | None = None,
 ) -> SkipDraft:
-    """Up to ``max_tokens`` greedy draft tokens after ``pending`` from the model with blocks skipped.
+    """Up to ``max_tokens`` greedy draft tokens after ``pending`` from the model with
+    blocks skipped.
 
     pending: ``[1]`` int64, fed at cache ``slot`` (its position); the draft model's ``n``-th
     input goes to ``slot + n``. Layers whose attention runs write their keys/values at those

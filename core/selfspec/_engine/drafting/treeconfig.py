@@ -29,10 +29,10 @@ from selfspec._engine.runner.costcurve import cost_curve
 #: so the extra candidates are nearly free (docs/performance.md, "Draft trees"). ``tree=0``
 #: restores a plugin's paper chain.
 DEFAULT_TREE = True
-#: The host's default for ``tree_guess``: tokens of the context's n-gram continuation run after
-#: the best frontier node in every draft pass (:func:`~selfspec._engine.drafting.drafttree.draft_tree`'s
-#: ``guess``), as many as the learned rate of agreement and the draft pass's measured cost per
-#: width pay for: a right guess saves whole passes, a wrong one costs a few rows of one pass
+#: The host's default for ``tree_guess``: tokens of the context's n-gram continuation run after the
+#: best frontier node in every draft pass (:func:`~selfspec._engine.drafting.drafttree.draft_tree`'s
+#: ``guess``), as many as the learned rate of agreement and the draft pass's measured cost per width
+#: pay for: a right guess saves whole passes, a wrong one costs a few rows of one pass
 #: (docs/performance.md, "Guesses in the draft").
 DEFAULT_GUESS = 8
 #: Weight kept by the guess-agreement evidence per drafted tree (a memory of about 50 trees), so
@@ -85,7 +85,8 @@ def register_tree_options(
             str,
             "auto",
             "most nodes of a tree draft: 'auto' (the size that maximises "
-            "expected tokens per unit of cost, from this machine's measured cost-per-width curve) or N",
+            "expected tokens per unit of cost, from this machine's measured "
+            "cost-per-width curve) or N",
             check=check_budget,
         )
     )
@@ -114,7 +115,8 @@ def register_tree_options(
             bool,
             True,
             "tree drafts in a composition: grow the tree after the best path "
-            "the earlier members drafted (scored by this draft in its first pass) instead of beside it",
+            "the earlier members drafted (scored by this draft in its first pass) "
+            "instead of beside it",
         )
     )
     register(
@@ -123,8 +125,9 @@ def register_tree_options(
             int,
             guess,
             "tree drafts: each draft pass also runs up to this many "
-            "tokens that followed the best node's last n-gram earlier in the context (prompt lookup "
-            "inside the draft), so a right guess grows several depths in one pass; 0: off",
+            "tokens that followed the best node's last n-gram earlier in the context "
+            "(prompt lookup inside the draft), so a right guess grows several depths in one pass; "
+            "0: off",
             min=0,
             max=32,
         )
@@ -135,8 +138,8 @@ def register_tree_options(
             bool,
             True,
             "tree drafts: skip drafting for 1, 2, 4, ... steps (at most "
-            f"{MAX_PAUSE}, then one probing tree) while recent trees had fewer tokens accepted than their "
-            "first draft pass costs in full forwards",
+            f"{MAX_PAUSE}, then one probing tree) while recent trees had fewer tokens accepted "
+            "than their first draft pass costs in full forwards",
         )
     )
 
@@ -228,7 +231,8 @@ class TreeConfig:
         With ``tree`` on and an ``auto`` budget it fetches :func:`selfspec.provisional.cost_curve`
         (measured once per model shape and machine, then read from the cache) and, given the
         plugin's draft ``weights`` (:func:`selfspec.draft_weights`), the curve of draft passes on
-        them (``draft_curve``: a pass on compressed weights grows with its width unlike a full one)."""
+        them (``draft_curve``: a pass on compressed weights grows with its width unlike a
+        full one)."""
         enabled = bool(options.get("tree", False))
         spec = str(options.get("tree_budget", "auto")).strip().lower()
         budget = None if spec == "auto" else int(spec)

@@ -144,6 +144,7 @@ def adapter_for(model: nn.Module) -> Adapter:
         if model_type in cls.model_types:
             return cls(model)
     raise UnsupportedModelError(
-        f"model type {model_type!r} ({type(model).__name__}) is not supported by the selfspec runner; "
+        f"model type {model_type!r} ({type(model).__name__}) is not supported "
+        "by the selfspec runner; "
         f"supported: {', '.join(supported_model_types())}"
     )

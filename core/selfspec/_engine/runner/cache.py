@@ -65,7 +65,8 @@ class KVCache:
 
     @torch.inference_mode()  # the buffers are inference tensors (allocated in Runner.forward)
     def keep(self, base: int, slots: Sequence[int], layers: Iterable[int] | None = None) -> None:
-        """Keep slots ``base + s`` for ``s`` in ``slots`` as ``base, base+1, ...`` and drop the rest.
+        """Keep slots ``base + s`` for ``s`` in ``slots`` as ``base, base+1, ...`` and drop
+        the rest.
 
         ``slots`` must be increasing. A chain prefix (``0..n-1``) is a plain crop; anything else
         gathers keys, values and positions into place.

@@ -203,7 +203,10 @@ def curve_key(runner: Runner) -> str:
     """The file-name key of a cost curve: model shape, dtype, layout and a hash of the machine
     (torch's version among its facts: a new kernel is measured again)."""
     m = _machine(runner)
-    shape = f"{getattr(runner.config, 'model_type', 'model')}-{runner.n_layers}x{runner.hidden_size}x{runner.vocab_size}"
+    shape = (
+        f"{getattr(runner.config, 'model_type', 'model')}-"
+        f"{runner.n_layers}x{runner.hidden_size}x{runner.vocab_size}"
+    )
     dtype = str(runner.dtype).removeprefix("torch.")
     digest = hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()[:10]
     return f"{shape}-{dtype}-{runner.weight_layout}-{digest}"

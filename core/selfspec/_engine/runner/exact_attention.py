@@ -61,7 +61,8 @@ class _Plan:
     #: ``[1, Q, W]`` bool: the (row, slot) scores that contribute nothing (unseen, padding);
     #: in order only
     hidden: torch.Tensor | None
-    #: ``[Q, W]``: the position-order column of each slot's score (``W``: dropped); out of order only
+    #: ``[Q, W]``: the position-order column of each slot's score (``W``: dropped); out of
+    #: order only
     cols: torch.Tensor | None
     #: key blocks whose values are read as the cache holds them
     first: int

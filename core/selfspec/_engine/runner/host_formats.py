@@ -1,8 +1,8 @@
 """The host's weight formats, registered through ``selfspec_weight_formats`` like any
 package's (:mod:`selfspec._engine.runner.formats`): the layouts verification can run (``model``,
 ``transposed``, ``packed``, ``packed-mkl``) and the draft copies (``none``, ``int8``,
-``int8-dynamic``, ``int8-intmm``, ``int8-weights``, ``int4``, ``fp16-weights``, ``bf16``, ``bnb-int8``,
-``bnb-nf4``). Every product is a library kernel: torch's (MKL, oneDNN, aten) or
+``int8-dynamic``, ``int8-intmm``, ``int8-weights``, ``int4``, ``fp16-weights``, ``bf16``,
+``bnb-int8``, ``bnb-nf4``). Every product is a library kernel: torch's (MKL, oneDNN, aten) or
 bitsandbytes'. A kernel that a CPU or build lacks is found by running it once on a tiny weight
 (:func:`_probe`), so a format is offered only where its kernel runs.
 """
@@ -201,7 +201,10 @@ def _fp16_weights(device: torch.device, dtype: torch.dtype) -> str | None:
         return f"it runs on CPU only, the model is on {device.type}"
     cpu = cpu_capability()
     if not cpu.onednn_fp16:  # oneDNN then falls back to a reference loop, hundreds of times slower
-        return f"oneDNN's float16 kernels need AVX-512 FP16 or AVX-NE-CONVERT, and this CPU runs {cpu.label}"
+        return (
+            "oneDNN's float16 kernels need AVX-512 FP16 or AVX-NE-CONVERT, "
+            f"and this CPU runs {cpu.label}"
+        )
     return _probe("fp16-weights", Fp16WeightsLinear)
 
 
@@ -241,5 +244,8 @@ def _probe(
                 if tuple(y.shape) != (1, rows, 16) or not bool(torch.isfinite(y).all()):
                     return f"its kernel gave a wrong result here (shape {tuple(y.shape)})"
     except Exception as exc:  # the kernel is missing or fails on this CPU or build
-        return f"its kernel does not run here ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:120]})"
+        return (
+            "its kernel does not run here "
+            f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:120]})"
+        )
     return None

@@ -79,7 +79,10 @@ def packing_unsupported(
     if device_type != "cpu" or cpu is None:
         return f"it runs on CPU only, not {device_type}"
     if dtype not in PACKED_DTYPES:
-        return f"it needs float32, bfloat16 or float16 weights, not {str(dtype).removeprefix('torch.')}"
+        return (
+            "it needs float32, bfloat16 or float16 weights, "
+            f"not {str(dtype).removeprefix('torch.')}"
+        )
     if not cpu.onednn:
         return "this torch build has no oneDNN"
     if dtype == torch.bfloat16 and not cpu.onednn_bf16:
@@ -338,9 +341,9 @@ class PackedLinear(nn.Linear):
             self.packed.device,
         )
 
-    #: rows a one-row input is computed in (the row, then zero rows): oneDNN's kernel for one
-    #: row can be slower than for a few (it is on Zen 4). Measured per machine and model shape
-    #: by the runner (:func:`selfspec._engine.runner.layout_choice.choose_one_row_width`); 1 unmeasured.
+    #: rows a one-row input is computed in (the row, then zero rows): oneDNN's kernel for one row
+    #: can be slower than for a few (it is on Zen 4). Measured per machine and model shape by the
+    #: runner (:func:`selfspec._engine.runner.layout_choice.choose_one_row_width`); 1 unmeasured.
     one_row_width = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -384,7 +387,10 @@ class MklPackedLinear(PackedLinear):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, MKL-packed for one row, oneDNN"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            "MKL-packed for one row, oneDNN"
+        )
 
 
 def weight_spec(module: nn.Module) -> tuple[torch.Size, torch.dtype, torch.device]:

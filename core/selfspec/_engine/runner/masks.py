@@ -4,8 +4,9 @@ Every mask here answers one question per (query, key) pair: may the new token at
 attend to the key in column ``c``? Columns are the cached slots ``[0, start)`` followed by the
 block's own tokens. The prefix is visible to every new token; within the block, visibility
 is the ``block`` mask (causal for a chain, ancestors for a tree, or any mask a caller builds),
-which may also cover the cached slots (``[q, start+q]``); a sliding-window layer also hides keys whose *position* is ``window`` or more behind
-the query's position (``kv_pos > q_pos - window``, as Hugging Face's ``sliding_window_overlay``).
+which may also cover the cached slots (``[q, start+q]``); a sliding-window layer also hides keys
+whose *position* is ``window`` or more behind the query's position (``kv_pos > q_pos - window``, as
+Hugging Face's ``sliding_window_overlay``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def tree(parents: torch.Tensor, with_root: bool = True) -> torch.Tensor:
 
 
 def tree_positions(parents: torch.Tensor, root_position: int) -> torch.Tensor:
-    """``[k+1]`` position ids of ``[root, nodes...]``: the root's position plus each node's depth."""
+    """``[k+1]`` position ids of ``[root, nodes...]``: the root's position plus each
+    node's depth."""
     depth = [0]
     for p in parents.tolist():
         depth.append(depth[p + 1] + 1)

@@ -127,9 +127,11 @@ def loaded(module: nn.Module) -> Iterator[nn.Module]:
         ]
         if missing:
             raise PlacementError(
-                f"{type(module).__name__}: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
-                "on the meta device with no accelerate offload hook to load them (a model loaded with "
-                "device_map='meta' or init_empty_weights and never dispatched?)"
+                f"{type(module).__name__}: {', '.join(missing[:3])}"
+                f"{' ...' if len(missing) > 3 else ''} "
+                "on the meta device with no accelerate offload hook to load them "
+                "(a model loaded with device_map='meta' or init_empty_weights "
+                "and never dispatched?)"
             )
         yield module
     finally:

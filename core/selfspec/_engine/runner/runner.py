@@ -3,11 +3,11 @@
 One call of :meth:`Runner.forward` runs a block of ``q`` new tokens through layers
 ``[a, b)`` of the model, over the KV cache's prefix, with everything the method plugins need:
 skipped attention/MLP blocks, an early exit (``layers=(0, b)`` then :meth:`Runner.head`),
-a start from given hidden states at layer ``a``, explicit positions and any block mask (causal,
-a tree's ancestors, or one a plugin builds), read-only attention (``write=False``), hidden-state capture, and
-substitute layer modules or a model's compressed draft weights. A full forward equals the model's own forward (tested in float64);
-with ``weight_layout="transposed"`` or ``"packed"`` it runs faster on CPU and equals it up to rounding
-(see :mod:`.layout`).
+a start from given hidden states at layer ``a``, explicit positions and any block mask (causal, a
+tree's ancestors, or one a plugin builds), read-only attention (``write=False``), hidden-state
+capture, and substitute layer modules or a model's compressed draft weights. A full forward equals
+the model's own forward (tested in float64); with ``weight_layout="transposed"`` or ``"packed"`` it
+runs faster on CPU and equals it up to rounding (see :mod:`.layout`).
 
 A model that accelerate dispatched over devices, CPU memory and disk (:mod:`.placement`) runs
 as placed: each layer's sub-modules are called through their own hooks (an offloaded layer's
@@ -66,9 +66,10 @@ class Runner:
 
     ``weight_layout``: ``"auto"`` (default: the fastest layout measured here, see
     :meth:`_measured_layout`), ``"model"`` (bitwise the model's own forward), or
-    ``"transposed"`` / ``"packed"`` / ``"packed-mkl"`` or a registered layout (runner-side copies of the linear weights laid out for
-    faster CPU products: equal up to rounding, one extra copy of those weights; see
-    :mod:`.layout`). ``layers`` stays the model's own modules whatever the layout.
+    ``"transposed"`` / ``"packed"`` / ``"packed-mkl"`` or a registered layout (runner-side copies of
+    the linear weights laid out for faster CPU products: equal up to rounding, one extra copy of
+    those weights; see :mod:`.layout`). ``layers`` stays the model's own modules whatever
+    the layout.
     ``adopt=True`` applies the layout to the model in place instead of to copies
     (:func:`.layout.adopt_layout`): one copy of each weight in memory, and the model's own
     forward then runs the new layout too. On a model accelerate dispatched, the layout applies
@@ -142,10 +143,10 @@ class Runner:
         self.max_positions: int | None = int(limit) if limit else None
 
     def _measured_layout(self, model: nn.Module) -> str:
-        """``auto``: the fastest layout measured here among the registered layouts that run for
-        this device and dtype (:func:`selfspec._engine.runner.formats.candidates`), the static rule's
-        choice when the measurement cannot tell them apart or where none but it runs (a layout
-        of the model's own dtype only: a GPU, float64)."""
+        """``auto``: the fastest layout measured here among the registered layouts that run for this
+        device and dtype (:func:`selfspec._engine.runner.formats.candidates`), the static rule's
+        choice when the measurement cannot tell them apart or where none but it runs (a layout of
+        the model's own dtype only: a GPU, float64)."""
         static = self.weight_layout
         if placement.is_dispatched(model):  # offloaded weights are not in memory to time
             self.choices["weight_layout"] = Choice(

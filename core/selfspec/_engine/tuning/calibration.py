@@ -228,8 +228,8 @@ def choose(
                     when = blob.get("measured_at") or "earlier"
                     progress.say(
                         f"{choice.note()} (measured {when}; {ENV}=again measures it again)",
-                        headline=f"using this machine's kernel measurements from the cache ({ENV}=again "
-                        "measures them again, under this run's load)",
+                        headline="using this machine's kernel measurements from the cache "
+                        f"({ENV}=again measures them again, under this run's load)",
                     )
                     return choice
                 progress.say(
@@ -356,8 +356,8 @@ def _products(module: nn.Module) -> list[nn.Module]:
 
 
 def _busy_load() -> float | None:
-    """The load average when the machine is busy (:func:`selfspec._engine.tuning.machine.is_busy`), else
-    ``None``. A choice measured while busy is cached, and measured again by the first process
+    """The load average when the machine is busy (:func:`selfspec._engine.tuning.machine.is_busy`),
+    else ``None``. A choice measured while busy is cached, and measured again by the first process
     that finds the machine quiet."""
     load = machine.load_average()
     return load if machine.is_busy(load, machine.physical_cores()) else None

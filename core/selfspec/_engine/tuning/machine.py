@@ -182,8 +182,8 @@ class ThreadChoice:
             else plural(self.threads, "thread")
         )
         return (
-            f"specdec: the machine is busy (load average {self.load_average:.1f} on {self.physical_cores} "
-            f"cores): running on {how} (--threads N to override)"
+            f"specdec: the machine is busy (load average {self.load_average:.1f} "
+            f"on {self.physical_cores} cores): running on {how} (--threads N to override)"
         )
 
     def as_dict(self) -> dict[str, Any]:

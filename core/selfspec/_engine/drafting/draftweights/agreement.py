@@ -2,12 +2,12 @@
 (nearly) as well as the copy that would run otherwise.
 
 ``auto`` times every draft-weights candidate on the model's shapes
-(:func:`selfspec._engine.tuning.drafting.draftweights.choice.choose_draft_weights`). The 4-bit copies (the
-formats registered ``gated=True``: ``int4``, ``bnb-nf4``; :func:`gated`) read half the bytes of the 8-bit ones and are often the fastest, but
-they round the weights more coarsely: on one model that costs a point of agreement with the
-model, on another many, and a draft that agrees less has fewer of its tokens accepted. Speed
-alone cannot see that, so a gated candidate that wins on speed must also pass this gate, on the
-model's own weights:
+(:func:`selfspec._engine.tuning.drafting.draftweights.choice.choose_draft_weights`). The 4-bit
+copies (the formats registered ``gated=True``: ``int4``, ``bnb-nf4``; :func:`gated`) read half the
+bytes of the 8-bit ones and are often the fastest, but they round the weights more coarsely: on one
+model that costs a point of agreement with the model, on another many, and a draft that agrees less
+has fewer of its tokens accepted. Speed alone cannot see that, so a gated candidate that wins on
+speed must also pass this gate, on the model's own weights:
 
 * **The text.** :data:`TOKENS` tokens the model writes itself, through the fallback copy (the
   copy that runs if the gate refuses): from its BOS token (else EOS, else token 0), each next
@@ -122,10 +122,11 @@ def rate(agreement: float, draft_s: float, verify_s: float, depth: int = DEPTH) 
 def gate_terms(
     seconds: dict[str, dict[int, float]], static: str = "int8"
 ) -> tuple[str, dict[str, float], float]:
-    """``(fallback, draft_s, verify_s)`` from ``auto``'s draft-weights timings (``{copy: {width:
-    seconds}}``, :attr:`selfspec._engine.tuning.calibration.Choice.seconds`): the fastest ungated copy
-    (``static`` when too close to call), each copy's mean pass over the widths timed (chains' and
-    trees' passes), and the model's own (``none``) forward at the widest block timed."""
+    """``(fallback, draft_s, verify_s)`` from ``auto``'s draft-weights timings
+    (``{copy: {width: seconds}}``, :attr:`selfspec._engine.tuning.calibration.Choice.seconds`): the
+    fastest ungated copy (``static`` when too close to call), each copy's mean pass over the widths
+    timed (chains' and trees' passes), and the model's own (``none``) forward at the widest block
+    timed."""
     fallback = calibration.decide({c: s for c, s in seconds.items() if not gated(c)}, {}, static)[0]
     draft_s = {c: sum(s.values()) / len(s) for c, s in seconds.items()}
     return fallback, draft_s, max(seconds["none"].items())[1]
@@ -320,7 +321,10 @@ def _model_label(runner: Any) -> str:
     the name it was loaded from where it has one."""
     cfg = getattr(runner.model, "config", None)
     name = str(getattr(cfg, "_name_or_path", "") or "").rstrip("/").rsplit("/", 1)[-1]
-    label = f"{getattr(cfg, 'model_type', 'model')} {len(runner.layers)}x{runner.embedding.weight.shape[1]}"
+    label = (
+        f"{getattr(cfg, 'model_type', 'model')} "
+        f"{len(runner.layers)}x{runner.embedding.weight.shape[1]}"
+    )
     return f"{label} ({name})" if name else label
 
 

