@@ -8,10 +8,10 @@ checks, at the step where a plugin goes wrong:
 * after ``selfspec_propose``: the committed tokens and the committed KV slots ``[0, base)``
   are untouched (``base = state.length - 1``, the pending token's slot);
 * after ``selfspec_verify``: every token the verdict commits (accepted drafts, then the bonus)
-  is the full model's greedy token (under sampling: the argmax of its position-keyed
-  perturbed logits, :mod:`selfspec._engine.contract.sampling`) given exactly the committed prefix, computed by one forward
-  of ``[pending, accepted...]`` on the shadow cache (what the built-in greedy verifier decides
-  for that path; a verifier may accept fewer tokens than it could, never a wrong one);
+  is the full model's greedy token (under sampling: the argmax of its position-keyed perturbed
+  logits, :mod:`selfspec._engine.contract.sampling`) given exactly the committed prefix, computed by
+  one forward of ``[pending, accepted...]`` on the shadow cache (what the built-in greedy verifier
+  decides for that path; a verifier may accept fewer tokens than it could, never a wrong one);
 * after ``selfspec_cache`` and the commit: the runner's cache holds, slot by slot and layer by
   layer, the keys/values (and positions) the full forward wrote; the tokens buffer holds what
   was committed;
@@ -22,15 +22,15 @@ checks, at the step where a plugin goes wrong:
   :data:`EXACT_WEIGHTS` parameters also value for value after setup, start and end). The
   model is not the plugin's to change.
 
-A failure raises :class:`AuditError` (a :class:`~selfspec._engine.contract.plugins.PluginError` and an
-``AssertionError``) naming the hook at fault, the step and the token. Steps are numbered as
-``state.step`` reads while the hook runs: from 0, the same number for the propose, verify,
-cache and update-policy hooks of one step (the commit between cache and update policy does
-not renumber it). float64 is exact; in float32/bf16/float16 a different token is allowed only at a
-near-tie (the shadow's top-1/top-2 margin within ``selfspec._engine.contract.tiebound.tie_bound``;
-under sampling the margin of the perturbed logits, within the bound divided by the
-temperature, since the warping scales rounding differences by ``1 / T``),
-counted in :attr:`Auditor.near_ties`, after which the shadow follows the plugin's tokens.
+A failure raises :class:`AuditError` (a :class:`~selfspec._engine.contract.plugins.PluginError` and
+an ``AssertionError``) naming the hook at fault, the step and the token. Steps are numbered as
+``state.step`` reads while the hook runs: from 0, the same number for the propose, verify, cache and
+update-policy hooks of one step (the commit between cache and update policy does not renumber it).
+float64 is exact; in float32/bf16/float16 a different token is allowed only at a near-tie (the
+shadow's top-1/top-2 margin within ``selfspec._engine.contract.tiebound.tie_bound``; under sampling
+the margin of the perturbed logits, within the bound divided by the temperature, since the warping
+scales rounding differences by ``1 / T``), counted in :attr:`Auditor.near_ties`, after which the
+shadow follows the plugin's tokens.
 
 A plugin that implements neither ``selfspec_verify`` nor ``selfspec_cache`` has its verdicts
 and kept slots made by the host's own greedy verifier and commit: for it the auditor checks the
@@ -93,21 +93,28 @@ class LosslessError(AssertionError):
 class AuditError(PluginError, LosslessError):
     """The audit stopped a decode: a step broke losslessness (a wrong token or KV slot, a
     touched committed token, changed weights); the message names the plugin, the hook, the
-    step and the token. A :class:`LosslessError` and a :class:`~selfspec._engine.contract.plugins.PluginError`:
-    ``Decoder(audit=True)`` and ``specdec check --audit`` raise it as it is,
-    ``selfspec.testing.assert_lossless`` with the example (prompt length, budget, options)
-    added to its message."""
+    step and the token. A :class:`LosslessError` and a
+    :class:`~selfspec._engine.contract.plugins.PluginError`: ``Decoder(audit=True)`` and
+    ``specdec check --audit`` raise it as it is, ``selfspec.testing.assert_lossless`` with the
+    example (prompt length, budget, options) added to its message."""
 
 
 class Auditor:
     """Shadow-checks one decode; see the module docstring. One instance per ``generate``."""
 
-    def __init__(self, plugin_name: str, plugin_hooks: list[str], tolerance: float | None = None,
-                 weights: WeightGuard | None = None) -> None:
+    def __init__(
+        self,
+        plugin_name: str,
+        plugin_hooks: list[str],
+        tolerance: float | None = None,
+        weights: WeightGuard | None = None,
+    ) -> None:
         self.plugin_name = plugin_name
         self.weights = weights  # the model's weights before the plugin ran (None: not checked)
         self.step = 0  # state.step of the step under way (the commit increments state.step)
-        self.passed: dict[tuple[int, int], torch.Tensor] = {}  # (layer, keys/values): slots that passed
+        self.passed: dict[
+            tuple[int, int], torch.Tensor
+        ] = {}  # (layer, keys/values): slots that passed
         self.seen = 0  # slots [0, seen) of self.passed hold what passed the KV check
         self.tolerance = tolerance  # near-tie tolerance; None: tiebound.tie_bound
         self.hooks = set(plugin_hooks)
@@ -140,13 +147,26 @@ class Auditor:
         self._check_tokens(state, "selfspec_verify")
         committed = verdict.committed
         depths = draft.depths()
-        self.steps.append(StepRecord(state.length, state.generated, len(draft), max(depths, default=0),
-                                     draft.is_tree, len(verdict.accepted), tuple(committed)))
+        self.steps.append(
+            StepRecord(
+                state.length,
+                state.generated,
+                len(draft),
+                max(depths, default=0),
+                draft.is_tree,
+                len(verdict.accepted),
+                tuple(committed),
+            )
+        )
         if self.trusted:
             return
         base = state.length - 1
-        ids = torch.cat([self.tokens[-1:], torch.tensor(verdict.accepted, dtype=torch.long,
-                                                        device=self.tokens.device)])  # ids: [a+1]
+        ids = torch.cat(
+            [
+                self.tokens[-1:],
+                torch.tensor(verdict.accepted, dtype=torch.long, device=self.tokens.device),
+            ]
+        )  # ids: [a+1]
         self.shadow.crop(base)
         out = state.runner.forward(ids, cache=self.shadow, start=base)
         logits = out.logits.to(torch.float32)  # [a+1, V]
@@ -169,25 +189,35 @@ class Auditor:
             if tol > 0 and margin <= tol and float(logits[i, got]) >= float(top[0]) - tol:
                 self.near_ties += 1  # the shadow forward above already follows the plugin's path
                 continue
-            raise AuditError(self.plugin_name, (
-                f"selfspec_verify is lossy at step {self.step} (output token {state.generated + i}, "
-                f"{state.length + i} tokens in): its {what} is {got}, the full model's "
-                f"{'sampled' if state.sampling_on else 'greedy'} token "
-                f"is {want} ({explain(self.dtype, margin, tol)}); verdict accepted {list(verdict.accepted)} + "
-                f"bonus {verdict.bonus} of draft {draft.tokens.tolist()}"
-                f"{' (a tree)' if draft.is_tree else ''}"))
+            raise AuditError(
+                self.plugin_name,
+                (
+                    f"selfspec_verify is lossy at step {self.step} "
+                    f"(output token {state.generated + i}, "
+                    f"{state.length + i} tokens in): its {what} is {got}, the full model's "
+                    f"{'sampled' if state.sampling_on else 'greedy'} token "
+                    f"is {want} ({explain(self.dtype, margin, tol)}); "
+                    f"verdict accepted {list(verdict.accepted)} + "
+                    f"bonus {verdict.bonus} of draft {draft.tokens.tolist()}"
+                    f"{' (a tree)' if draft.is_tree else ''}"
+                ),
+            )
 
     def committed(self, state: DecodeState, new: list[int]) -> None:
         """After cache and commit: the tokens buffer and the runner's KV match the shadow."""
         base = self.tokens.shape[0] - 1
-        self.tokens = torch.cat([self.tokens, torch.tensor(new, dtype=torch.long, device=self.tokens.device)])
+        self.tokens = torch.cat(
+            [self.tokens, torch.tensor(new, dtype=torch.long, device=self.tokens.device)]
+        )
         self._check_weights("selfspec_cache")
         self._check_tokens(state, "selfspec_cache")
         if self.trusted:  # the host's verifier wrote these slots over a checked prefix: mirror them
             end = min(state.cache.lengths)
             self._mirror(state, base, end)
         elif not state.finished:
-            writers = [h for h in ("selfspec_verify", "selfspec_cache") if h in self.hooks] or ["selfspec_propose"]
+            writers = [h for h in ("selfspec_verify", "selfspec_cache") if h in self.hooks] or [
+                "selfspec_propose"
+            ]
             self._check_kv(state, state.length - 1, " or ".join(writers))
 
     def updated(self, state: DecodeState) -> None:
@@ -234,17 +264,32 @@ class Auditor:
 
     def _check_weights(self, hook: str, values: bool = False) -> None:
         if self.weights is not None:
-            self.weights.check(self.plugin_name, hook, "" if hook in ("selfspec_start", "selfspec_end")
-                               else f" at step {self.step}", values)
+            self.weights.check(
+                self.plugin_name,
+                hook,
+                "" if hook in ("selfspec_start", "selfspec_end") else f" at step {self.step}",
+                values,
+            )
 
     def _check_tokens(self, state: DecodeState, hook: str) -> None:
         n = self.tokens.shape[0]
         if state.length != n or not torch.equal(state.tokens[:n], self.tokens):
-            bad = next((i for i in range(min(n, state.length))
-                        if int(state.tokens[i]) != int(self.tokens[i])), min(n, state.length))
-            raise AuditError(self.plugin_name, (
-                f"{hook} changed the committed tokens {self._where(state, hook)}: position {bad} "
-                f"(the pending token is {n - 1}); plugins must not write state.tokens or state.length"))
+            bad = next(
+                (
+                    i
+                    for i in range(min(n, state.length))
+                    if int(state.tokens[i]) != int(self.tokens[i])
+                ),
+                min(n, state.length),
+            )
+            raise AuditError(
+                self.plugin_name,
+                (
+                    f"{hook} changed the committed tokens {self._where(state, hook)}: "
+                    f"position {bad} (the pending token is {n - 1}); "
+                    "plugins must not write state.tokens or state.length"
+                ),
+            )
 
     def _check_kv(self, state: DecodeState, upto: int, hook: str) -> None:
         """Slots ``[0, upto)`` of every layer equal the shadow's (positions too).
@@ -267,11 +312,18 @@ class Auditor:
             if cache.lengths[layer] < upto:
                 where = f"layer {layer} holds {cache.lengths[layer]} valid slots, fewer than {upto}"
                 break
-            for j, (name, mine, ref) in enumerate((("keys", cache.keys[layer], shadow.keys[layer]),
-                                                   ("values", cache.values[layer], shadow.values[layer]))):
+            for j, (name, mine, ref) in enumerate(
+                (
+                    ("keys", cache.keys[layer], shadow.keys[layer]),
+                    ("values", cache.values[layer], shadow.values[layer]),
+                )
+            ):
                 assert ref is not None
                 if mine is None or mine.shape != ref.shape:
-                    where = f"layer {layer} {name} buffer was replaced (shape {None if mine is None else tuple(mine.shape)})"
+                    where = (
+                        f"layer {layer} {name} buffer was replaced "
+                        f"(shape {None if mine is None else tuple(mine.shape)})"
+                    )
                     break
                 snap = self.passed.get((layer, j))
                 if snap is None or snap.shape != mine.shape:
@@ -282,18 +334,27 @@ class Auditor:
                 if lo >= upto:
                     continue
                 a, b = mine[:, :, lo:upto].to(ref.dtype), ref[:, :, lo:upto]
-                ok = torch.isclose(a, b, rtol=rtol, atol=atol).all(dim=3).all(dim=1)[0]  # [upto - lo]
+                ok = (
+                    torch.isclose(a, b, rtol=rtol, atol=atol).all(dim=3).all(dim=1)[0]
+                )  # [upto - lo]
                 if not bool(ok.all()):
                     slot = lo + int((~ok).nonzero()[0])
                     err = float((mine[:, :, slot].to(ref.dtype) - ref[:, :, slot]).abs().max())
-                    where = (f"layer {layer} {name} at slot {slot} (token {int(self.tokens[slot])}) differ "
-                             f"from a full forward by {err:.3g}")
+                    where = (
+                        f"layer {layer} {name} at slot {slot} "
+                        f"(token {int(self.tokens[slot])}) differ "
+                        f"from a full forward by {err:.3g}"
+                    )
                     break
                 snap[:, :, lo:upto] = mine[:, :, lo:upto]
         if where is not None:
-            raise AuditError(self.plugin_name, (
-                f"{hook} left the KV cache wrong {self._where(state, hook)} ({state.generated} tokens "
-                f"generated): {where}"))
+            raise AuditError(
+                self.plugin_name,
+                (
+                    f"{hook} left the KV cache wrong {self._where(state, hook)} "
+                    f"({state.generated} tokens generated): {where}"
+                ),
+            )
         self.seen = upto
 
 
@@ -322,14 +383,19 @@ class WeightGuard:
     """
 
     def __init__(self, model: torch.nn.Module, exact: bool | None = None) -> None:
-        entries = [(f"{mod_name}.{name}".lstrip("."), module, name, p)
-                   for mod_name, module in model.named_modules()
-                   for name, p in module._parameters.items() if p is not None]
+        entries = [
+            (f"{mod_name}.{name}".lstrip("."), module, name, p)
+            for mod_name, module in model.named_modules()
+            for name, p in module._parameters.items()
+            if p is not None
+        ]
         if exact is None:
             exact = sum(p.numel() for *_, p in entries) <= EXACT_WEIGHTS
         self.exact = exact
-        self.entries = [(full, module, name, p, *_identity(p), _value(module, name, p) if exact else None)
-                        for full, module, name, p in entries]
+        self.entries = [
+            (full, module, name, p, *_identity(p), _value(module, name, p) if exact else None)
+            for full, module, name, p in entries
+        ]
 
     def changed(self, values: bool = True) -> tuple[str, bool] | None:
         """None while every parameter is as it was; else (what changed, in a few words; True
@@ -350,7 +416,14 @@ class WeightGuard:
             for full, module, name, p, ptr, _, copy in self.entries:
                 now = _value(module, name, p if ptr is not None else module._parameters[name])
                 if not torch.equal(now, copy):
-                    rows = (now != copy).reshape(copy.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
+                    rows = (
+                        (now != copy)
+                        .reshape(copy.shape[0], -1)
+                        .any(dim=1)
+                        .nonzero()
+                        .flatten()
+                        .tolist()
+                    )
                     more = f" and {len(rows) - 1} more" if len(rows) > 1 else ""
                     return f"wrote {full} (row {rows[0]}{more}) through .data", True
         return None
@@ -361,11 +434,21 @@ class WeightGuard:
         if found is None:
             return
         what, late = found
-        who = (f"{hook}{when} or a hook before it (a write through .data bumps no version counter, so "
-               f"only the values show it)") if late and hook != "selfspec_setup" else f"{hook}{when}"
-        raise AuditError(plugin, f"{who} changed the model's weights: it {what}. The model is not the "
-                         "plugin's to change (the reference is the untouched model); keep edited copies "
-                         "in the plugin")
+        who = (
+            (
+                f"{hook}{when} or a hook before it "
+                f"(a write through .data bumps no version counter, so "
+                f"only the values show it)"
+            )
+            if late and hook != "selfspec_setup"
+            else f"{hook}{when}"
+        )
+        raise AuditError(
+            plugin,
+            f"{who} changed the model's weights: it {what}. The model is not the "
+            "plugin's to change (the reference is the untouched model); keep edited copies "
+            "in the plugin",
+        )
 
 
 def _identity(p: torch.Tensor) -> tuple[int | None, int | None]:

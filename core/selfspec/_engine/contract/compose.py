@@ -8,12 +8,12 @@ and each step:
 1. asks the members to propose, cheapest first (:meth:`Composer.order`), each from the same
    cache state (the cache is cropped back to the committed prefix after every member), skipping
    a member the cheap-first rule finds not worth its cost once a draft exists (predicted by
-   :func:`~selfspec._engine.contract.composetree.worth_calling` until the tokens per forward of the steps
-   that called it and of those that skipped it, or would have (option ``counterfactual``), are
+   :func:`~selfspec._engine.contract.composetree.worth_calling` until the tokens per forward of the
+   steps that called it and of those that skipped it, or would have (option ``counterfactual``), are
    measured, :class:`~selfspec._engine.contract.composetree.CallOutcomes`); a member sees the draft
    merged so far as ``state.prior`` (valued by
-   :func:`~selfspec._engine.contract.composetree.node_values`), which it may extend; every member draft is checked and cut like a single plugin's and any error names
-   the member;
+   :func:`~selfspec._engine.contract.composetree.node_values`), which it may extend; every member
+   draft is checked and cut like a single plugin's and any error names the member;
 2. merges the drafts into one trie (a shared prefix is one node, each node remembers its
    members) and keeps the nodes that maximise expected committed tokens per unit of cost on
    the machine's cost-per-width curve (option ``budget``);
@@ -83,8 +83,10 @@ def composable(obj: Any, hooks: Sequence[str]) -> str | None:
         return "declares composable = False"
     own = [h for h in PRIVATE_HOOKS if h in hooks]
     if own and declared is not True:
-        return (f"implements {' and '.join(own)}, which a composition never calls, and does not declare "
-                "composable = True (that it decodes correctly without them)")
+        return (
+            f"implements {' and '.join(own)}, which a composition never calls, "
+            "and does not declare composable = True (that it decodes correctly without them)"
+        )
     return None
 
 
@@ -97,7 +99,9 @@ class Member:
     pm: pluggy.PluginManager
     plugin: Any
     stats: MemberStats = field(default_factory=MemberStats)
-    outcomes: CallOutcomes = field(default_factory=CallOutcomes)  # the cheap-first rule's measured choices
+    outcomes: CallOutcomes = field(
+        default_factory=CallOutcomes
+    )  # the cheap-first rule's measured choices
     counters: dict[str, int] = field(default_factory=dict)
 
     def call(self, hook: str, **kwargs: Any) -> Any:
@@ -108,12 +112,18 @@ def load_member(name: str, index: int, obj: Any = None) -> Member:
     """A member's own plugin manager (the hook specs and the member, no built-ins), strict as
     the host's; a plugin that cannot join is a ``PluginError`` naming it."""
     if not name:
-        raise PluginError(name, f"a composed plugin name has an empty member (use NAME{SEPARATOR}NAME)")
+        raise PluginError(
+            name, f"a composed plugin name has an empty member (use NAME{SEPARATOR}NAME)"
+        )
     if name in blocked():
         raise PluginError(name, "is blocked by SELFSPEC_BLOCK_PLUGINS")
-    obj = obj if obj is not None else plugins._load_object(name)  # looked up at call time (tests replace it)
+    obj = (
+        obj if obj is not None else plugins._load_object(name)
+    )  # looked up at call time (tests replace it)
     if obj is None:
-        raise PluginError(name, "proposes nothing (the built-in vanilla): it cannot be a member of a composition")
+        raise PluginError(
+            name, "proposes nothing (the built-in vanilla): it cannot be a member of a composition"
+        )
     pm = _Manager(PROJECT)
     pm.add_hookspecs(hookspecs)
     try:
@@ -126,7 +136,9 @@ def load_member(name: str, index: int, obj: Any = None) -> Member:
         raise PluginError(name, f"cannot be registered: {exc}") from exc
     hooks = hook_names(pm, instance)
     if "selfspec_propose" not in hooks:
-        raise PluginError(name, "implements no selfspec_propose: it cannot be a member of a composition")
+        raise PluginError(
+            name, "implements no selfspec_propose: it cannot be a member of a composition"
+        )
     why = composable(instance, hooks)
     if why:
         raise PluginError(name, f"cannot join a composition: it {why}")
@@ -160,9 +172,13 @@ class Composer:
         self.curve: Callable[[int], float] | None = None
         self.forward_s = 0.0  # running one-token full-forward seconds (from the verify phase)
         self.forward_w = 0.0
-        self.observers: list[Any] = []  # the decoder's observers (the audit), told of each member's hooks
+        self.observers: list[
+            Any
+        ] = []  # the decoder's observers (the audit), told of each member's hooks
         self._step: list[_Proposal] = []
-        self._judged: list[tuple[Member, bool]] = []  # (member, called) where the cheap-first rule chose
+        self._judged: list[
+            tuple[Member, bool]
+        ] = []  # (member, called) where the cheap-first rule chose
         self._t_start = 0.0
         self._remap: dict[int, int] = {}
         self._width = 1
@@ -174,7 +190,9 @@ class Composer:
         """The composer of ``members`` (entry-point names); ``objects``: a mapping ``{member:
         class, module or instance}`` used instead of installed entry points."""
         if len(members) < 2:
-            raise PluginError(name, f"a composition needs two members or more (NAME{SEPARATOR}NAME)")
+            raise PluginError(
+                name, f"a composition needs two members or more (NAME{SEPARATOR}NAME)"
+            )
         twice = sorted({m for m in members if members.count(m) > 1})
         if twice:
             raise PluginError(name, f"member {twice[0]!r} is named twice")
@@ -184,13 +202,35 @@ class Composer:
     # ------------------------------------------------------------------------------ lifecycle
     @hookimpl
     def selfspec_options(self, register: Callable[[Option], None]) -> None:
-        register(Option("budget", str, "auto", "most nodes of the merged draft: 'auto' (the nodes that maximise "
-                        "expected tokens per unit of cost on this machine's cost curve) or N", check=check_budget))
-        register(Option("cheap_first", bool, True, "skip a member whose expected extra accepted tokens do not pay "
-                        "for its proposing and verify cost, given the draft the cheaper members made"))
-        register(Option("counterfactual", bool, True, "measure what skipping a member gives from the steps that "
-                        "call it (the step less its nodes and its proposing time), instead of skipping it to "
-                        "find out"))
+        register(
+            Option(
+                "budget",
+                str,
+                "auto",
+                "most nodes of the merged draft: 'auto' (the nodes that maximise "
+                "expected tokens per unit of cost on this machine's cost curve) or N",
+                check=check_budget,
+            )
+        )
+        register(
+            Option(
+                "cheap_first",
+                bool,
+                True,
+                "skip a member whose expected extra accepted tokens do not pay "
+                "for its proposing and verify cost, given the draft the cheaper members made",
+            )
+        )
+        register(
+            Option(
+                "counterfactual",
+                bool,
+                True,
+                "measure what skipping a member gives from the steps that "
+                "call it (the step less its nodes and its proposing time), "
+                "instead of skipping it to find out",
+            )
+        )
         for m in self.members:
             for opt in declared_options(m.pm).values():
                 register(_prefixed(opt, m.name))
@@ -234,7 +274,9 @@ class Composer:
         for m in self.order():
             values = node_values(trie, stats) if len(trie) else []
             if self.cheap_first and values and self.curve is not None and self.forward_w:
-                called = m.outcomes.choose(worth_calling(m.stats, sum(values), len(trie), spent, self.curve))
+                called = m.outcomes.choose(
+                    worth_calling(m.stats, sum(values), len(trie), spent, self.curve)
+                )
                 self._judged.append((m, called))
                 if not called:
                     m.stats.skipped()
@@ -248,19 +290,29 @@ class Composer:
             finally:
                 state.prior = None
             seconds = time.perf_counter() - t0
-            state.cache.crop(base)  # the next member (and the verifier) start from the committed prefix
+            state.cache.crop(
+                base
+            )  # the next member (and the verifier) start from the committed prefix
             self._watch(state, m.name, "selfspec_propose")
             draft, kept = check_draft_kept(Draft.empty(dev) if raw is None else raw, state, m.name)
             capture.update(state.capture_layers or ())
             tokens = draft.tokens.tolist()
             parents = draft.parents.tolist() if draft.parents is not None else None
             probs = draft.probs.tolist() if draft.probs is not None else None
-            self._step.append(_Proposal(m, tokens, parents, trie.add(tokens, parents, m.index, probs), seconds,
-                                        kept))
+            self._step.append(
+                _Proposal(
+                    m, tokens, parents, trie.add(tokens, parents, m.index, probs), seconds, kept
+                )
+            )
             m.counters["proposed"] += 1
             spent += self.forwards(seconds)
         state.capture_layers = tuple(sorted(capture)) or None
-        keep = cut(node_values(trie, stats), self.curve if self.budget is None else None, spent, self.budget)
+        keep = cut(
+            node_values(trie, stats),
+            self.curve if self.budget is None else None,
+            spent,
+            self.budget,
+        )
         tokens, parents, self._remap = trie.subtree(keep)
         self._width = len(tokens) + 1
         self._verified = (tokens, parents, [trie.owners[i] for i in sorted(keep)])
@@ -280,8 +332,14 @@ class Composer:
         if self._judged:  # the cheap-first choices of this step, and what the step gave
             took = self.forwards(time.perf_counter() - self._t_start)
             for m, called in self._judged:
-                m.outcomes.observe(called, len(verdict.committed), took,
-                                   self.without(m, step, verdict, took, self.forwards(seconds)) if called else None)
+                m.outcomes.observe(
+                    called,
+                    len(verdict.committed),
+                    took,
+                    self.without(m, step, verdict, took, self.forwards(seconds))
+                    if called
+                    else None,
+                )
         mine = [self.member_verdict(p, verdict) for p in step]
         longest = max((len(v.accepted) for v in mine), default=0)
         for p, v in zip(step, mine):
@@ -308,12 +366,13 @@ class Composer:
         the verify phases so far (0 before any was measured)."""
         return seconds * self.forward_w / self.forward_s if self.forward_s else 0.0
 
-    def without(self, m: Member, step: Sequence[_Proposal], verdict: Verdict, took: float,
-                verify: float) -> tuple[int, float] | None:
+    def without(
+        self, m: Member, step: Sequence[_Proposal], verdict: Verdict, took: float, verify: float
+    ) -> tuple[int, float] | None:
         """``(tokens, forwards)`` this step would have given without ``m`` (which it called
         after a cheaper draft): the path through the other members' verified nodes
-        (:func:`~selfspec._engine.contract.composetree.without_member`), for the step's forwards less
-        ``m``'s proposing time and its nodes' share of the verification (``verify`` forwards,
+        (:func:`~selfspec._engine.contract.composetree.without_member`), for the step's forwards
+        less ``m``'s proposing time and its nodes' share of the verification (``verify`` forwards,
         scaled on the cost curve); None with ``counterfactual`` off or before a cost is known."""
         if not self.counterfactual or self.curve is None or not took:
             return None
@@ -346,11 +405,21 @@ class Composer:
             if rows == list(range(len(rows))):
                 logits = verdict.logits[: len(rows)]  # a view: the member's nodes lead the block
             else:
-                logits = verdict.logits.index_select(0, torch.tensor(rows, device=verdict.logits.device))
-        hidden = None if verdict.hidden is None else {k: h[: a + 1] for k, h in verdict.hidden.items()}
-        return Verdict(accepted=tuple(committed[:a]), bonus=int(committed[a]), accepted_nodes=tuple(path),
-                       kv_slots=(0, *(n + 1 for n in merged)), forwards=verdict.forwards, hidden=hidden,
-                       logits=logits)
+                logits = verdict.logits.index_select(
+                    0, torch.tensor(rows, device=verdict.logits.device)
+                )
+        hidden = (
+            None if verdict.hidden is None else {k: h[: a + 1] for k, h in verdict.hidden.items()}
+        )
+        return Verdict(
+            accepted=tuple(committed[:a]),
+            bonus=int(committed[a]),
+            accepted_nodes=tuple(path),
+            kv_slots=(0, *(n + 1 for n in merged)),
+            forwards=verdict.forwards,
+            hidden=hidden,
+            logits=logits,
+        )
 
     def _watch(self, state: DecodeState, member: str, hook: str) -> None:
         """Tell the decoder's observers (the audit) that ``member`` finished ``hook``, so a
@@ -363,9 +432,11 @@ class Composer:
 
 def _merged(trie: Trie, values: Sequence[float], device: torch.device) -> Draft:
     """The merged draft so far, its nodes valued by :func:`node_values` (``state.prior``)."""
-    return Draft(torch.tensor(trie.tokens, dtype=torch.long, device=device),
-                 torch.tensor(trie.parents, dtype=torch.long, device=device),
-                 probs=torch.tensor(values, dtype=torch.float32, device=device))
+    return Draft(
+        torch.tensor(trie.tokens, dtype=torch.long, device=device),
+        torch.tensor(trie.parents, dtype=torch.long, device=device),
+        probs=torch.tensor(values, dtype=torch.float32, device=device),
+    )
 
 
 def _prefixed(opt: Option, member: str) -> Option:

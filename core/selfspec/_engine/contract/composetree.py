@@ -1,6 +1,7 @@
 """The arithmetic of a composed draft: the merged trie, its budget, and the cheap-first rule.
 
-Pure functions and small records, no model: :mod:`selfspec._engine.contract.compose` calls them each step.
+Pure functions and small records, no model: :mod:`selfspec._engine.contract.compose` calls them
+each step.
 
 * :class:`Trie` merges the members' drafts (chains or trees) into one tree: a node is a path
   from the pending token, so a shared prefix is one node and a token two members propose at
@@ -56,8 +57,13 @@ class Trie:
     probs: list[dict[int, float]] = field(default_factory=list)
     _index: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
 
-    def add(self, tokens: Sequence[int], parents: Sequence[int] | None, owner: int,
-            probs: Sequence[float] | None = None) -> list[int]:
+    def add(
+        self,
+        tokens: Sequence[int],
+        parents: Sequence[int] | None,
+        owner: int,
+        probs: Sequence[float] | None = None,
+    ) -> list[int]:
         """Merge one member's draft (``parents`` None: a chain; ``probs``: its own estimate of
         each node's acceptance probability, or None); returns the merged node of each of its
         nodes."""
@@ -192,8 +198,12 @@ def node_values(trie: Trie, stats: Sequence[MemberStats]) -> list[float]:
     return values
 
 
-def cut(values: Sequence[float], cost: Callable[[int], float] | None, spent: float,
-        limit: int | None = None) -> list[int]:
+def cut(
+    values: Sequence[float],
+    cost: Callable[[int], float] | None,
+    spent: float,
+    limit: int | None = None,
+) -> list[int]:
     """The merged nodes to verify: the ``n`` most valuable (ties: merged order, so parents
     first), ``n`` maximising ``(1 + sum of their values) / (spent + cost(n + 1))`` (``spent``:
     what proposing cost this step, in one-token forwards); every node when ``cost`` is None;
@@ -207,8 +217,9 @@ def cut(values: Sequence[float], cost: Callable[[int], float] | None, spent: flo
     return sorted(order[:n])
 
 
-def worth_calling(stats: MemberStats, covered: float, nodes: int, spent: float,
-                  cost: Callable[[int], float]) -> bool:
+def worth_calling(
+    stats: MemberStats, covered: float, nodes: int, spent: float, cost: Callable[[int], float]
+) -> bool:
     """The cheap-first rule: whether calling a member pays, given the draft so far (``nodes``
     merged nodes, ``covered`` expected accepted tokens, ``spent`` forwards of proposing).
 
@@ -228,17 +239,18 @@ def worth_calling(stats: MemberStats, covered: float, nodes: int, spent: float,
 
 @dataclass
 class CallOutcomes:
-    """What the cheap-first choice gave for one member in one decode, measured: per choice (``True``: called
-    after a cheaper member's draft, ``False``: skipped), the tokens committed and the step's
-    time in one-token forwards (propose to commit), exponentially weighted by :data:`DECAY` per
-    judged step of either choice, so the choice not taken ages."""
+    """What the cheap-first choice gave for one member in one decode, measured: per choice
+    (``True``: called after a cheaper member's draft, ``False``: skipped), the tokens committed and
+    the step's time in one-token forwards (propose to commit), exponentially weighted by
+    :data:`DECAY` per judged step of either choice, so the choice not taken ages."""
 
     tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     forwards: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     weight: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
 
-    def observe(self, called: bool, tokens: int, forwards: float,
-                skipped: tuple[int, float] | None = None) -> None:
+    def observe(
+        self, called: bool, tokens: int, forwards: float, skipped: tuple[int, float] | None = None
+    ) -> None:
         """One judged step: the member was ``called`` or not; the step committed ``tokens`` in
         ``forwards``. ``skipped``: for a step that called it, ``(tokens, forwards)`` the same step
         would have given without it (:func:`without_member`), measured for the skip choice in
@@ -271,8 +283,13 @@ class CallOutcomes:
         return call >= skip
 
 
-def without_member(committed: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
-                   owners: Sequence[set[int]], member: int) -> tuple[int, int]:
+def without_member(
+    committed: Sequence[int],
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    owners: Sequence[set[int]],
+    member: int,
+) -> tuple[int, int]:
     """What a verified step would have committed without ``member``'s draft: ``(tokens,
     width)``, the committed path's longest prefix among the verified nodes (``tokens``,
     ``parents``, ``owners`` of the merged draft as verified) that another member proposed, plus
@@ -305,4 +322,3 @@ def committed_path(children: dict[int, dict[int, int]], committed: Sequence[int]
         path.append(nxt)
         cur = nxt
     return path
-

@@ -27,7 +27,9 @@ def check_draft_kept(draft: Any, state: DecodeState, name: str) -> tuple[Draft, 
     if not isinstance(t, torch.Tensor) or t.dtype != torch.long or t.dim() != 1:
         raise PluginError(name, "draft tokens must be a 1-D int64 tensor")
     if t.device != state.runner.device:
-        raise PluginError(name, f"draft tokens are on {t.device}, the model on {state.runner.device}")
+        raise PluginError(
+            name, f"draft tokens are on {t.device}, the model on {state.runner.device}"
+        )
     if len(draft) and (int(t.min()) < 0 or int(t.max()) >= state.runner.vocab_size):
         raise PluginError(name, f"draft token ids must lie in [0, {state.runner.vocab_size})")
     if draft.parents is not None:
@@ -61,8 +63,16 @@ def cut_draft_kept(draft: Draft, state: DecodeState) -> tuple[Draft, tuple[int, 
             return draft, tuple(range(len(draft)))
         state.stats.truncated_drafts += 1
         n = min(limit, room)
-        return (Draft(draft.tokens[:n], None, draft.meta, draft.owner, None if draft.probs is None else draft.probs[:n]),
-                tuple(range(n)))
+        return (
+            Draft(
+                draft.tokens[:n],
+                None,
+                draft.meta,
+                draft.owner,
+                None if draft.probs is None else draft.probs[:n],
+            ),
+            tuple(range(n)),
+        )
     depths = draft.depths()
     keep = [i for i, d in enumerate(depths) if d <= limit][:room]
     if len(keep) == len(draft):
@@ -73,5 +83,13 @@ def cut_draft_kept(draft: Draft, state: DecodeState) -> tuple[Draft, tuple[int, 
     parents = [remap[p] for p in draft.parents[keep].tolist()]
     idx = torch.tensor(keep, dtype=torch.long, device=draft.tokens.device)
     probs = None if draft.probs is None else draft.probs[idx.to(draft.probs.device)]
-    return (Draft(draft.tokens[idx], torch.tensor(parents, dtype=torch.long, device=idx.device), draft.meta,
-                  draft.owner, probs), tuple(keep))
+    return (
+        Draft(
+            draft.tokens[idx],
+            torch.tensor(parents, dtype=torch.long, device=idx.device),
+            draft.meta,
+            draft.owner,
+            probs,
+        ),
+        tuple(keep),
+    )

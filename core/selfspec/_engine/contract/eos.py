@@ -9,7 +9,11 @@ def eos_token_ids(model: Any, tokenizer: Any = None) -> frozenset[int]:
     """Every id that ends a generation: the generation config's, the model config's and the
     tokenizer's EOS (for SmolLM2-Instruct ``<|im_end|>``)."""
     found: set[int] = set()
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
+    for source in (
+        getattr(model, "generation_config", None),
+        getattr(model, "config", None),
+        tokenizer,
+    ):
         eos = getattr(source, "eos_token_id", None) if source is not None else None
         if eos is None:
             continue

@@ -1,7 +1,7 @@
 """Render ``docs/hooks.md`` from the hookspec docstrings (one copy of the contract).
 
-``python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`` writes it; ``--check docs/hooks.md`` exits 1
-when the file is stale (the test suite runs the same check).
+``python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`` writes it;
+``--check docs/hooks.md`` exits 1 when the file is stale (the test suite runs the same check).
 """
 
 from __future__ import annotations
@@ -14,16 +14,19 @@ from selfspec._engine.contract import hookspecs
 
 HEADER = """# Hooks reference
 
-Generated from `core/selfspec/_engine/contract/hookspecs.py` by `python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`;
-do not edit by hand. Implement a hook as a method (or module-level function) with the same
-name, decorated with `@selfspec.hookimpl`; it may accept any subset of the arguments.
+Generated from `core/selfspec/_engine/contract/hookspecs.py` by
+`python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`; do not edit by hand. Implement a
+hook as a method (or module-level function) with the same name, decorated with
+`@selfspec.hookimpl`; it may accept any subset of the arguments.
 
 """
 
 
 def hooks() -> list[tuple[str, object]]:
     """Every hookspec, in source order."""
-    found = [(n, f) for n, f in vars(hookspecs).items() if n.startswith("selfspec_") and callable(f)]
+    found = [
+        (n, f) for n, f in vars(hookspecs).items() if n.startswith("selfspec_") and callable(f)
+    ]
     return sorted(found, key=lambda nf: inspect.getsourcelines(nf[1])[1])  # type: ignore[arg-type]
 
 
@@ -99,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         path = argv[1] if len(argv) > 1 else "docs/hooks.md"
         with open(path, encoding="utf-8") as fh:
             if fh.read() != text:
-                print(f"{path} is stale: run `python -m selfspec._engine.contract.hooksdoc > {path}`", file=sys.stderr)
+                print(
+                    f"{path} is stale: run `python -m selfspec._engine.contract.hooksdoc > {path}`",
+                    file=sys.stderr,
+                )
                 return 1
         return 0
     sys.stdout.write(text)

@@ -11,8 +11,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_namespace(namespace: str, api: Mapping[str, tuple[str, str]], globals_: dict[str, Any],
-                   submodules: tuple[str, ...] = ()) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_namespace(
+    namespace: str,
+    api: Mapping[str, tuple[str, str]],
+    globals_: dict[str, Any],
+    submodules: tuple[str, ...] = (),
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for the module ``namespace``: ``api[name] = (module, attr)``
     with ``module`` absolute; ``submodules`` are names imported as ``namespace.name``. A resolved
     name becomes a plain attribute (``globals_``)."""

@@ -1,9 +1,9 @@
 """The decode loop: prefill, then propose -> verify -> cache -> update until done.
 
 Reads in one sitting (gpt-fast's ``generate.py``): :meth:`Decoder.generate` is the loop; the
-``_check_*`` helpers after it enforce the host's invariants (``docs/architecture.md``,
-"Invariants") whatever a plugin returns. Only verified tokens are committed and streamed; EOS and the token budget are the
-host's business; a broken contract stops the decode with an error naming the plugin.
+``_check_*`` helpers after it enforce the host's invariants (``docs/architecture.md``, "Invariants")
+whatever a plugin returns. Only verified tokens are committed and streamed; EOS and the token budget
+are the host's business; a broken contract stops the decode with an error naming the plugin.
 """
 
 from __future__ import annotations
@@ -130,10 +130,14 @@ class Decoder:
         #: the validated options, defaults filled in
         self.options = resolve(self.declared, options or {}, plugin)
         self.audit = audit_from_env() if audit is None else audit
-        self.audit_tolerance: float | None = None  # near-tie tolerance of the audit (None: per dtype)
+        self.audit_tolerance: float | None = (
+            None  # near-tie tolerance of the audit (None: per dtype)
+        )
         self.auditor: Auditor | None = None
         #: the hooks the plugin implements (``"selfspec_verify" in decoder.plugin_hooks``)
-        self.plugin_hooks = plugins.hook_names(self.pm, self.plugin) if self.plugin is not None else []
+        self.plugin_hooks = (
+            plugins.hook_names(self.pm, self.plugin) if self.plugin is not None else []
+        )
         self.weights = WeightGuard(model) if self.audit else None  # audit: the weights before setup
         self._call("selfspec_setup", runner=self.runner, options=self.options, tokenizer=tokenizer)
         if self.weights is not None:
@@ -167,9 +171,12 @@ class Decoder:
             raise ValueError(f"prompt token ids must lie in [0, {runner.vocab_size})")
         limit = runner.max_positions
         if limit is not None and T + max_new_tokens > limit:
-            raise ValueError(f"a prompt of {T} tokens and max_new_tokens={max_new_tokens} need {T + max_new_tokens} "
-                             f"positions; the model holds {limit} (max_position_embeddings): lower "
-                             f"max_new_tokens to {max(0, limit - T)} or shorten the prompt")
+            raise ValueError(
+                f"a prompt of {T} tokens and max_new_tokens={max_new_tokens} "
+                f"need {T + max_new_tokens} "
+                f"positions; the model holds {limit} (max_position_embeddings): lower "
+                f"max_new_tokens to {max(0, limit - T)} or shorten the prompt"
+            )
         eos = frozenset(self._default_eos() if eos_token_ids is None else eos_token_ids)
         sampling = self.sampling if sampling is None else sampling
         sampler = None if sampling.greedy else Sampler(sampling, runner.vocab_size, runner.device)
@@ -178,9 +185,16 @@ class Decoder:
         tokens = torch.zeros(capacity, dtype=torch.long, device=runner.device)  # tokens: [capacity]
         tokens[:T] = prompt
         state = DecodeState(
-            runner=runner, cache=runner.new_cache(capacity), tokens=tokens, length=T,
-            prompt_length=T, max_new_tokens=max_new_tokens, eos_token_ids=eos,
-            stats=Stats(weight_layout=self.runner.weight_layout, placement=self._placement), plugin_name=self.plugin_name, options=self.options,
+            runner=runner,
+            cache=runner.new_cache(capacity),
+            tokens=tokens,
+            length=T,
+            prompt_length=T,
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=eos,
+            stats=Stats(weight_layout=self.runner.weight_layout, placement=self._placement),
+            plugin_name=self.plugin_name,
+            options=self.options,
             sampler=sampler,
         )
         stats = state.stats
@@ -194,7 +208,9 @@ class Decoder:
         bytes_at_start = runner.weight_bytes
         self.auditor = self._auditor()
         observers = [self.auditor] if self.auditor is not None else []  # see _observe
-        if isinstance(self.plugin, Composer):  # the audit blames a member for what its own hooks broke
+        if isinstance(
+            self.plugin, Composer
+        ):  # the audit blames a member for what its own hooks broke
             self.plugin.observers = observers
         self._call("selfspec_start", state=state)
         self._observe(observers, "start", state)
@@ -204,7 +220,9 @@ class Decoder:
             draft, kept = self._check_draft(self._call("selfspec_propose", state=state), state)
             self._observe(observers, "proposed", state, draft)
             # 3. verify: the full model decides; accepted drafts + the bonus token
-            verdict = self._check_verdict(self._call("selfspec_verify", state=state, draft=draft), draft, state)
+            verdict = self._check_verdict(
+                self._call("selfspec_verify", state=state, draft=draft), draft, state
+            )
             self._observe(observers, "verified", state, draft, verdict)
             # 4. cache: every cache holds exactly the committed prefix again
             self._call("selfspec_cache", state=state, verdict=verdict)
@@ -216,7 +234,10 @@ class Decoder:
             # 6. update policy: thresholds, layer sets, statistics
             self._call("selfspec_update_policy", state=state, verdict=verdict, kept=kept)
             self._observe(observers, "updated", state)
-            del draft, verdict  # the step is over: free the verify block's logits before the next forward
+            del (
+                draft,
+                verdict,
+            )  # the step is over: free the verify block's logits before the next forward
 
         self._sync()
         stats.wall_time_s = time.perf_counter() - t_start
@@ -224,7 +245,9 @@ class Decoder:
         stats.new_tokens = len(out)
         stats.weight_bytes = runner.weight_bytes - bytes_at_start
         stats.choices = {what: choice.as_dict() for what, choice in self.runner.choices.items()}
-        result = Result(prompt_ids=prompt.tolist(), output_ids=out, stats=stats, text=self._decode(out))
+        result = Result(
+            prompt_ids=prompt.tolist(), output_ids=out, stats=stats, text=self._decode(out)
+        )
         self._call("selfspec_end", state=state, result=result)
         self._observe(observers, "ended")
         return result
@@ -255,7 +278,9 @@ class Decoder:
                 break
         new = new[: state.budget]  # never past max_new_tokens
         n = len(new)
-        state.tokens[state.length : state.length + n] = torch.tensor(new, dtype=torch.long, device=state.tokens.device)
+        state.tokens[state.length : state.length + n] = torch.tensor(
+            new, dtype=torch.long, device=state.tokens.device
+        )
         state.length += n
         state.step += 1
         s = state.stats
@@ -270,8 +295,11 @@ class Decoder:
         if state.sampler is not None:
             state.sampler.forget_before(state.length)
         if not state.finished and state.cache.length != state.length - 1:
-            raise PluginError(self.plugin_name, f"the KV cache holds {state.cache.lengths} positions after "
-                              f"the step, expected {state.length - 1} in every layer")
+            raise PluginError(
+                self.plugin_name,
+                f"the KV cache holds {state.cache.lengths} positions after "
+                f"the step, expected {state.length - 1} in every layer",
+            )
         return new
 
     def _call(self, hook: str, **kwargs: Any) -> Any:
@@ -284,15 +312,23 @@ class Decoder:
     def _check_verdict(self, verdict: Any, draft: Draft, state: DecodeState) -> Verdict:
         name = self.plugin_name
         if not isinstance(verdict, Verdict):
-            raise PluginError(name, f"selfspec_verify returned {type(verdict).__name__}, not a Verdict")
+            raise PluginError(
+                name, f"selfspec_verify returned {type(verdict).__name__}, not a Verdict"
+            )
         vocab = state.runner.vocab_size
         if not 0 <= verdict.bonus < vocab or any(not 0 <= t < vocab for t in verdict.accepted):
             raise PluginError(name, f"verdict token ids must lie in [0, {vocab})")
-        nodes = verdict.accepted_nodes or (tuple(range(len(verdict.accepted))) if draft.parents is None else ())
+        nodes = verdict.accepted_nodes or (
+            tuple(range(len(verdict.accepted))) if draft.parents is None else ()
+        )
         if len(nodes) != len(verdict.accepted):
-            raise PluginError(name, "verdict.accepted_nodes must name the draft node of every accepted token")
+            raise PluginError(
+                name, "verdict.accepted_nodes must name the draft node of every accepted token"
+            )
         tokens = draft.tokens.tolist()
-        parents = draft.parents.tolist() if draft.parents is not None else list(range(-1, len(draft) - 1))
+        parents = (
+            draft.parents.tolist() if draft.parents is not None else list(range(-1, len(draft) - 1))
+        )
         prev = -1
         for node, tok in zip(nodes, verdict.accepted):
             if not 0 <= node < len(draft) or tokens[node] != tok or parents[node] != prev:
@@ -302,15 +338,26 @@ class Decoder:
         if len(slots) != len(verdict.accepted) + 1:
             raise PluginError(name, "verdict.kv_slots must name one slot per committed position")
         written = min(state.cache.lengths) - (state.length - 1)
-        if self.plugin_hooks and "selfspec_cache" not in self.plugin_hooks and (
-            slots[0] < 0 or any(b <= a for a, b in zip(slots, slots[1:])) or slots[-1] >= written
+        if (
+            self.plugin_hooks
+            and "selfspec_cache" not in self.plugin_hooks
+            and (
+                slots[0] < 0
+                or any(b <= a for a, b in zip(slots, slots[1:]))
+                or slots[-1] >= written
+            )
         ):
-            raise PluginError(name, f"selfspec_verify returned kv_slots {list(slots)}: they must increase "
-                              f"and lie in the {written} slots its forward wrote (step {state.step})")
+            raise PluginError(
+                name,
+                f"selfspec_verify returned kv_slots {list(slots)}: they must increase "
+                f"and lie in the {written} slots its forward wrote (step {state.step})",
+            )
         return verdict
 
     def _default_eos(self) -> frozenset[int]:
-        return eos_token_ids(self.model, self.tokenizer)  # the one EOS rule (generation config, config, tokenizer)
+        return eos_token_ids(
+            self.model, self.tokenizer
+        )  # the one EOS rule (generation config, config, tokenizer)
 
     def _decode(self, ids: list[int]) -> str | None:
         if self.tokenizer is None:

@@ -30,14 +30,16 @@ from selfspec._engine.contract.plugins import (
 )
 
 
-def make_manager(name: str = BUILTIN_METHOD, plugin_object: Any = None, *, trace: bool | None = None) -> tuple[pluggy.PluginManager, Any]:
+def make_manager(
+    name: str = BUILTIN_METHOD, plugin_object: Any = None, *, trace: bool | None = None
+) -> tuple[pluggy.PluginManager, Any]:
     """A fresh plugin manager with the built-ins and the method plugin ``name``.
 
     Returns ``(manager, plugin)`` where ``plugin`` is the registered instance (None for
     ``vanilla``). Pass ``plugin_object`` to register an already-imported object (a class,
     module or instance) under ``name`` instead of looking up the entry point. A composed name
-    (``"lookup+selfsd"``) registers the host's :class:`~selfspec._engine.contract.compose.Composer` over
-    those members; ``plugin_object`` may then be a mapping ``{member: object}``.
+    (``"lookup+selfsd"``) registers the host's :class:`~selfspec._engine.contract.compose.Composer`
+    over those members; ``plugin_object`` may then be a mapping ``{member: object}``.
     """
     pm = _Manager(PROJECT)
     pm.add_hookspecs(hookspecs)
@@ -47,7 +49,9 @@ def make_manager(name: str = BUILTIN_METHOD, plugin_object: Any = None, *, trace
     if members is not None:  # "a+b": the host's composer, holding each member's own manager
         obj = Composer.build(name, members, plugin_object)
     else:
-        obj = plugin_object if plugin_object is not None else plugins._load_object(name)  # looked up at call time (tests replace it)
+        obj = (
+            plugin_object if plugin_object is not None else plugins._load_object(name)
+        )  # looked up at call time (tests replace it)
     instance = None
     if obj is not None:
         if name in blocked():
@@ -69,13 +73,14 @@ def make_manager(name: str = BUILTIN_METHOD, plugin_object: Any = None, *, trace
     return pm, instance
 
 
-
 def describe(name: str) -> dict[str, Any]:
     """Name, version, hooks and options of one installed plugin (imports it)."""
     info = available()[name] if name in available() else None
     pm, instance = make_manager(name)
     target = instance if instance is not None else None
-    hooks = hook_names(pm, target) if target is not None else ["selfspec_propose (built-in vanilla)"]
+    hooks = (
+        hook_names(pm, target) if target is not None else ["selfspec_propose (built-in vanilla)"]
+    )
     opts = declared_options(pm)
     return {
         **(info.as_dict() if info else {"name": name}),

@@ -1,7 +1,7 @@
 """The two pluggy markers of selfspec, in a leaf module (pluggy's eggsample keeps its markers
-beside the specs): ``hookspec`` marks the contracts in :mod:`selfspec._engine.contract.hookspecs`, ``hookimpl``
-marks implementations (re-exported as ``selfspec.hookimpl``). Importing this module imports
-pluggy and nothing of selfspec, so the built-ins, the loader and plugins can all use it
+beside the specs): ``hookspec`` marks the contracts in :mod:`selfspec._engine.contract.hookspecs`,
+``hookimpl`` marks implementations (re-exported as ``selfspec.hookimpl``). Importing this module
+imports pluggy and nothing of selfspec, so the built-ins, the loader and plugins can all use it
 without an import cycle.
 """
 

@@ -18,7 +18,6 @@ class Layers:
     command's ``--layers``); :func:`format_layers` writes the text back.
     """
 
-
     @classmethod
     def parse(cls, value: Any, name: str = "layers") -> tuple[int, ...]:
         """``"3,5,10-12"`` -> ``(3, 5, 10, 11, 12)``; ``""``/``"none"`` -> ``()``; a sequence of
@@ -38,9 +37,12 @@ class Layers:
                     else:
                         out.append(int(part))
                 except ValueError:
-                    raise OptionError(f"option {name!r}: {part!r} is not a layer index or range "
-                                      "(e.g. 3,5,10-12)") from None
-        elif isinstance(value, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+                    raise OptionError(
+                        f"option {name!r}: {part!r} is not a layer index or range (e.g. 3,5,10-12)"
+                    ) from None
+        elif isinstance(value, (list, tuple)) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in value
+        ):
             out = [int(i) for i in value]
         else:
             raise OptionError(f"option {name!r}: expected layers like '3,5,10-12', got {value!r}")
@@ -52,15 +54,19 @@ class Layers:
         return tuple(sorted(out))
 
 
-def check_layers(layers: tuple[int, ...] | None, n_layers: int, name: str = "layers") -> tuple[int, ...] | None:
+def check_layers(
+    layers: tuple[int, ...] | None, n_layers: int, name: str = "layers"
+) -> tuple[int, ...] | None:
     """``layers`` unchanged when every index lies in ``[0, n_layers)``, else :class:`OptionError`
     naming the option (call it at setup, when the model's depth is known). None passes."""
     if layers is None:
         return None
     bad = [i for i in layers if not 0 <= i < n_layers]
     if bad:
-        raise OptionError(f"option {name!r}: layer {bad[0]} is outside [0, {n_layers}) for this "
-                          f"{n_layers}-layer model")
+        raise OptionError(
+            f"option {name!r}: layer {bad[0]} is outside [0, {n_layers}) for this "
+            f"{n_layers}-layer model"
+        )
     return tuple(layers)
 
 
@@ -116,9 +122,14 @@ class Option:
 
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
-            raise TypeError(f"option {self.name!r}: type must be one of int, float, str, bool, Layers")
+            raise TypeError(
+                f"option {self.name!r}: type must be one of int, float, str, bool, Layers"
+            )
         if not all(part.isidentifier() for part in self.name.split(".", 1)):
-            raise ValueError(f"option name {self.name!r} is not an identifier (or MEMBER.identifier in a composition)")
+            raise ValueError(
+                f"option name {self.name!r} is not an identifier "
+                "(or MEMBER.identifier in a composition)"
+            )
         if self.default is not None:
             self.convert(self.default)
 
@@ -127,9 +138,11 @@ class Option:
         if value is None:
             if self.default is None:
                 return None  # "the plugin decides", as when the option is not given
-            raise OptionError(f"option {self.name!r}: None means 'the plugin decides', which only an option "
-                              f"whose default is None accepts; give a {_TYPES[self.type]} "
-                              f"(the default is {self.default!r})")
+            raise OptionError(
+                f"option {self.name!r}: None means 'the plugin decides', which only an option "
+                f"whose default is None accepts; give a {_TYPES[self.type]} "
+                f"(the default is {self.default!r})"
+            )
         v = self._parse(value)
         if self.choices is not None and v not in self.choices:
             raise OptionError(f"option {self.name!r}: {v!r} is not one of {list(self.choices)}")
@@ -157,7 +170,9 @@ class Option:
             try:
                 return t(value)
             except ValueError:
-                raise OptionError(f"option {self.name!r}: {value!r} is not a valid {_TYPES[t]}") from None
+                raise OptionError(
+                    f"option {self.name!r}: {value!r} is not a valid {_TYPES[t]}"
+                ) from None
         if t is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if not isinstance(value, t) or (t is int and isinstance(value, bool)):
@@ -169,8 +184,11 @@ class Option:
         return {
             "name": self.name,
             "type": _TYPES[self.type],
-            "default": (format_layers(Layers.parse(self.default, self.name)) if self.type is Layers and self.default is not None
-                        else self.default),
+            "default": (
+                format_layers(Layers.parse(self.default, self.name))
+                if self.type is Layers and self.default is not None
+                else self.default
+            ),
             "help": self.help,
             "choices": list(self.choices) if self.choices is not None else None,
         }
@@ -187,14 +205,23 @@ def parse_pairs(pairs: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def resolve(declared: Mapping[str, Option], given: Mapping[str, Any], plugin: str) -> dict[str, Any]:
+def resolve(
+    declared: Mapping[str, Option], given: Mapping[str, Any], plugin: str
+) -> dict[str, Any]:
     """Validate ``given`` against ``declared`` and fill in defaults."""
     unknown = sorted(set(given) - set(declared))
     if unknown:
         known = ", ".join(sorted(declared)) or "none"
-        raise OptionError(f"plugin {plugin!r} has no option {', '.join(map(repr, unknown))} (its options: {known})")
-    values = {name: opt.convert(opt.default) if opt.type is Layers and opt.default is not None else opt.default
-              for name, opt in declared.items()}
+        raise OptionError(
+            f"plugin {plugin!r} has no option {', '.join(map(repr, unknown))} "
+            f"(its options: {known})"
+        )
+    values = {
+        name: opt.convert(opt.default)
+        if opt.type is Layers and opt.default is not None
+        else opt.default
+        for name, opt in declared.items()
+    }
     for name, raw in given.items():
         values[name] = declared[name].convert(raw)
     return values

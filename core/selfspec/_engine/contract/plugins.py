@@ -60,7 +60,12 @@ class PluginInfo:
     value: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "distribution": self.distribution, "value": self.value}
+        return {
+            "name": self.name,
+            "version": self.version,
+            "distribution": self.distribution,
+            "value": self.value,
+        }
 
 
 def member_names(plugin: str | Sequence[str]) -> list[str] | None:
@@ -84,12 +89,21 @@ def available() -> dict[str, PluginInfo]:
     """Every installed method plugin by name (the built-in ``vanilla`` first), without importing
     any: ``{name: info}`` with the info's ``name``, ``version``, ``distribution`` and entry-point
     ``value``. A plugin's test suite starts with ``assert "myplugin" in available_plugins()``."""
-    found = {BUILTIN_METHOD: PluginInfo(BUILTIN_METHOD, __version__, "selfspec", "selfspec._engine.contract.builtin")}
+    found = {
+        BUILTIN_METHOD: PluginInfo(
+            BUILTIN_METHOD, __version__, "selfspec", "selfspec._engine.contract.builtin"
+        )
+    }
     for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         dist = getattr(ep, "dist", None)
         found.setdefault(
             ep.name,
-            PluginInfo(ep.name, dist.version if dist else None, dist.metadata["Name"] if dist else None, ep.value),
+            PluginInfo(
+                ep.name,
+                dist.version if dist else None,
+                dist.metadata["Name"] if dist else None,
+                ep.value,
+            ),
         )
     return found
 
@@ -140,13 +154,20 @@ def instantiate(obj: Any) -> Any:
             return obj
         if inspect.isclass(getattr(obj, "Plugin", None)):
             return obj.Plugin()
-        classes = [c for c in vars(obj).values() if inspect.isclass(c) and c.__module__ == obj.__name__
-                   and any(_is_hook(n, getattr(c, n, None)) for n in dir(c))]
+        classes = [
+            c
+            for c in vars(obj).values()
+            if inspect.isclass(c)
+            and c.__module__ == obj.__name__
+            and any(_is_hook(n, getattr(c, n, None)) for n in dir(c))
+        ]
         if len(classes) == 1:
             return classes[0]()
         if len(classes) > 1:
             names = ", ".join(c.__name__ for c in classes)
-            raise ValueError(f"defines several plugin classes ({names}); name the one to use `Plugin`")
+            raise ValueError(
+                f"defines several plugin classes ({names}); name the one to use `Plugin`"
+            )
         return obj
     return obj
 
@@ -165,14 +186,29 @@ class _Manager(pluggy.PluginManager):
 
     def parse_hookimpl_opts(self, plugin: Any, name: str):  # type: ignore[override]
         opts = super().parse_hookimpl_opts(plugin, name)
-        if opts is None and name.startswith(f"{PROJECT}_") and callable(getattr(plugin, name, None)):
-            opts = {"wrapper": False, "hookwrapper": False, "optionalhook": False,
-                    "tryfirst": False, "trylast": False, "specname": None}
+        if (
+            opts is None
+            and name.startswith(f"{PROJECT}_")
+            and callable(getattr(plugin, name, None))
+        ):
+            opts = {
+                "wrapper": False,
+                "hookwrapper": False,
+                "optionalhook": False,
+                "tryfirst": False,
+                "trylast": False,
+                "specname": None,
+            }
         return opts
 
 
 def _all_impls(pm: pluggy.PluginManager) -> list[Any]:
-    return [impl for caller in pm.hook.__dict__.values() if isinstance(caller, pluggy.HookCaller) for impl in caller.get_hookimpls()]
+    return [
+        impl
+        for caller in pm.hook.__dict__.values()
+        if isinstance(caller, pluggy.HookCaller)
+        for impl in caller.get_hookimpls()
+    ]
 
 
 def hook_names(pm: pluggy.PluginManager, plugin: Any) -> list[str]:
@@ -184,6 +220,7 @@ def declared_options(pm: pluggy.PluginManager) -> dict[str, Option]:
     """Collect every plugin's ``selfspec_options``; a name declared twice is an error."""
     options: dict[str, Option] = {}
     for impl in pm.hook.selfspec_options.get_hookimpls():
+
         def register(opt: Option, _owner: str = impl.plugin_name) -> None:
             if not isinstance(opt, Option):
                 raise PluginError(_owner, f"registered {opt!r}, not a selfspec.Option")

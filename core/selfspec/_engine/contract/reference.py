@@ -17,8 +17,9 @@ from selfspec._engine.contract.tiebound import tie_bound
 from selfspec._engine.runner.placement import model_device
 
 #: The fixed near-tie tolerances used before the bound became principled; superseded by
-#: :func:`selfspec._engine.contract.tiebound.tie_bound` (which every check uses: float32 1e-3 and float64 0 as
-#: here, bf16/float16 a few ulps at the logits' magnitude). Kept for code that imports it.
+#: :func:`selfspec._engine.contract.tiebound.tie_bound` (which every check uses: float32 1e-3 and
+#: float64 0 as here, bf16/float16 a few ulps at the logits' magnitude). Kept for code that
+#: imports it.
 NEAR_TIE_TOLERANCE: dict[torch.dtype, float] = {
     torch.float64: 0.0,
     torch.float32: 1e-3,
@@ -115,17 +116,20 @@ def compare(
     Equal sequences pass. Otherwise find the first difference ``i`` (a length difference
     counts: one stopped, the other did not) and the reference model's top-1/top-2 margin after
     ``prompt + reference[:i]``; a margin at or below ``tolerance`` (default: the model dtype's
-    bound :func:`selfspec._engine.contract.tiebound.tie_bound` at those logits; zero in float64, so any
-    difference fails there), with the output's token there within ``tolerance`` of the
+    bound :func:`selfspec._engine.contract.tiebound.tie_bound` at those logits; zero in float64, so
+    any difference fails there), with the output's token there within ``tolerance`` of the
     reference's top-1, is a near-tie. Never retried. With ``sampling`` (a
-    :class:`selfspec._engine.contract.sampling.Sampling` that samples) the scores compared are the perturbed
-    logits (:func:`selfspec._engine.contract.sampling.perturb` at that position) and the bound is divided by the
-    temperature (the warping scales rounding differences by ``1 / T``).
+    :class:`selfspec._engine.contract.sampling.Sampling` that samples) the scores compared are the
+    perturbed logits (:func:`selfspec._engine.contract.sampling.perturb` at that position) and the
+    bound is divided by the temperature (the warping scales rounding differences by ``1 / T``).
     """
     output, reference = list(output), list(reference)
     if output == reference:
         return Comparison(True)
-    i = next((j for j, (a, b) in enumerate(zip(output, reference)) if a != b), min(len(output), len(reference)))
+    i = next(
+        (j for j, (a, b) in enumerate(zip(output, reference)) if a != b),
+        min(len(output), len(reference)),
+    )
     logits = next_logits(model, list(prompt_ids) + reference[:i])  # [V]
     if tolerance is None:
         tolerance = tie_bound(next(model.parameters()).dtype, logits)

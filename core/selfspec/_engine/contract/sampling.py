@@ -72,7 +72,12 @@ class Sampling:
 
     def as_dict(self) -> dict[str, float | int]:
         """The JSON form: ``temperature``, ``top_k``, ``top_p``, ``seed``."""
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed}
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "seed": self.seed,
+        }
 
     def scores(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         """``[V]`` logits predicting absolute ``position`` -> ``[V]`` float32 perturbed scores
@@ -87,8 +92,12 @@ class Sampling:
 GREEDY = Sampling()
 
 
-def sample_tokens(logits: torch.Tensor, positions: torch.Tensor | Sequence[int], sampling: Sampling,
-                  vocab: torch.Tensor | None = None) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor,
+    positions: torch.Tensor | Sequence[int],
+    sampling: Sampling,
+    vocab: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``[n, V]`` logits -> ``[n]`` int64 token ids: row ``i`` picks the token at absolute
     position ``positions[i]``: what ``state.pick`` does without the decode's cache of noise
     rows. Greedy (:func:`selfspec.greedy`) when ``sampling`` is greedy.
@@ -101,8 +110,13 @@ def sample_tokens(logits: torch.Tensor, positions: torch.Tensor | Sequence[int],
     return ids if vocab is None else vocab.index_select(0, ids.reshape(-1)).reshape(ids.shape)
 
 
-def perturb(logits: torch.Tensor, positions: torch.Tensor | Sequence[int], sampling: Sampling,
-            vocab: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+def perturb(
+    logits: torch.Tensor,
+    positions: torch.Tensor | Sequence[int],
+    sampling: Sampling,
+    vocab: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``[n, V]`` -> ``[n, V]`` float32: :func:`process_logits` plus the Gumbel noise of each
     row's position (``noise`` ``[n, V_full]``, when the caller has it already); the sampled
     token is the argmax. ``vocab`` as in :func:`sample_tokens`."""
@@ -131,14 +145,21 @@ def process_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return scores
 
 
-def gumbel_noise(seed: int, positions: torch.Tensor | Sequence[int] | Iterable[int], vocab_size: int,
-                 device: torch.device | str = "cpu") -> torch.Tensor:
+def gumbel_noise(
+    seed: int,
+    positions: torch.Tensor | Sequence[int] | Iterable[int],
+    vocab_size: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """``[n, vocab_size]`` float32 standard Gumbel noise: row ``i`` is a function of ``(seed,
     positions[i])`` only. Philox4x32-10 with key ``seed`` and counter ``(j, t_lo, t_hi,
     "SPEC")`` gives the 32-bit words ``4j..4j+3`` of position ``t``; ``u = (x + 0.5) / 2**32``,
     ``g = -log(-log(u))`` (in float64)."""
-    pos = torch.as_tensor(list(positions) if not isinstance(positions, torch.Tensor) else positions,
-                          dtype=torch.int64, device=device).reshape(-1, 1)  # [n, 1]
+    pos = torch.as_tensor(
+        list(positions) if not isinstance(positions, torch.Tensor) else positions,
+        dtype=torch.int64,
+        device=device,
+    ).reshape(-1, 1)  # [n, 1]
     if int(pos.numel()) and int(pos.min()) < 0:
         raise ValueError("positions must be >= 0")
     blocks = (vocab_size + 3) // 4
@@ -153,8 +174,15 @@ def gumbel_noise(seed: int, positions: torch.Tensor | Sequence[int] | Iterable[i
     return (-torch.log(-torch.log(u))).to(torch.float32)
 
 
-def philox4x32(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor, k0: int, k1: int,
-               rounds: int = _ROUNDS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def philox4x32(
+    c0: torch.Tensor,
+    c1: torch.Tensor,
+    c2: torch.Tensor,
+    c3: torch.Tensor,
+    k0: int,
+    k1: int,
+    rounds: int = _ROUNDS,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Philox4x32 (Salmon et al. 2011) on int64 tensors holding 32-bit words; exact on any
     device (every product is split so that nothing exceeds 2**49)."""
     for r in range(rounds):
@@ -184,7 +212,9 @@ class Sampler:
     cache of the noise rows, so each position's noise is computed once however often it is
     drafted and verified. :meth:`forget_before` drops the rows of committed positions."""
 
-    def __init__(self, sampling: Sampling, vocab_size: int, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, sampling: Sampling, vocab_size: int, device: torch.device | str = "cpu"
+    ) -> None:
         self.sampling = sampling
         self.vocab_size = vocab_size
         self.device = torch.device(device)
@@ -196,7 +226,10 @@ class Sampler:
 
     def noise(self, positions: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """``[n, V]`` Gumbel noise of the positions (cached per position)."""
-        ps = [int(p) for p in (positions.tolist() if isinstance(positions, torch.Tensor) else positions)]
+        ps = [
+            int(p)
+            for p in (positions.tolist() if isinstance(positions, torch.Tensor) else positions)
+        ]
         missing = sorted(set(ps) - self._rows.keys())
         if missing:
             rows = gumbel_noise(self.sampling.seed, missing, self.vocab_size, self.device)
@@ -205,17 +238,27 @@ class Sampler:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
         return torch.stack([self._rows[p] for p in ps])
 
-    def perturb(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int],
-                vocab: torch.Tensor | None = None) -> torch.Tensor:
+    def perturb(
+        self,
+        logits: torch.Tensor,
+        positions: torch.Tensor | Sequence[int],
+        vocab: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``[n, V]`` perturbed logits (:func:`perturb`) of rows picking ``positions``."""
         return perturb(logits, positions, self.sampling, vocab, noise=self.noise(positions))
 
-    def pick(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int],
-             vocab: torch.Tensor | None = None) -> torch.Tensor:
+    def pick(
+        self,
+        logits: torch.Tensor,
+        positions: torch.Tensor | Sequence[int],
+        vocab: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """:func:`sample_tokens` with the cached noise; plain :func:`selfspec.greedy` at T = 0."""
         if self.greedy:
             ids = greedy(logits)
-            return ids if vocab is None else vocab.index_select(0, ids.reshape(-1)).reshape(ids.shape)
+            return (
+                ids if vocab is None else vocab.index_select(0, ids.reshape(-1)).reshape(ids.shape)
+            )
         squeeze = logits.dim() == 1
         rows = logits[None] if squeeze else logits
         ids = self.perturb(rows, positions, vocab).argmax(-1)
@@ -231,8 +274,13 @@ class Sampler:
 
 # ------------------------------------------------------------------------------ the oracle
 @torch.inference_mode()
-def reference_sample(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
-                     eos_token_ids: Iterable[int] = (), sampling: Sampling = GREEDY) -> list[int]:
+def reference_sample(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    eos_token_ids: Iterable[int] = (),
+    sampling: Sampling = GREEDY,
+) -> list[int]:
     """Plain sampling with ``sampling``: one token at a time through the model's own Hugging
     Face forward (its own KV cache), each picked by :func:`sample_tokens` at its position. The
     reference every sampling losslessness check compares with (greedy: ``reference_generate``)."""

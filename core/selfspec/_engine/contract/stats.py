@@ -70,10 +70,10 @@ class Stats:
 
     @property
     def acceptance(self) -> float:
-        """Accepted draft tokens over drafted nodes. A tree's siblings are all counted as
-        drafted though at most one per depth can be accepted, so it is comparable only
-        between chain drafters; :attr:`path_acceptance` compares chains with trees
-        ([acceptance of a tree](docs/faq.md#acceptance-of-a-tree-beside-a-chains-acceptance-path_acceptance))."""
+        """Accepted draft tokens over drafted nodes. A tree's siblings are all counted as drafted
+        though at most one per depth can be accepted, so it is comparable only between chain
+        drafters; :attr:`path_acceptance` compares chains with trees ([acceptance of a
+        tree](docs/faq.md#acceptance-of-a-tree-beside-a-chains-acceptance-path_acceptance))."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property

@@ -75,14 +75,18 @@ def tie_bound(dtype: torch.dtype, logits: torch.Tensor | float | None = None) ->
     if dtype not in _MANTISSA_BITS:
         return 0.0
     if logits is None:
-        raise ValueError(f"the {str(dtype).removeprefix('torch.')} near-tie bound needs the logits it judges")
+        raise ValueError(
+            f"the {str(dtype).removeprefix('torch.')} near-tie bound needs the logits it judges"
+        )
     scale = logits if isinstance(logits, (int, float)) else logit_scale(logits)
     return ROUNDING_ULPS * ulp(dtype, scale)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bf16"``, ``torch.float16`` -> ``"fp16"``, else the torch name."""
-    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype).removeprefix("torch."))
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+        dtype, str(dtype).removeprefix("torch.")
+    )
 
 
 def explain(dtype: torch.dtype, margin: float, bound: float) -> str:

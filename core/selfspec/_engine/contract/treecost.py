@@ -12,8 +12,12 @@ import math
 from collections.abc import Callable, Sequence
 
 
-def choose_size(probs: Sequence[float], cost: Callable[[int], float], draft_cost: float,
-                limit: int | None = None) -> tuple[int, float, float]:
+def choose_size(
+    probs: Sequence[float],
+    cost: Callable[[int], float],
+    draft_cost: float,
+    limit: int | None = None,
+) -> tuple[int, float, float]:
     """The tree size ``n`` (the ``n`` most probable nodes, ``probs`` sorted high to low) that
     maximises ``(1 + sum(probs[:n])) / (draft_cost + cost(n + 1))``; returns ``(n, expected
     tokens, cost)``. ``draft_cost`` is what drafting already spent, in the units of ``cost``;
@@ -47,8 +51,14 @@ def guess_length(probs: Sequence[float], q: int, pass_cost: Callable[[int], floa
     return best_k
 
 
-def frontier_width(probs: list[float], cost: Callable[[int], float], pass_cost: Callable[[int], float], n: int,
-                    e: float, c: float) -> int:
+def frontier_width(
+    probs: list[float],
+    cost: Callable[[int], float],
+    pass_cost: Callable[[int], float],
+    n: int,
+    e: float,
+    c: float,
+) -> int:
     """How many of the frontier's best nodes (``probs``, high to low) to expand, given the best
     tree so far (``n`` nodes, ``e`` expected tokens, cost ``c``): the ``q`` whose optimistic
     ratio is highest, if it beats ``e / c``, else 0. Optimistic: the ``q`` nodes' children can
@@ -64,8 +74,9 @@ def frontier_width(probs: list[float], cost: Callable[[int], float], pass_cost: 
     return best_q
 
 
-def best_size(logp: list[float], cost: Callable[[int], float] | None, d_cost: float,
-               cap: int) -> tuple[int, float, float]:
+def best_size(
+    logp: list[float], cost: Callable[[int], float] | None, d_cost: float, cap: int
+) -> tuple[int, float, float]:
     """``(n, expected, cost)`` of the best tree from the candidates so far."""
     probs = sorted((math.exp(x) for x in logp), reverse=True)
     if cost is None:

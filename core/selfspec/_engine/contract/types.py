@@ -19,7 +19,6 @@ from selfspec._engine.contract.reference import greedy
 from selfspec._engine.contract.stats import Stats
 
 if TYPE_CHECKING:  # pragma: no cover
-
     from selfspec._engine.contract.sampling import Sampler
     from selfspec._engine.runner import KVCache, Runner
 
@@ -74,8 +73,14 @@ class Draft:
     probs: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def chain(cls, tokens: Sequence[int] | torch.Tensor, device: torch.device | str = "cpu", *,
-              owner: Any = None, **meta: Any) -> Draft:
+    def chain(
+        cls,
+        tokens: Sequence[int] | torch.Tensor,
+        device: torch.device | str = "cpu",
+        *,
+        owner: Any = None,
+        **meta: Any,
+    ) -> Draft:
         """A chain draft from a list of token ids (``meta`` keywords go to :attr:`meta`)."""
         t = torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(-1)
         return cls(t, None, dict(meta), owner)
@@ -293,18 +298,25 @@ class DecodeState:
             self.stats.phase_s[phase] = self.stats.phase_s.get(phase, 0.0) + dt
             self.timed_s += dt
 
-    def pick(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int],
-             vocab: torch.Tensor | None = None) -> torch.Tensor:
+    def pick(
+        self,
+        logits: torch.Tensor,
+        positions: torch.Tensor | Sequence[int],
+        vocab: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The decode's token choice: ``[n, V]`` (or ``[V]``) logits whose rows predict the tokens
         at absolute positions ``positions`` ``[n]`` -> ``[n]`` (or ``[]``) int64 ids.
 
         The argmax (:func:`selfspec.greedy`) when the decode is greedy; else the argmax of the
-        warped logits plus the Gumbel noise of each position (:mod:`selfspec._engine.contract.sampling`).
-        ``vocab`` ``[V']``: the logits' columns are these token ids (a vocabulary subset); the
-        ids returned are vocabulary ids. A draft picked this way is coupled to the target."""
+        warped logits plus the Gumbel noise of each position
+        (:mod:`selfspec._engine.contract.sampling`). ``vocab`` ``[V']``: the logits' columns are
+        these token ids (a vocabulary subset); the ids returned are vocabulary ids. A draft picked
+        this way is coupled to the target."""
         if self.sampler is None:
             ids = greedy(logits)
-            return ids if vocab is None else vocab.index_select(0, ids.reshape(-1)).reshape(ids.shape)
+            return (
+                ids if vocab is None else vocab.index_select(0, ids.reshape(-1)).reshape(ids.shape)
+            )
         return self.sampler.pick(logits, positions, vocab)
 
     @property
@@ -354,4 +366,3 @@ class Result:
 
 #: Receives each step's committed ids; a true return value ends the decode after that block.
 StreamCallback = Callable[[list[int]], "bool | None"]
-

@@ -74,7 +74,9 @@ def verify_greedy(state: DecodeState, draft: Draft) -> Verdict:
     return verify_tree(state, draft)[0]
 
 
-def verify_tree(state: DecodeState, draft: Draft, extra: ExtraBlock | None = None) -> tuple[Verdict, list[int]]:
+def verify_tree(
+    state: DecodeState, draft: Draft, extra: ExtraBlock | None = None
+) -> tuple[Verdict, list[int]]:
     """Verify a tree draft (a chain is the tree ``parents[i] = i - 1``) in one forward over
     ``[pending, nodes..., extra...]``; returns the verdict and the full model's token
     (``state.pick``: greedy, or the decode's sampled choice) after each of ``extra.rows``
@@ -86,7 +88,11 @@ def verify_tree(state: DecodeState, draft: Draft, extra: ExtraBlock | None = Non
     """
     runner, base = state.runner, state.length - 1
     pending = state.tokens[base : base + 1]  # [1]
-    parents = draft.parents if draft.parents is not None else torch.arange(-1, len(draft) - 1, device=pending.device)
+    parents = (
+        draft.parents
+        if draft.parents is not None
+        else torch.arange(-1, len(draft) - 1, device=pending.device)
+    )
     n_tree = len(draft) + 1
     block = masks.tree(parents)  # [k+1, k+1] ancestors
     positions = masks.tree_positions(parents, base)  # [k+1]
@@ -103,19 +109,29 @@ def verify_tree(state: DecodeState, draft: Draft, extra: ExtraBlock | None = Non
         positions = torch.cat([positions, extra.positions])
         rows = torch.cat([torch.arange(n_tree, device=ids.device), extra.rows + n_tree])
     capture = state.capture_layers or ()
-    out = runner.forward(ids, cache=state.cache, start=base, positions=positions, block_mask=block,
-                         logits=rows, capture=capture)
+    out = runner.forward(
+        ids,
+        cache=state.cache,
+        start=base,
+        positions=positions,
+        block_mask=block,
+        logits=rows,
+        capture=capture,
+    )
     at = positions[:n_tree] + 1  # the positions each row's token is picked for
     if extra is not None and len(extra.ids):
         at = torch.cat([at, extra.positions[extra.rows] + 1])
     pred = state.pick(out.logits, at).tolist()  # one per logit row: the tree's, then extra.rows'
     tree_pred = pred[:n_tree]
     path = tree_path(parents.tolist(), draft.tokens.tolist(), tree_pred)
-    return _verdict(draft, path, tree_pred, out.captured, capture, out.logits[:n_tree]), pred[n_tree:]
+    return _verdict(draft, path, tree_pred, out.captured, capture, out.logits[:n_tree]), pred[
+        n_tree:
+    ]
 
 
-def verify_from_layer(state: DecodeState, draft: Draft, hidden: Sequence[torch.Tensor], layer: int,
-                      **fields) -> Verdict:
+def verify_from_layer(
+    state: DecodeState, draft: Draft, hidden: Sequence[torch.Tensor], layer: int, **fields
+) -> Verdict:
     """Greedy verification of a chain whose input of ``layer`` is already known.
 
     ``hidden``: the exact input of decoder layer ``layer`` (``[H]`` each) of ``[pending,
@@ -133,13 +149,19 @@ def verify_from_layer(state: DecodeState, draft: Draft, hidden: Sequence[torch.T
     n = len(draft)
     rows = list(hidden[: n + 1])  # inputs of `layer` for [pending, d_1, ...]
     if len(rows) < n:
-        raise ValueError(f"verify_from_layer needs the states of at least {n} tokens, got {len(rows)}")
+        raise ValueError(
+            f"verify_from_layer needs the states of at least {n} tokens, got {len(rows)}"
+        )
     if len(rows) < n + 1:  # the last draft token was never run: layers [0, layer) for it alone
-        out = runner.forward(draft.tokens[n - 1 : n], cache=cache, start=base + n, layers=(0, layer), logits=None)
+        out = runner.forward(
+            draft.tokens[n - 1 : n], cache=cache, start=base + n, layers=(0, layer), logits=None
+        )
         rows.append(out.hidden[0, 0])
     h = torch.stack(rows)[None]  # h: [1, n+1, H]
     out = runner.forward(hidden=h, cache=cache, start=base, layers=(layer, runner.n_layers))
-    return chain_verdict(draft, out.logits, state=state, **fields)  # logits: [n+1, V], after each input
+    return chain_verdict(
+        draft, out.logits, state=state, **fields
+    )  # logits: [n+1, V], after each input
 
 
 def accepted_length(pred: torch.Tensor, tokens: torch.Tensor) -> int:
@@ -149,7 +171,9 @@ def accepted_length(pred: torch.Tensor, tokens: torch.Tensor) -> int:
     return int((pred[: tokens.shape[0]] == tokens).to(torch.int64).cumprod(0).sum())
 
 
-def chain_verdict(draft: Draft, logits: torch.Tensor, *, state: DecodeState | None = None, **fields) -> Verdict:
+def chain_verdict(
+    draft: Draft, logits: torch.Tensor, *, state: DecodeState | None = None, **fields
+) -> Verdict:
     """The verdict of a chain draft from the full model's logits ``[k+1, V]`` of
     ``[pending, draft...]``: the longest matching prefix plus the model's token after it.
 
@@ -162,11 +186,17 @@ def chain_verdict(draft: Draft, logits: torch.Tensor, *, state: DecodeState | No
     if state is None:
         pred = greedy(logits)  # pred: [k+1]
     else:
-        pred = state.pick(logits, torch.arange(state.length, state.length + logits.shape[0], device=logits.device))
+        pred = state.pick(
+            logits, torch.arange(state.length, state.length + logits.shape[0], device=logits.device)
+        )
     a = accepted_length(pred, draft.tokens)
     fields.setdefault("logits", logits)
-    return Verdict(accepted=tuple(int(t) for t in draft.tokens[:a].tolist()), bonus=int(pred[a]),
-                   accepted_nodes=tuple(range(a)), **fields)
+    return Verdict(
+        accepted=tuple(int(t) for t in draft.tokens[:a].tolist()),
+        bonus=int(pred[a]),
+        accepted_nodes=tuple(range(a)),
+        **fields,
+    )
 
 
 def tree_path(parents: Sequence[int], tokens: Sequence[int], pred: Sequence[int]) -> list[int]:
@@ -191,8 +221,14 @@ def tree_path(parents: Sequence[int], tokens: Sequence[int], pred: Sequence[int]
         cur = nxt
 
 
-def _verdict(draft: Draft, path: list[int], pred: list[int], captured: dict[int, torch.Tensor],
-             capture: Sequence[int], logits: torch.Tensor | None = None) -> Verdict:
+def _verdict(
+    draft: Draft,
+    path: list[int],
+    pred: list[int],
+    captured: dict[int, torch.Tensor],
+    capture: Sequence[int],
+    logits: torch.Tensor | None = None,
+) -> Verdict:
     """The verdict of ``path`` (draft nodes) given the predictions ``pred`` ``[k+1]`` and the
     ``[k+1, V]`` logits they came from (kept by reference in ``Verdict.logits``)."""
     slots = [0] + [n + 1 for n in path]
@@ -202,5 +238,11 @@ def _verdict(draft: Draft, path: list[int], pred: list[int], captured: dict[int,
         idx = torch.tensor(slots, device=draft.tokens.device)
         hidden = {layer: h.index_select(0, idx) for layer, h in captured.items()}
     accepted = tuple(int(t) for t in draft.tokens[path].tolist()) if path else ()
-    return Verdict(accepted=accepted, bonus=bonus, accepted_nodes=tuple(path), kv_slots=tuple(slots), hidden=hidden,
-                   logits=logits)
+    return Verdict(
+        accepted=accepted,
+        bonus=bonus,
+        accepted_nodes=tuple(path),
+        kv_slots=tuple(slots),
+        hidden=hidden,
+        logits=logits,
+    )

@@ -17,12 +17,12 @@ that runs the draft model (the model with blocks skipped, an early exit, ...) ov
    machine's measured cost-per-width curve (:class:`selfspec.provisional.CostCurve`):
    ``(1 + sum of the chosen nodes' probabilities) / (draft cost + verify cost(n + 1))``.
 
-With a cost curve, the frontier's width and the depth are chosen by cost too: a pass over the
-``q`` best frontier nodes costs ``draft_cost * cost(q)`` (or the measured draft curve's), verifying ``q`` more nodes costs the
-curve's growth, and it can add at most their probability mass in expected tokens; the pass
-runs with the ``q`` that maximises the optimistic ratio ``(expected + mass) / (cost + pass cost
-+ verify growth)``, and drafting stops when no ``q`` beats the best
-tree's expected tokens per unit of cost so far (a confident draft grows a chain, an unsure
+With a cost curve, the frontier's width and the depth are chosen by cost too: a pass over the ``q``
+best frontier nodes costs ``draft_cost * cost(q)`` (or the measured draft curve's), verifying ``q``
+more nodes costs the curve's growth, and it can add at most their probability mass in expected
+tokens; the pass runs with the ``q`` that maximises the optimistic ratio
+``(expected + mass) / (cost + pass cost + verify growth)``, and drafting stops when no ``q`` beats
+the best tree's expected tokens per unit of cost so far (a confident draft grows a chain, an unsure
 one a wider tree where wide passes are cheap).
 
 The tree's tokens are the draft model's guesses; verification (``verify_tree``) decides, so the
@@ -132,8 +132,8 @@ def draft_tree(
     max_depth: deepest node (the host's ``state.max_draft_depth`` bounds it). topk: children
     kept per expanded node, and nodes expanded per depth. budget: most nodes in the tree;
     ``None`` = chosen by ``cost`` (then required). cost: verify cost of a block of ``w`` tokens
-    in one-token forwards (a :class:`selfspec.provisional.CostCurve`); ``None`` = no early stop, the tree
-    is the ``budget`` best nodes. draft_cost: a draft pass's cost relative to a full forward of
+    in one-token forwards (a :class:`selfspec.provisional.CostCurve`); ``None`` = no early stop, the
+    tree is the ``budget`` best nodes. draft_cost: a draft pass's cost relative to a full forward of
     the same width. room: free cache slots after ``slot`` (the expanded nodes' draft slots, and
     the tree's size, stay within it). vocab: ``[V']`` token ids of ``step``'s logit columns
     when it scores a vocabulary subset (``None``: column = token id). calibrate: maps a node's
@@ -187,8 +187,11 @@ def draft_tree(
     slot_of: dict[int, int] = {}  # expanded node -> its draft slot
     widths: list[int] = []
     d_cost = 0.0
-    empty = DraftTree(torch.empty(0, dtype=torch.long, device=dev), torch.empty(0, dtype=torch.long, device=dev),
-                      torch.empty(0, dtype=torch.float32, device=dev))
+    empty = DraftTree(
+        torch.empty(0, dtype=torch.long, device=dev),
+        torch.empty(0, dtype=torch.long, device=dev),
+        torch.empty(0, dtype=torch.float32, device=dev),
+    )
     if max_depth <= 0 or cap <= 0:
         return empty
     max_depth = min(max_depth, cap)  # a tree of cap nodes is never deeper
@@ -199,14 +202,35 @@ def draft_tree(
 
     def children(top: tuple[list[float], list[int]], parent: int) -> None:
         first = len(tokens)
-        if (depth[parent] if parent >= 0 else 0) < max_depth:  # children within the deepest depth allowed
-            _add_children(top, parent, logp[parent] if parent >= 0 else 0.0, calibrate, tokens, parents, logp, local)
+        if (
+            depth[parent] if parent >= 0 else 0
+        ) < max_depth:  # children within the deepest depth allowed
+            _add_children(
+                top,
+                parent,
+                logp[parent] if parent >= 0 else 0.0,
+                calibrate,
+                tokens,
+                parents,
+                logp,
+                local,
+            )
         depth.extend([(depth[parent] if parent >= 0 else 0) + 1] * (len(tokens) - first))
 
-    guessed = [0, 0]  # guessed tokens judged, and those the draft ranked first (each guess's leading run)
+    guessed = [
+        0,
+        0,
+    ]  # guessed tokens judged, and those the draft ranked first (each guess's leading run)
 
-    def walk(chain: list[int], rows: list[torch.Tensor], tops: list[tuple[list[float], list[int]]], lead: int,
-             lead_first: int, start: int, judge: bool) -> set[int]:
+    def walk(
+        chain: list[int],
+        rows: list[torch.Tensor],
+        tops: list[tuple[list[float], list[int]]],
+        lead: int,
+        lead_first: int,
+        start: int,
+        judge: bool,
+    ) -> set[int]:
         """Each ``chain`` token a node after ``lead`` (whose children start at ``lead_first``),
         scored by the row before it, slotted from ``start``, expanded with its own row; ``judge``:
         count how far the draft agrees with it (a guess)."""
@@ -218,10 +242,25 @@ def draft_tree(
                     judge = False
                 else:
                     guessed[1] += 1
-            node = next((i for i in range(first, len(tokens)) if parents[i] == parent and tokens[i] == tok), None)
-            if node is None:  # the draft does not rank the guessed token in its top k: score it alone
-                node = _add_token(rows[j], tok, parent, logp[parent] if parent >= 0 else 0.0, vocab, calibrate,
-                                  tokens, parents, logp, local)
+            node = next(
+                (i for i in range(first, len(tokens)) if parents[i] == parent and tokens[i] == tok),
+                None,
+            )
+            if (
+                node is None
+            ):  # the draft does not rank the guessed token in its top k: score it alone
+                node = _add_token(
+                    rows[j],
+                    tok,
+                    parent,
+                    logp[parent] if parent >= 0 else 0.0,
+                    vocab,
+                    calibrate,
+                    tokens,
+                    parents,
+                    logp,
+                    local,
+                )
                 depth.append((depth[parent] if parent >= 0 else 0) + 1)
             slot_of[node] = start + j
             on.add(node)
@@ -239,9 +278,15 @@ def draft_tree(
     elif not prefix and guess is not None:
         chain = [int(t) for t in guess([])][: min(max_depth, room)]
         chain = chain[: guess_length(_powers(guess_rate, len(chain)), 1, costed)]
-    ids = pending if not chain else torch.cat([pending, torch.tensor(chain, dtype=torch.long, device=dev)])
+    ids = (
+        pending
+        if not chain
+        else torch.cat([pending, torch.tensor(chain, dtype=torch.long, device=dev)])
+    )
     w = len(chain) + 1
-    logits = step(ids, slot, torch.arange(slot, slot + w, device=dev), None)  # logits: [w, V'], causal
+    logits = step(
+        ids, slot, torch.arange(slot, slot + w, device=dev), None
+    )  # logits: [w, V'], causal
     widths.append(w)
     d_cost += pass_cost(w)
     rows, tops = _rows(logits, topk, vocab)
@@ -255,10 +300,15 @@ def draft_tree(
     #    seeing only its ancestors' slots
     for _ in range(1, max_depth):
         frontier = [i for i in frontier if depth[i] < max_depth]
-        frontier = sorted(frontier, key=lambda i: (-logp[i], i))[: min(topk, room - (next_slot - slot - 1))]
+        frontier = sorted(frontier, key=lambda i: (-logp[i], i))[
+            : min(topk, room - (next_slot - slot - 1))
+        ]
         if cost is not None:  # as wide as pays for itself; stop when no width does
-            frontier = frontier[: frontier_width([math.exp(logp[i]) for i in frontier], cost, pass_cost,
-                                                  best_n, best_e, best_c)]
+            frontier = frontier[
+                : frontier_width(
+                    [math.exp(logp[i]) for i in frontier], cost, pass_cost, best_n, best_e, best_c
+                )
+            ]
         if not frontier:
             break
         q = len(frontier)
@@ -271,11 +321,16 @@ def draft_tree(
         start = next_slot
         for r, i in enumerate(frontier):
             slot_of[i] = start + r
-        mask = _frontier_mask(frontier, parents, slot_of, slot, start, len(chain), dev)  # [q+m, start+q+m]
+        mask = _frontier_mask(
+            frontier, parents, slot_of, slot, start, len(chain), dev
+        )  # [q+m, start+q+m]
         ids = torch.tensor([tokens[i] for i in frontier] + chain, dtype=torch.long, device=dev)
-        positions = torch.tensor([slot + depth[i] for i in frontier]
-                                 + [slot + depth[lead] + j for j in range(1, len(chain) + 1)], dtype=torch.long,
-                                 device=dev)
+        positions = torch.tensor(
+            [slot + depth[i] for i in frontier]
+            + [slot + depth[lead] + j for j in range(1, len(chain) + 1)],
+            dtype=torch.long,
+            device=dev,
+        )
         logits = step(ids, start, positions, mask)  # logits: [q+m, V']
         widths.append(q + len(chain))
         d_cost += pass_cost(q + len(chain))
@@ -284,8 +339,15 @@ def draft_tree(
         rows, tops = _rows(logits, topk, vocab)
         for r, i in enumerate(frontier):
             children(tops[r], i)
-        expanded = walk(chain, rows[:1] + rows[q:], tops[:1] + tops[q:], lead, first_new, start + q,  # lead's first
-                        judge=True)
+        expanded = walk(
+            chain,
+            rows[:1] + rows[q:],
+            tops[:1] + tops[q:],
+            lead,
+            first_new,
+            start + q,  # lead's first
+            judge=True,
+        )
         frontier = [i for i in range(first_new, len(tokens)) if i not in expanded]
         best_n, best_e, best_c = best_size(logp, cost, d_cost, cap)
 
@@ -296,58 +358,102 @@ def draft_tree(
     return DraftTree(
         tokens=torch.tensor([tokens[i] for i in chosen], dtype=torch.long, device=dev),
         parents=torch.tensor([remap[parents[i]] for i in chosen], dtype=torch.long, device=dev),
-        probs=torch.tensor([logp[i] for i in chosen], dtype=torch.float64).exp().to(torch.float32).to(dev),
-        passes=len(widths), ran=sum(widths), candidates=len(tokens), expected=best_e,
-        cost=best_c if cost is not None else float("nan"), widths=tuple(widths),
-        local=tuple(local[i] for i in chosen), guessed=guessed[0], agreed=guessed[1],
+        probs=torch.tensor([logp[i] for i in chosen], dtype=torch.float64)
+        .exp()
+        .to(torch.float32)
+        .to(dev),
+        passes=len(widths),
+        ran=sum(widths),
+        candidates=len(tokens),
+        expected=best_e,
+        cost=best_c if cost is not None else float("nan"),
+        widths=tuple(widths),
+        local=tuple(local[i] for i in chosen),
+        guessed=guessed[0],
+        agreed=guessed[1],
     )
 
 
-def skip_layer_step(runner: Runner, cache: KVCache, *, skip_attn: Collection[int] = (),
-                    skip_mlp: Collection[int] = (), weights: Any = None) -> DraftStep:
+def skip_layer_step(
+    runner: Runner,
+    cache: KVCache,
+    *,
+    skip_attn: Collection[int] = (),
+    skip_mlp: Collection[int] = (),
+    weights: Any = None,
+) -> DraftStep:
     """A draft pass of the model with the given attention/MLP blocks skipped (the drafter of
     ``skip_layer_draft``, for :func:`draft_tree`): a forward at ``start`` with ``positions``
     and the block mask, the LM head on every row; ``weights``: the model's draft weights
     (:func:`selfspec.draft_weights`), as for ``skip_layer_draft``."""
 
-    def step(ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return runner.forward(ids, cache=cache, start=start, positions=positions, block_mask=mask,
-                              skip_attn=skip_attn, skip_mlp=skip_mlp, weights=weights).logits
+    def step(
+        ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        return runner.forward(
+            ids,
+            cache=cache,
+            start=start,
+            positions=positions,
+            block_mask=mask,
+            skip_attn=skip_attn,
+            skip_mlp=skip_mlp,
+            weights=weights,
+        ).logits
 
     return step
 
 
 # ------------------------------------------------------------------------------ helpers
-def _rows(logits: torch.Tensor, topk: int, vocab: torch.Tensor | None
-          ) -> tuple[list[torch.Tensor], list[tuple[list[float], list[int]]]]:
-    """A pass's draft log-probabilities, one ``[V']`` row per token (in at least float32) and each row's ``topk``
-    most probable ``(log-probabilities, token ids)``, high to low: one softmax and one top-k
-    over the whole pass."""
+def _rows(
+    logits: torch.Tensor, topk: int, vocab: torch.Tensor | None
+) -> tuple[list[torch.Tensor], list[tuple[list[float], list[int]]]]:
+    """A pass's draft log-probabilities, one ``[V']`` row per token (in at least float32) and each
+    row's ``topk`` most probable ``(log-probabilities, token ids)``, high to low: one softmax and
+    one top-k over the whole pass."""
     lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
     vals, idx = torch.topk(lp, min(topk, int(lp.shape[-1])), dim=-1)
     ids = idx if vocab is None else vocab[idx]
     return list(lp), list(zip(vals.tolist(), ids.tolist()))
 
 
-def _add_children(top: tuple[list[float], list[int]], parent: int, parent_logp: float,
-                  calibrate: Callable[[float], float] | None, tokens: list[int], parents: list[int],
-                  logp: list[float], local: list[float]) -> None:
+def _add_children(
+    top: tuple[list[float], list[int]],
+    parent: int,
+    parent_logp: float,
+    calibrate: Callable[[float], float] | None,
+    tokens: list[int],
+    parents: list[int],
+    logp: list[float],
+    local: list[float],
+) -> None:
     """Append ``parent``'s most probable children (``top``: their log-probabilities and token
     ids, from :func:`_rows`) as candidates; a child's cumulative log-probability never exceeds
     its parent's (so the most probable candidates always form a tree)."""
     for v, t in zip(*top):
         v = min(float(v), 0.0)
         p = math.exp(v)
-        own = v if calibrate is None else math.log(min(max(float(calibrate(p)), 1e-12), 1.0))  # log-probability
+        own = (
+            v if calibrate is None else math.log(min(max(float(calibrate(p)), 1e-12), 1.0))
+        )  # log-probability
         tokens.append(int(t))
         parents.append(parent)
         logp.append(parent_logp + own)
         local.append(p)
 
 
-def _add_token(lp: torch.Tensor, token: int, parent: int, parent_logp: float, vocab: torch.Tensor | None,
-               calibrate: Callable[[float], float] | None, tokens: list[int], parents: list[int],
-               logp: list[float], local: list[float]) -> int:
+def _add_token(
+    lp: torch.Tensor,
+    token: int,
+    parent: int,
+    parent_logp: float,
+    vocab: torch.Tensor | None,
+    calibrate: Callable[[float], float] | None,
+    tokens: list[int],
+    parents: list[int],
+    logp: list[float],
+    local: list[float],
+) -> int:
     """Append ``token`` as a child of ``parent`` scored by its draft probability (``lp``
     ``[V']``; a token outside the draft's vocabulary ``vocab`` scores as impossible); returns
     its index."""
@@ -380,8 +486,15 @@ def _path(node: int, tokens: list[int], parents: list[int]) -> list[int]:
     return out[::-1]
 
 
-def _frontier_mask(frontier: list[int], parents: list[int], slot_of: dict[int, int], slot: int, start: int,
-                   chain: int, device: torch.device) -> torch.Tensor:
+def _frontier_mask(
+    frontier: list[int],
+    parents: list[int],
+    slot_of: dict[int, int],
+    slot: int,
+    start: int,
+    chain: int,
+    device: torch.device,
+) -> torch.Tensor:
     """``[q+m, start+q+m]`` bool: every frontier node sees slots ``[0, slot]`` (the prefix and
     the pending token), the draft slots of its own ancestors, and itself; the ``m = chain``
     guessed tokens after the first frontier node (rows ``q..q+m-1``) see what it sees, and

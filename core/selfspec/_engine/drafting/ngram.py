@@ -37,7 +37,9 @@ class NgramIndex:
         h = self.tokens
         first = len(h)
         h.extend(int(t) for t in tokens)
-        for stop in range(max(first, 1), len(h)):  # the n-gram h[stop-n:stop] is followed by h[stop]
+        for stop in range(
+            max(first, 1), len(h)
+        ):  # the n-gram h[stop-n:stop] is followed by h[stop]
             for n in range(self.min_n, min(self.max_n, stop) + 1):
                 self.index[tuple(h[stop - n : stop])] = stop
 

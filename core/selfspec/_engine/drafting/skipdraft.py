@@ -46,7 +46,8 @@ def skip_layer_draft(
     pick: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
     weights: DraftWeights | None = None,
 ) -> SkipDraft:
-    """Up to ``max_tokens`` greedy draft tokens after ``pending`` from the model with blocks skipped.
+    """Up to ``max_tokens`` greedy draft tokens after ``pending`` from the model with
+    blocks skipped.
 
     pending: ``[1]`` int64, fed at cache ``slot`` (its position); the draft model's ``n``-th
     input goes to ``slot + n``. Layers whose attention runs write their keys/values at those
@@ -77,8 +78,16 @@ def skip_layer_draft(
     want = (capture,) if capture is not None else ()
     tok = pending  # tok: [1]
     for n in range(max_tokens):
-        out = runner.forward(tok, cache=cache, start=slot + n, skip_attn=skip_attn, skip_mlp=skip_mlp,
-                             capture=want, logits="last", weights=weights)
+        out = runner.forward(
+            tok,
+            cache=cache,
+            start=slot + n,
+            skip_attn=skip_attn,
+            skip_mlp=skip_mlp,
+            capture=want,
+            logits="last",
+            weights=weights,
+        )
         if want:
             captured.append(out.captured[capture][0])  # [H]
         logits = out.logits[-1]  # logits: [V]

@@ -29,10 +29,10 @@ from selfspec._engine.runner.costcurve import cost_curve
 #: so the extra candidates are nearly free (docs/performance.md, "Draft trees"). ``tree=0``
 #: restores a plugin's paper chain.
 DEFAULT_TREE = True
-#: The host's default for ``tree_guess``: tokens of the context's n-gram continuation run after
-#: the best frontier node in every draft pass (:func:`~selfspec._engine.drafting.drafttree.draft_tree`'s
-#: ``guess``), as many as the learned rate of agreement and the draft pass's measured cost per
-#: width pay for: a right guess saves whole passes, a wrong one costs a few rows of one pass
+#: The host's default for ``tree_guess``: tokens of the context's n-gram continuation run after the
+#: best frontier node in every draft pass (:func:`~selfspec._engine.drafting.drafttree.draft_tree`'s
+#: ``guess``), as many as the learned rate of agreement and the draft pass's measured cost per width
+#: pay for: a right guess saves whole passes, a wrong one costs a few rows of one pass
 #: (docs/performance.md, "Guesses in the draft").
 DEFAULT_GUESS = 8
 #: Weight kept by the guess-agreement evidence per drafted tree (a memory of about 50 trees), so
@@ -47,8 +47,13 @@ PAUSE_PRIOR = 1.0
 MAX_PAUSE = 32
 
 
-def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, tree: bool = DEFAULT_TREE,
-                          guess: int = DEFAULT_GUESS) -> None:
+def register_tree_options(
+    register: Callable[[Option], None],
+    *,
+    topk: int = 4,
+    tree: bool = DEFAULT_TREE,
+    guess: int = DEFAULT_GUESS,
+) -> None:
     """Declare, in ``selfspec_options``, the tree options every drafter shares: ``tree`` (bool,
     default ``tree``, the host's ``True`` unless a plugin measured otherwise: draft a tree
     instead of a chain; on a CPU a verification pass over a few extra rows costs about one
@@ -65,24 +70,78 @@ def register_tree_options(register: Callable[[Option], None], *, topk: int = 4, 
     tree, while the accepted tokens per recent tree are below the first draft pass's cost in
     full forwards; :meth:`TreeConfig.paying`). Read them back with
     :meth:`TreeConfig.from_options`. selfsd, clasp, hispec and qspec use it."""
-    register(Option("tree", bool, tree, "draft a dynamic tree (top-k candidates at each depth, grown by "
-                    "cumulative draft probability) instead of a chain; verified in one tree pass"))
-    register(Option("tree_budget", str, "auto", "most nodes of a tree draft: 'auto' (the size that maximises "
-                    "expected tokens per unit of cost, from this machine's measured cost-per-width curve) or N",
-                    check=check_budget))
-    register(Option("tree_topk", int, topk, "tree drafts: children kept per node and nodes expanded per depth",
-                    min=1, max=16))
-    register(Option("tree_calibrate", bool, True, "tree drafts: score nodes by how often nodes of their draft "
-                    "probability were accepted so far (learned online) instead of the raw probability"))
-    register(Option("tree_extend", bool, True, "tree drafts in a composition: grow the tree after the best path "
-                    "the earlier members drafted (scored by this draft in its first pass) instead of beside it"))
-    register(Option("tree_guess", int, guess, "tree drafts: each draft pass also runs up to this many "
-                    "tokens that followed the best node's last n-gram earlier in the context (prompt lookup "
-                    "inside the draft), so a right guess grows several depths in one pass; 0: off",
-                    min=0, max=32))
-    register(Option("tree_pause", bool, True, "tree drafts: skip drafting for 1, 2, 4, ... steps (at most "
-                    f"{MAX_PAUSE}, then one probing tree) while recent trees had fewer tokens accepted than their "
-                    "first draft pass costs in full forwards"))
+    register(
+        Option(
+            "tree",
+            bool,
+            tree,
+            "draft a dynamic tree (top-k candidates at each depth, grown by "
+            "cumulative draft probability) instead of a chain; verified in one tree pass",
+        )
+    )
+    register(
+        Option(
+            "tree_budget",
+            str,
+            "auto",
+            "most nodes of a tree draft: 'auto' (the size that maximises "
+            "expected tokens per unit of cost, from this machine's measured "
+            "cost-per-width curve) or N",
+            check=check_budget,
+        )
+    )
+    register(
+        Option(
+            "tree_topk",
+            int,
+            topk,
+            "tree drafts: children kept per node and nodes expanded per depth",
+            min=1,
+            max=16,
+        )
+    )
+    register(
+        Option(
+            "tree_calibrate",
+            bool,
+            True,
+            "tree drafts: score nodes by how often nodes of their draft "
+            "probability were accepted so far (learned online) instead of the raw probability",
+        )
+    )
+    register(
+        Option(
+            "tree_extend",
+            bool,
+            True,
+            "tree drafts in a composition: grow the tree after the best path "
+            "the earlier members drafted (scored by this draft in its first pass) "
+            "instead of beside it",
+        )
+    )
+    register(
+        Option(
+            "tree_guess",
+            int,
+            guess,
+            "tree drafts: each draft pass also runs up to this many "
+            "tokens that followed the best node's last n-gram earlier in the context "
+            "(prompt lookup inside the draft), so a right guess grows several depths in one pass; "
+            "0: off",
+            min=0,
+            max=32,
+        )
+    )
+    register(
+        Option(
+            "tree_pause",
+            bool,
+            True,
+            "tree drafts: skip drafting for 1, 2, 4, ... steps (at most "
+            f"{MAX_PAUSE}, then one probing tree) while recent trees had fewer tokens accepted "
+            "than their first draft pass costs in full forwards",
+        )
+    )
 
 
 class TreeCalibration:
@@ -152,19 +211,28 @@ class TreeConfig:
     paused: int = 0  # steps this config skipped drafting in (tree_pause), over its lifetime
     _index: NgramIndex | None = field(default=None, repr=False)
     _decode: Any = field(default=None, repr=False)  # a weak reference to the decode's state
-    _guessed: list[float] = field(default_factory=lambda: [0.0, 0.0], repr=False)  # judged, agreed (decayed)
-    _gain: list[float] = field(default_factory=lambda: [1.0, PAUSE_PRIOR], repr=False)  # trees, accepted (decayed)
+    _guessed: list[float] = field(
+        default_factory=lambda: [0.0, 0.0], repr=False
+    )  # judged, agreed (decayed)
+    _gain: list[float] = field(
+        default_factory=lambda: [1.0, PAUSE_PRIOR], repr=False
+    )  # trees, accepted (decayed)
     _skip: int = field(default=0, repr=False)  # steps left in the current pause
     _next_pause: int = field(default=1, repr=False)  # length of the next pause
-    _probe: bool = field(default=False, repr=False)  # the step after a pause drafts, whatever the estimate
+    _probe: bool = field(
+        default=False, repr=False
+    )  # the step after a pause drafts, whatever the estimate
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], runner: Runner, *, weights: Any = None) -> TreeConfig:
+    def from_options(
+        cls, options: dict[str, Any], runner: Runner, *, weights: Any = None
+    ) -> TreeConfig:
         """The config of :func:`register_tree_options`' options; call in ``selfspec_setup``.
         With ``tree`` on and an ``auto`` budget it fetches :func:`selfspec.provisional.cost_curve`
         (measured once per model shape and machine, then read from the cache) and, given the
         plugin's draft ``weights`` (:func:`selfspec.draft_weights`), the curve of draft passes on
-        them (``draft_curve``: a pass on compressed weights grows with its width unlike a full one)."""
+        them (``draft_curve``: a pass on compressed weights grows with its width unlike a
+        full one)."""
         enabled = bool(options.get("tree", False))
         spec = str(options.get("tree_budget", "auto")).strip().lower()
         budget = None if spec == "auto" else int(spec)
@@ -173,12 +241,28 @@ class TreeConfig:
             curve = cost_curve(runner)
             draft_curve = None if weights is None else cost_curve(runner, weights=weights)
         calibration = TreeCalibration() if options.get("tree_calibrate", True) else None
-        return cls(enabled, budget, int(options.get("tree_topk", 4)), curve, calibration, draft_curve=draft_curve,
-                   extend=bool(options.get("tree_extend", True)), guess=int(options.get("tree_guess", DEFAULT_GUESS)),
-                   pause=bool(options.get("tree_pause", False)))
+        return cls(
+            enabled,
+            budget,
+            int(options.get("tree_topk", 4)),
+            curve,
+            calibration,
+            draft_curve=draft_curve,
+            extend=bool(options.get("tree_extend", True)),
+            guess=int(options.get("tree_guess", DEFAULT_GUESS)),
+            pause=bool(options.get("tree_pause", False)),
+        )
 
-    def draft(self, step: DraftStep, state: DecodeState, *, max_depth: int, draft_cost: float,
-              vocab: torch.Tensor | None = None, draft_curve: Callable[[int], float] | None = None) -> DraftTree:
+    def draft(
+        self,
+        step: DraftStep,
+        state: DecodeState,
+        *,
+        max_depth: int,
+        draft_cost: float,
+        vocab: torch.Tensor | None = None,
+        draft_curve: Callable[[int], float] | None = None,
+    ) -> DraftTree:
         """:func:`draft_tree` after ``state``'s pending token, at its slot, within the cache's room.
 
         With ``extend`` in a composition (``state.prior`` set), the tree grows after the earlier
@@ -194,24 +278,40 @@ class TreeConfig:
             self.paused += 1
             extra = state.stats.extra  # the decode's count, in its stats: "tree_paused"
             extra["tree_paused"] = extra.get("tree_paused", 0) + 1
-            self.last = DraftTree(state.tokens[:0], state.tokens[:0], torch.zeros(0, device=state.tokens.device))
+            self.last = DraftTree(
+                state.tokens[:0], state.tokens[:0], torch.zeros(0, device=state.tokens.device)
+            )
             return self.last
         prefix: list[int] = []
         values = None
         if self.extend and state.prior is not None:
             nodes, ids = state.prior.best_nodes(), state.prior.tokens.tolist()
             prefix = [ids[i] for i in nodes]
-            if state.prior.probs is not None:  # the composition's node values: the prefix is cut where it stops paying
+            if (
+                state.prior.probs is not None
+            ):  # the composition's node values: the prefix is cut where it stops paying
                 probs = state.prior.probs.tolist()
                 values = [probs[i] for i in nodes]
         if prefix:
             max_depth = min(max_depth + len(prefix), state.max_draft_depth)
-        self.last = draft_tree(step, state.tokens[base : base + 1], base, max_depth=max_depth, topk=self.topk,
-                               budget=self.budget, cost=self.curve, draft_cost=draft_cost,
-                               room=state.cache.capacity - base - 1, vocab=vocab, calibrate=self.calibration,
-                               prefix=prefix, prefix_probs=values, guess=self.guesser(state),
-                               guess_rate=self.guess_rate,
-                               draft_curve=self.draft_curve if draft_curve is None else draft_curve)
+        self.last = draft_tree(
+            step,
+            state.tokens[base : base + 1],
+            base,
+            max_depth=max_depth,
+            topk=self.topk,
+            budget=self.budget,
+            cost=self.curve,
+            draft_cost=draft_cost,
+            room=state.cache.capacity - base - 1,
+            vocab=vocab,
+            calibrate=self.calibration,
+            prefix=prefix,
+            prefix_probs=values,
+            guess=self.guesser(state),
+            guess_rate=self.guess_rate,
+            draft_curve=self.draft_curve if draft_curve is None else draft_curve,
+        )
         g = self._guessed
         g[0], g[1] = g[0] * GUESS_DECAY + self.last.guessed, g[1] * GUESS_DECAY + self.last.agreed
         return self.last
@@ -268,7 +368,12 @@ class TreeConfig:
         if self.guess <= 0:
             return None
         committed = state.length
-        if self._index is None or self._decode is None or self._decode() is not state or len(self._index) > committed:
+        if (
+            self._index is None
+            or self._decode is None
+            or self._decode() is not state
+            or len(self._index) > committed
+        ):
             self._index, self._decode = NgramIndex(3, 2), weakref.ref(state)
         if len(self._index) < committed:
             self._index.extend(state.tokens[len(self._index) : committed].tolist())

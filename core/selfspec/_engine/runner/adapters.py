@@ -61,7 +61,9 @@ class Adapter:
         """One key per layer naming which rotary table it uses (one table: ``None``)."""
         return [None] * len(self.layers)
 
-    def rope(self, h: torch.Tensor, position_ids: torch.Tensor, key: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(
+        self, h: torch.Tensor, position_ids: torch.Tensor, key: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) for ``position_ids`` ``[1, q]``, from the model's rotary module."""
         return self.base.rotary_emb(h, position_ids)
 
@@ -73,7 +75,9 @@ class Adapter:
         return logits
 
     # ------------------------------------------------------------------ per-layer blocks
-    def attn_block(self, layer: nn.Module, h: torch.Tensor, rope: Any, mask: torch.Tensor | None, kv: Any) -> torch.Tensor:
+    def attn_block(
+        self, layer: nn.Module, h: torch.Tensor, rope: Any, mask: torch.Tensor | None, kv: Any
+    ) -> torch.Tensor:
         x, _ = layer.self_attn(
             hidden_states=layer.input_layernorm(h),
             position_embeddings=rope,
@@ -140,6 +144,7 @@ def adapter_for(model: nn.Module) -> Adapter:
         if model_type in cls.model_types:
             return cls(model)
     raise UnsupportedModelError(
-        f"model type {model_type!r} ({type(model).__name__}) is not supported by the selfspec runner; "
+        f"model type {model_type!r} ({type(model).__name__}) is not supported "
+        "by the selfspec runner; "
         f"supported: {', '.join(supported_model_types())}"
     )

@@ -65,7 +65,8 @@ class KVCache:
 
     @torch.inference_mode()  # the buffers are inference tensors (allocated in Runner.forward)
     def keep(self, base: int, slots: Sequence[int], layers: Iterable[int] | None = None) -> None:
-        """Keep slots ``base + s`` for ``s`` in ``slots`` as ``base, base+1, ...`` and drop the rest.
+        """Keep slots ``base + s`` for ``s`` in ``slots`` as ``base, base+1, ...`` and drop
+        the rest.
 
         ``slots`` must be increasing. A chain prefix (``0..n-1``) is a plain crop; anything else
         gathers keys, values and positions into place.
@@ -82,7 +83,9 @@ class KVCache:
             for i in layer_ids:
                 need = base + slots[-1] + 1
                 if self.lengths[i] < need:
-                    raise CacheError(f"layer {i}: keep needs {need} valid slots, has {self.lengths[i]}")
+                    raise CacheError(
+                        f"layer {i}: keep needs {need} valid slots, has {self.lengths[i]}"
+                    )
                 k, v = self.keys[i], self.values[i]
                 assert k is not None and v is not None
                 k[:, :, base:new_len] = k.index_select(2, src)
@@ -104,7 +107,12 @@ class KVCache:
 
     def _ensure(self, layer: int, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         buf = self.keys[layer]
-        if buf is None or buf.shape[1] != k.shape[1] or buf.shape[3] != k.shape[3] or buf.dtype != k.dtype:
+        if (
+            buf is None
+            or buf.shape[1] != k.shape[1]
+            or buf.shape[3] != k.shape[3]
+            or buf.dtype != k.dtype
+        ):
             shape = (1, k.shape[1], self.capacity, k.shape[3])
             self.keys[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
             self.values[layer] = torch.zeros(shape, dtype=k.dtype, device=k.device)
@@ -125,11 +133,15 @@ class LayerView:
     def __init__(self, cache: KVCache, layer: int, start: int, write: bool) -> None:
         self.cache, self.layer, self.start, self.write = cache, layer, start, write
 
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int | None = None, *args, **kwargs):
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int | None = None, *args, **kwargs
+    ):
         c, i, s = self.cache, self.layer, self.start
         q = key.shape[2]
         if s + q > c.capacity:
-            raise CacheError(f"cache capacity {c.capacity} exceeded (writing {q} tokens at slot {s})")
+            raise CacheError(
+                f"cache capacity {c.capacity} exceeded (writing {q} tokens at slot {s})"
+            )
         kbuf, vbuf = c._ensure(i, key)
         if not self.write:
             return torch.cat([kbuf[:, :, :s], key], 2), torch.cat([vbuf[:, :, :s], value], 2)

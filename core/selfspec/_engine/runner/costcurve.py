@@ -94,17 +94,31 @@ class CostCurve:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form (what the store keeps)."""
-        return {"version": CURVE_VERSION, "widths": list(self.widths), "costs": list(self.costs), "meta": self.meta}
+        return {
+            "version": CURVE_VERSION,
+            "widths": list(self.widths),
+            "costs": list(self.costs),
+            "meta": self.meta,
+        }
 
     @classmethod
     def from_dict(cls, blob: dict[str, Any]) -> CostCurve:
         """The curve of :meth:`as_dict`'s JSON form."""
-        return cls(tuple(int(w) for w in blob["widths"]), tuple(float(c) for c in blob["costs"]),
-                   dict(blob.get("meta") or {}))
+        return cls(
+            tuple(int(w) for w in blob["widths"]),
+            tuple(float(c) for c in blob["costs"]),
+            dict(blob.get("meta") or {}),
+        )
 
 
-def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix: int = 128,
-                       repeats: int = 5, weights: Any = None) -> CostCurve:
+def measure_cost_curve(
+    runner: Runner,
+    widths: Sequence[int] = WIDTHS,
+    *,
+    prefix: int = 128,
+    repeats: int = 5,
+    weights: Any = None,
+) -> CostCurve:
     """Time full-model forwards of blocks of each width (with all their logits, as a tree's
     verification computes them) at slot ``prefix`` of a cache holding ``prefix`` tokens; the
     widths interleaved within each of ``repeats`` rounds, after one warm-up round; each width's
@@ -114,7 +128,9 @@ def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix
     one-token full forward in every round too, for :attr:`CostCurve.relative`."""
     widths = sorted(set(int(w) for w in widths) | {1})
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, runner.vocab_size, (prefix + max(widths),), generator=gen).to(runner.device)
+    ids = torch.randint(0, runner.vocab_size, (prefix + max(widths),), generator=gen).to(
+        runner.device
+    )
     cache = runner.new_cache(prefix + max(widths))
     runner.forward(ids[:prefix], cache=cache, start=0, logits=None)
     times: dict[int, list[float]] = {w: [] for w in widths}
@@ -122,19 +138,36 @@ def measure_cost_curve(runner: Runner, widths: Sequence[int] = WIDTHS, *, prefix
     for r in range(repeats + 1):
         for w in [*widths, *([0] if weights is not None else [])]:  # 0: the full model's one token
             t0 = time.perf_counter()
-            runner.forward(ids[prefix : prefix + max(w, 1)], cache=cache, start=prefix,
-                           weights=weights if w else None)
+            runner.forward(
+                ids[prefix : prefix + max(w, 1)],
+                cache=cache,
+                start=prefix,
+                weights=weights if w else None,
+            )
             _sync(runner.device)
             if r:  # round 0 warms up
                 (times[w] if w else full).append(time.perf_counter() - t0)
     seconds = [min(times[w]) for w in widths]
     extra = {"relative": seconds[0] / min(full), "full_seconds": min(full)} if full else {}
-    return CostCurve.from_times(widths, seconds, seconds_per_width=seconds, prefix=prefix, repeats=repeats,
-                                machine=_machine(runner), **extra)
+    return CostCurve.from_times(
+        widths,
+        seconds,
+        seconds_per_width=seconds,
+        prefix=prefix,
+        repeats=repeats,
+        machine=_machine(runner),
+        **extra,
+    )
 
 
-def cost_curve(runner: Runner, *, store: ArtefactStore | None = None, refresh: bool = False,
-               widths: Sequence[int] = WIDTHS, weights: Any = None) -> CostCurve:
+def cost_curve(
+    runner: Runner,
+    *,
+    store: ArtefactStore | None = None,
+    refresh: bool = False,
+    widths: Sequence[int] = WIDTHS,
+    weights: Any = None,
+) -> CostCurve:
     """This model shape's cost curve on this machine: from the process, else from the store
     (``<cache dir>/drafttree/costcurve-<key>.json``, with its raw timings and machine), else
     measured now (:func:`measure_cost_curve`: 36 forwards, a few seconds at 1.5B) and saved.
@@ -170,7 +203,10 @@ def curve_key(runner: Runner) -> str:
     """The file-name key of a cost curve: model shape, dtype, layout and a hash of the machine
     (torch's version among its facts: a new kernel is measured again)."""
     m = _machine(runner)
-    shape = f"{getattr(runner.config, 'model_type', 'model')}-{runner.n_layers}x{runner.hidden_size}x{runner.vocab_size}"
+    shape = (
+        f"{getattr(runner.config, 'model_type', 'model')}-"
+        f"{runner.n_layers}x{runner.hidden_size}x{runner.vocab_size}"
+    )
     dtype = str(runner.dtype).removeprefix("torch.")
     digest = hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()[:10]
     return f"{shape}-{dtype}-{runner.weight_layout}-{digest}"
@@ -179,15 +215,23 @@ def curve_key(runner: Runner) -> str:
 # ------------------------------------------------------------------------------ helpers
 def _weights_key(weights: Any) -> str:
     """Draft weights in a curve's key: backend, compressed layers, vocabulary."""
-    vocab = "all" if weights.vocab is None else hashlib.sha256(
-        weights.vocab.detach().to("cpu", torch.int64).numpy().tobytes()).hexdigest()[:8]
+    vocab = (
+        "all"
+        if weights.vocab is None
+        else hashlib.sha256(
+            weights.vocab.detach().to("cpu", torch.int64).numpy().tobytes()
+        ).hexdigest()[:8]
+    )
     return f"{weights.backend}-{len(weights.layers)}-{vocab}"
 
 
 def _machine(runner: Runner) -> dict[str, Any]:
     """What the curve depends on besides the model's shape."""
-    info: dict[str, Any] = {"device": str(runner.device), "threads": torch.get_num_threads(),
-                            "torch": torch.__version__}
+    info: dict[str, Any] = {
+        "device": str(runner.device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
     if runner.device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(runner.device)
     else:

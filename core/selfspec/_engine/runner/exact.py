@@ -75,7 +75,12 @@ class RowInvariantLinear(nn.Module):
         lead = x.shape[:-1]
         rows = x.reshape(-1, x.shape[-1])  # [n, in]
         n = rows.shape[0]
-        if ROWS < n <= FUSED_ROWS and n % ROWS and self._invariant(ROWS, rows) and self._invariant(n, rows):
+        if (
+            ROWS < n <= FUSED_ROWS
+            and n % ROWS
+            and self._invariant(ROWS, rows)
+            and self._invariant(n, rows)
+        ):
             out = self.inner(rows)  # no padding: this width gives each row as its ROWS-row product
             return out.reshape(*lead, out.shape[-1])
         padded = -(-n // ROWS) * ROWS
@@ -84,7 +89,9 @@ class RowInvariantLinear(nn.Module):
         if padded <= FUSED_ROWS:
             out = self._product(rows)  # [padded, out]
         else:
-            out = torch.cat([self._product(rows[i : i + FUSED_ROWS]) for i in range(0, padded, FUSED_ROWS)])
+            out = torch.cat(
+                [self._product(rows[i : i + FUSED_ROWS]) for i in range(0, padded, FUSED_ROWS)]
+            )
         return out[:n].reshape(*lead, out.shape[-1])
 
     def _product(self, rows: torch.Tensor) -> torch.Tensor:
@@ -120,13 +127,26 @@ def row_invariant(product: nn.Module, width: int, like: torch.Tensor) -> bool:
     A wider multiple of :data:`ROWS` is compared with its two halves' products where both were
     found invariant (equal to the halves, it equals their :data:`ROWS`-row products), else with
     every :data:`ROWS`-row product: three products a width, not one per group."""
-    key = (type(product).__qualname__, product.in_features, product.out_features,
-           getattr(product, "bias", None) is not None, like.dtype, like.device, torch.get_num_threads(), ROWS, width)
+    key = (
+        type(product).__qualname__,
+        product.in_features,
+        product.out_features,
+        getattr(product, "bias", None) is not None,
+        like.dtype,
+        like.device,
+        torch.get_num_threads(),
+        ROWS,
+        width,
+    )
     ok = _checked.get(key)
     if ok is None:
         half = ROWS * (width // ROWS // 2)
-        halves = (width > ROWS and width % ROWS == 0 and row_invariant(product, half, like)
-                  and row_invariant(product, width - half, like))
+        halves = (
+            width > ROWS
+            and width % ROWS == 0
+            and row_invariant(product, half, like)
+            and row_invariant(product, width - half, like)
+        )
         g = torch.Generator(device="cpu").manual_seed(width)
         probe = torch.randn(width, product.in_features, generator=g).to(like.dtype).to(like.device)
         with torch.no_grad():
@@ -136,7 +156,10 @@ def row_invariant(product: nn.Module, width: int, like: torch.Tensor) -> bool:
             elif halves:
                 parts = [product(probe[:half]), product(probe[half:])]
             else:
-                parts = [product(_pad(probe[i : i + ROWS], 0, ROWS))[: width - i] for i in range(0, width, ROWS)]
+                parts = [
+                    product(_pad(probe[i : i + ROWS], 0, ROWS))[: width - i]
+                    for i in range(0, width, ROWS)
+                ]
         ok = _checked[key] = bool(torch.equal(whole, torch.cat(parts)))
     return ok
 
@@ -166,7 +189,10 @@ def exact_copy(module: nn.Module) -> nn.Module:
     twin = copy.deepcopy(module, memo)
     for sub in list(twin.modules()):
         for name, child in list(sub.named_children()):
-            if hasattr(child, "in_features") and not isinstance(child, RowInvariantLinear) and not any(
-                    hasattr(c, "in_features") for c in child.children()):
+            if (
+                hasattr(child, "in_features")
+                and not isinstance(child, RowInvariantLinear)
+                and not any(hasattr(c, "in_features") for c in child.children())
+            ):
                 setattr(sub, name, RowInvariantLinear(child))
     return twin

@@ -61,7 +61,8 @@ class _Plan:
     #: ``[1, Q, W]`` bool: the (row, slot) scores that contribute nothing (unseen, padding);
     #: in order only
     hidden: torch.Tensor | None
-    #: ``[Q, W]``: the position-order column of each slot's score (``W``: dropped); out of order only
+    #: ``[Q, W]``: the position-order column of each slot's score (``W``: dropped); out of
+    #: order only
     cols: torch.Tensor | None
     #: key blocks whose values are read as the cache holds them
     first: int
@@ -69,9 +70,16 @@ class _Plan:
     gather: _Gather | None
 
 
-def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
-                    **kwargs: Any) -> tuple[torch.Tensor, None]:
+def exact_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """Attention with a row-invariant reduction order (see the module doc).
 
     query ``[1, h, q, d]``; key/value ``[1, h_kv, n, d]`` (cache slots ``0..n-1``, the block's
@@ -104,11 +112,17 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     v = value[0].to(acc)  # [hk, n, d]
     # 1. scores in slot order, every (query, key) pair in a [ROWS, d] x [d, KEY_BLOCK] product;
     #    padding slots score against zero keys and are hidden below
-    kb = _pad(key[0].to(acc), 1, width).reshape(hk, blocks, KEY_BLOCK, d).transpose(-1, -2)  # [hk, B, d, K]
+    kb = (
+        _pad(key[0].to(acc), 1, width).reshape(hk, blocks, KEY_BLOCK, d).transpose(-1, -2)
+    )  # [hk, B, d, K]
     if wide:
-        s = torch.matmul(_pad(qv, 1, padded)[:, None], kb).transpose(1, 2)[:, :rows]  # [hk, Q, B, K]
+        s = torch.matmul(_pad(qv, 1, padded)[:, None], kb).transpose(1, 2)[
+            :, :rows
+        ]  # [hk, Q, B, K]
     else:
-        s = _from_rows(torch.matmul(_to_rows(qv, alone)[:, :, None], kb[:, None]).transpose(2, 3), rows, alone)
+        s = _from_rows(
+            torch.matmul(_to_rows(qv, alone)[:, :, None], kb[:, None]).transpose(2, 3), rows, alone
+        )
     s = s.reshape(hk, rows, width) * scaling
     softcap = kwargs.get("softcap")
     if softcap:
@@ -132,10 +146,14 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         vb = _pad(v[:, : first * KEY_BLOCK], 1, first * KEY_BLOCK).reshape(hk, first, KEY_BLOCK, d)
         pf = pb[:, :, :first].transpose(1, 2)  # [hk, first, Q, K]
         if wide:
-            parts.append(torch.matmul(_pad(pf, 2, padded), vb)[:, :, :rows].transpose(1, 2))  # [hk, Q, first, d]
+            parts.append(
+                torch.matmul(_pad(pf, 2, padded), vb)[:, :, :rows].transpose(1, 2)
+            )  # [hk, Q, first, d]
         else:
             pg = _to_rows(pf, alone, dim=2)  # [hk, first, G, R, K]
-            parts.append(_from_rows(torch.matmul(pg, vb[:, :, None]), rows, alone, dim=2).transpose(1, 2))
+            parts.append(
+                _from_rows(torch.matmul(pg, vb[:, :, None]), rows, alone, dim=2).transpose(1, 2)
+            )
     if plan.gather is not None:
         parts.append(_gathered_values(pb[:, :, first:], v, plan.gather))
     part = parts[0] if len(parts) == 1 else torch.cat(parts, 2)  # [hk, Q, B, d]
@@ -148,7 +166,9 @@ def exact_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     return out.transpose(0, 1)[None].to(query.dtype), None
 
 
-def attention_rows_invariant(dtype: torch.dtype, device: torch.device, d: int, width: int = ROWS) -> bool:
+def attention_rows_invariant(
+    dtype: torch.dtype, device: torch.device, d: int, width: int = ROWS
+) -> bool:
     """Whether exact attention's batched products (``[w, d] x [d, KEY_BLOCK]`` scores and
     ``[w, KEY_BLOCK] x [KEY_BLOCK, d]`` values) give each row bitwise as the one-token forward
     does, at this dtype, device, head size and thread count: for ``width == ROWS``, as that row
@@ -164,7 +184,9 @@ def attention_rows_invariant(dtype: torch.dtype, device: torch.device, d: int, w
             x = torch.randn(3, *a, generator=g).to(dtype).to(device)
             y = torch.randn(3, *b, generator=g).to(dtype).to(device)
             if width == ROWS:
-                parts = [torch.matmul(_pad(x[:, i : i + 1], 1, ROWS), y)[:, :1] for i in range(ROWS)]
+                parts = [
+                    torch.matmul(_pad(x[:, i : i + 1], 1, ROWS), y)[:, :1] for i in range(ROWS)
+                ]
             else:
                 parts = [torch.matmul(x[:, i : i + ROWS], y) for i in range(0, width, ROWS)]
             ok = ok and bool(torch.equal(torch.matmul(x, y), torch.cat(parts, 1)))
@@ -222,7 +244,9 @@ def _make_plan(mask: torch.Tensor, rep: int, alone: bool) -> _Plan:
     if in_order:
         hidden = _pad(pos < 0, 1, width, True).repeat(rep, 1)[None]  # [1, Q, W]
         return _Plan(True, hidden, None, blocks, None)
-    cols = _pad(torch.where(pos >= 0, pos, width).clamp_(max=width), 1, width, width).repeat(rep, 1)  # [Q, W]
+    cols = _pad(torch.where(pos >= 0, pos, width).clamp_(max=width), 1, width, width).repeat(
+        rep, 1
+    )  # [Q, W]
     first = start // KEY_BLOCK
     prefix = pos[:, :start]
     if first and not bool(((prefix == slot[:start]) | (prefix < 0)).all()):
@@ -236,7 +260,9 @@ def _make_gather(pos: torch.Tensor, rep: int, lo: int, width: int, alone: bool) 
     tree node, a leaf below it), so the queries of one branch share one gather and one
     product's rows."""
     q, n = pos.shape
-    slot_of = torch.full((q, width - lo), n, dtype=torch.long, device=pos.device)  # position -> slot
+    slot_of = torch.full(
+        (q, width - lo), n, dtype=torch.long, device=pos.device
+    )  # position -> slot
     qi, slots = (pos >= lo).nonzero(as_tuple=True)
     slot_of[qi, pos[qi, slots] - lo] = slots
     seen = slot_of < n
@@ -256,7 +282,9 @@ def _gathered_values(pt: torch.Tensor, v: torch.Tensor, gather: _Gather) -> torc
     pg = pt.new_zeros(hk, gather.products, ROWS, tail, KEY_BLOCK)
     pg[:, gather.group, gather.row] = pt
     vt = torch.cat([v, v.new_zeros(hk, 1, d)], 1)[:, gather.slots]  # [hk, G, tail*K, d]; n -> 0
-    own = torch.matmul(pg.permute(0, 1, 3, 2, 4), vt.reshape(hk, -1, tail, KEY_BLOCK, d))  # [hk, G, tail, R, d]
+    own = torch.matmul(
+        pg.permute(0, 1, 3, 2, 4), vt.reshape(hk, -1, tail, KEY_BLOCK, d)
+    )  # [hk, G, tail, R, d]
     return own[:, gather.group, :, gather.row].permute(1, 0, 2, 3)
 
 
@@ -287,7 +315,9 @@ def _place(keys: torch.Tensor, alone: bool) -> tuple[torch.Tensor, torch.Tensor,
         return torch.arange(m, device=dev), torch.zeros(m, dtype=torch.long, device=dev), keys
     order = torch.argsort(keys, stable=True)
     uniq, counts = torch.unique_consecutive(keys[order], return_counts=True)
-    within = torch.arange(m, device=dev) - (torch.cumsum(counts, 0) - counts).repeat_interleave(counts)
+    within = torch.arange(m, device=dev) - (torch.cumsum(counts, 0) - counts).repeat_interleave(
+        counts
+    )
     products = -(-counts // ROWS)
     group, row = torch.empty_like(keys), torch.empty_like(keys)
     group[order] = (torch.cumsum(products, 0) - products).repeat_interleave(counts) + within // ROWS

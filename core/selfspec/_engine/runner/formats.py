@@ -52,8 +52,6 @@ class FormatPackageError(WeightFormatError):
         self.package = package
 
 
-
-
 def weight_formats(role: str | None = None) -> dict[str, WeightFormat]:
     """``{name: format}`` of every registered format (of ``role`` when given), in registration
     order: the host's first, then each package's. Loaded once per process
@@ -79,12 +77,17 @@ def format_names(role: str) -> tuple[str, ...]:
     return ("auto", *weight_formats(role))
 
 
-def candidates(role: str, device: torch.device | str, dtype: torch.dtype, *, every: bool = False) -> list[str]:
+def candidates(
+    role: str, device: torch.device | str, dtype: torch.dtype, *, every: bool = False
+) -> list[str]:
     """The formats of ``role`` that ``auto`` measures for a model on ``device`` in ``dtype``:
     every one with ``auto=True`` that runs there, in registration order (``every=True``: every
     one that runs there, ``auto`` or not)."""
-    return [n for n, f in weight_formats(role).items()
-            if (every or f.auto) and f.why_not(device, dtype) is None]
+    return [
+        n
+        for n, f in weight_formats(role).items()
+        if (every or f.auto) and f.why_not(device, dtype) is None
+    ]
 
 
 def fitting(candidates: list[str], weight_bytes: int, available: int | None) -> list[str]:
@@ -94,7 +97,11 @@ def fitting(candidates: list[str], weight_bytes: int, available: int | None) -> 
     if available is None:
         return list(candidates)
     found = weight_formats("layout")
-    return [c for i, c in enumerate(candidates) if i == 0 or found[c].memory * weight_bytes <= 0.75 * available]
+    return [
+        c
+        for i, c in enumerate(candidates)
+        if i == 0 or found[c].memory * weight_bytes <= 0.75 * available
+    ]
 
 
 def reload_weight_formats() -> None:
@@ -109,10 +116,15 @@ def check_layout(layout: str, device: torch.device, dtype: torch.dtype) -> str:
     measured (:func:`selfspec._engine.runner.layout.choose_layout` with this process's CPU
     capability and the registered layouts); :class:`WeightLayoutError` for an unknown name,
     listing the registered ones, or for one that cannot run here, saying why."""
-    why = None if layout == "auto" or layout not in weight_formats("layout") else (
-        weight_formats("layout")[layout].why_not(device, dtype))
+    why = (
+        None
+        if layout == "auto" or layout not in weight_formats("layout")
+        else (weight_formats("layout")[layout].why_not(device, dtype))
+    )
     cpu = cpu_capability() if torch.device(device).type == "cpu" else None
-    return choose_layout(layout, torch.device(device).type, dtype, cpu, why, known=tuple(weight_formats("layout")))
+    return choose_layout(
+        layout, torch.device(device).type, dtype, cpu, why, known=tuple(weight_formats("layout"))
+    )
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -128,13 +140,18 @@ def _load() -> dict[str, WeightFormat]:
         try:
             sources.append((_owner(ep), ep.load()))
         except Exception as exc:
-            raise FormatPackageError(_owner(ep), f"weight formats entry point {ep.value!r} cannot be imported: "
-                                          f"{type(exc).__name__}: {exc}") from exc
+            raise FormatPackageError(
+                _owner(ep),
+                f"weight formats entry point {ep.value!r} cannot be imported: "
+                f"{type(exc).__name__}: {exc}",
+            ) from exc
     found: dict[str, WeightFormat] = {}
     for owner, obj in sources:
         impl = getattr(obj, "selfspec_weight_formats", None)
         if not callable(impl):
-            raise FormatPackageError(owner, f"{obj!r} in {ENTRY_POINT_GROUP!r} has no selfspec_weight_formats")
+            raise FormatPackageError(
+                owner, f"{obj!r} in {ENTRY_POINT_GROUP!r} has no selfspec_weight_formats"
+            )
 
         def register(fmt: WeightFormat, _owner: str = owner) -> None:
             _check(fmt, _owner, found)
@@ -151,15 +168,20 @@ def _check(fmt: Any, owner: str, found: dict[str, WeightFormat]) -> None:
     if not isinstance(fmt, WeightFormat):
         raise WeightFormatError(f"registered {fmt!r}, not a selfspec.WeightFormat")
     if not _NAME.match(fmt.name) or fmt.name == "auto":
-        raise WeightFormatError(f"weight format name {fmt.name!r} must be lower case letters, digits, "
-                                "'.', '+' or '-', and not 'auto'")
+        raise WeightFormatError(
+            f"weight format name {fmt.name!r} must be lower case letters, digits, "
+            "'.', '+' or '-', and not 'auto'"
+        )
     if fmt.role not in ROLES:
-        raise WeightFormatError(f"weight format {fmt.name!r}: role must be one of {ROLES}, not {fmt.role!r}")
+        raise WeightFormatError(
+            f"weight format {fmt.name!r}: role must be one of {ROLES}, not {fmt.role!r}"
+        )
     if fmt.build is not None and not callable(fmt.build):
         raise WeightFormatError(f"weight format {fmt.name!r}: build must be callable")
     if fmt.name in found:
-        raise WeightFormatError(f"weight format {fmt.name!r} is registered twice (first by "
-                                f"{found[fmt.name].owner})")
+        raise WeightFormatError(
+            f"weight format {fmt.name!r} is registered twice (first by {found[fmt.name].owner})"
+        )
 
 
 class FormatChoices(Sequence):

@@ -70,22 +70,31 @@ class WeightLayoutError(ValueError):
     """An unknown weight layout, or one this device/dtype/CPU cannot run."""
 
 
-def packing_unsupported(device_type: str, dtype: torch.dtype, cpu: CpuCapability | None) -> str | None:
+def packing_unsupported(
+    device_type: str, dtype: torch.dtype, cpu: CpuCapability | None
+) -> str | None:
     """Why oneDNN cannot prepack weights of ``dtype`` on ``device_type`` with ``cpu``, or
     ``None`` when it can. Pure: every fact comes in as an argument (``cpu`` is ``None`` off
     the CPU)."""
     if device_type != "cpu" or cpu is None:
         return f"it runs on CPU only, not {device_type}"
     if dtype not in PACKED_DTYPES:
-        return f"it needs float32, bfloat16 or float16 weights, not {str(dtype).removeprefix('torch.')}"
+        return (
+            "it needs float32, bfloat16 or float16 weights, "
+            f"not {str(dtype).removeprefix('torch.')}"
+        )
     if not cpu.onednn:
         return "this torch build has no oneDNN"
     if dtype == torch.bfloat16 and not cpu.onednn_bf16:
-        return (f"oneDNN's bfloat16 kernels need AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT, and this CPU "
-                f"runs {cpu.label}")
+        return (
+            f"oneDNN's bfloat16 kernels need AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT, and this CPU "
+            f"runs {cpu.label}"
+        )
     if dtype == torch.float16 and not cpu.onednn_fp16:
-        return (f"oneDNN's float16 kernels need AVX-512 FP16 or AVX-NE-CONVERT, and this CPU runs "
-                f"{cpu.label}")
+        return (
+            f"oneDNN's float16 kernels need AVX-512 FP16 or AVX-NE-CONVERT, and this CPU runs "
+            f"{cpu.label}"
+        )
     return None
 
 
@@ -95,8 +104,14 @@ def packing_unsupported(device_type: str, dtype: torch.dtype, cpu: CpuCapability
 OWN_LAYOUTS: tuple[str, ...] = ("model", "transposed", "packed", "packed-mkl")
 
 
-def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCapability | None,
-                  why: str | None = None, known: Collection[str] = OWN_LAYOUTS) -> str:
+def choose_layout(
+    layout: str,
+    device_type: str,
+    dtype: torch.dtype,
+    cpu: CpuCapability | None,
+    why: str | None = None,
+    known: Collection[str] = OWN_LAYOUTS,
+) -> str:
     """Resolve a requested weight layout to the one that runs before anything is measured (a
     pure function: ``why`` is the layout's registered ``unsupported`` answer, ``known`` the
     registered names; :func:`selfspec._engine.runner.formats.check_layout` gives both).
@@ -110,12 +125,15 @@ def choose_layout(layout: str, device_type: str, dtype: torch.dtype, cpu: CpuCap
     if layout == "auto":
         return "model" if packing_unsupported(device_type, dtype, cpu) else "packed"
     if layout not in known:
-        raise WeightLayoutError(f"unknown weight layout {layout!r}; choose one of auto, {', '.join(known)}")
+        raise WeightLayoutError(
+            f"unknown weight layout {layout!r}; choose one of auto, {', '.join(known)}"
+        )
     if layout == "packed":  # decided from the capability given, not this process's CPU
         why = packing_unsupported(device_type, dtype, cpu)
     if why:
-        raise WeightLayoutError(f"weight layout {layout!r} cannot run here: {why}; use 'auto', "
-                                f"'transposed' or 'model'")
+        raise WeightLayoutError(
+            f"weight layout {layout!r} cannot run here: {why}; use 'auto', 'transposed' or 'model'"
+        )
     return layout
 
 
@@ -133,18 +151,23 @@ def _as_layout(layout: str | _Layout) -> _Layout:
         return layout
     builds = own_builds()
     if layout not in builds:
-        raise WeightLayoutError(f"unknown weight layout {layout!r}; pass a package's layout as its registered "
-                                "format (selfspec.weight_formats())")
+        raise WeightLayoutError(
+            f"unknown weight layout {layout!r}; pass a package's layout as its registered "
+            "format (selfspec.weight_formats())"
+        )
     return SimpleNamespace(name=layout, build=builds[layout])
 
 
 def own_builds() -> dict[str, Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None]:
     """``{name: build}`` of :data:`OWN_LAYOUTS` (``None``: the model's own weights)."""
-    return dict(zip(OWN_LAYOUTS, (None, transposed_linear, PackedLinear, MklPackedLinear), strict=True))
+    return dict(
+        zip(OWN_LAYOUTS, (None, transposed_linear, PackedLinear, MklPackedLinear), strict=True)
+    )
 
 
-def build_copy(layout: str | _Layout, linear: nn.Module,
-               files: list[tuple[int, int, int, str]] | None = None) -> nn.Module:
+def build_copy(
+    layout: str | _Layout, linear: nn.Module, files: list[tuple[int, int, int, str]] | None = None
+) -> nn.Module:
     """``layout``'s module for a linear module's weight and bias, marked with the layout's name
     (``module.weight_format``), so it is never laid out twice."""
     fmt = _as_layout(layout)
@@ -156,7 +179,9 @@ def build_copy(layout: str | _Layout, linear: nn.Module,
     return module
 
 
-def adopt_layout(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, layout: str | _Layout) -> nn.Module:
+def adopt_layout(
+    model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, layout: str | _Layout
+) -> nn.Module:
     """Apply ``layout`` to ``model`` itself: no copy, the original weights are released.
 
     Every ``nn.Linear`` inside ``layers``, and ``lm_head``, is replaced in its parent module by
@@ -211,8 +236,9 @@ _COPIES: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[list[nn.Module],
 )
 
 
-def shared_layout_copies(model: nn.Module, layers: list[nn.Module], lm_head: nn.Module,
-                         layout: str | _Layout) -> tuple[list[nn.Module], nn.Module]:
+def shared_layout_copies(
+    model: nn.Module, layers: list[nn.Module], lm_head: nn.Module, layout: str | _Layout
+) -> tuple[list[nn.Module], nn.Module]:
     """``(layer copies, LM head copy)`` with ``layout`` for ``model``, made once and shared.
 
     The copies are stateless (weights only), so runners can share them. They are made again
@@ -226,7 +252,10 @@ def shared_layout_copies(model: nn.Module, layers: list[nn.Module], lm_head: nn.
     per_model = _COPIES.setdefault(model, {})
     if key not in per_model:
         per_model.clear()  # older copies of this model's weights are stale
-        per_model[key] = ([layout_copy(layer, layout) for layer in layers], layout_copy(lm_head, layout))
+        per_model[key] = (
+            [layout_copy(layer, layout) for layer in layers],
+            layout_copy(lm_head, layout),
+        )
     return per_model[key]
 
 
@@ -266,7 +295,11 @@ def transposed_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Lin
     linear = nn.Linear(in_f, out_f, bias=False, device="meta", dtype=weight.dtype)
     # w_t: [out, in] with strides (1, out), a view of a contiguous [in, out] matrix
     linear.weight = nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
-    linear.bias = bias if isinstance(bias, nn.Parameter) or bias is None else nn.Parameter(bias, requires_grad=False)
+    linear.bias = (
+        bias
+        if isinstance(bias, nn.Parameter) or bias is None
+        else nn.Parameter(bias, requires_grad=False)
+    )
     return linear
 
 
@@ -302,18 +335,23 @@ class PackedLinear(nn.Linear):
 
     def weight_spec(self) -> tuple[torch.Size, torch.dtype, torch.device]:
         """The weight's shape, dtype and device, without unpacking it."""
-        return torch.Size((self.out_features, self.in_features)), self.packed.dtype, self.packed.device
+        return (
+            torch.Size((self.out_features, self.in_features)),
+            self.packed.dtype,
+            self.packed.device,
+        )
 
-    #: rows a one-row input is computed in (the row, then zero rows): oneDNN's kernel for one
-    #: row can be slower than for a few (it is on Zen 4). Measured per machine and model shape
-    #: by the runner (:func:`selfspec._engine.runner.layout_choice.choose_one_row_width`); 1 unmeasured.
+    #: rows a one-row input is computed in (the row, then zero rows): oneDNN's kernel for one row
+    #: can be slower than for a few (it is on Zen 4). Measured per machine and model shape by the
+    #: runner (:func:`selfspec._engine.runner.layout_choice.choose_one_row_width`); 1 unmeasured.
     one_row_width = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.one_row_width
         if w > 1 and x.dim() >= 2 and x.shape[-2] == 1:
-            y = torch.ops.mkldnn._linear_pointwise(nn.functional.pad(x, (0, 0, 0, w - 1)), self.packed, self.bias,
-                                                   "none", [], "")
+            y = torch.ops.mkldnn._linear_pointwise(
+                nn.functional.pad(x, (0, 0, 0, w - 1)), self.packed, self.bias, "none", [], ""
+            )
             return y.narrow(-2, 0, 1)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
@@ -333,9 +371,13 @@ class MklPackedLinear(PackedLinear):
             weight, bias = weight.weight, weight.bias
         super().__init__(weight, bias)
         w = weight.detach()
-        self.register_buffer("mkl", torch.ops.mkl._mkl_reorder_linear_weight(w, 1), persistent=False)
+        self.register_buffer(
+            "mkl", torch.ops.mkl._mkl_reorder_linear_weight(w, 1), persistent=False
+        )
         # _mkl_linear reads its unpacked weight only for another row count, never taken here
-        self.register_buffer("_unused", torch.zeros(1).expand(self.out_features, self.in_features), persistent=False)
+        self.register_buffer(
+            "_unused", torch.zeros(1).expand(self.out_features, self.in_features), persistent=False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # rows: [n, in]
@@ -345,7 +387,10 @@ class MklPackedLinear(PackedLinear):
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, MKL-packed for one row, oneDNN"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            "MKL-packed for one row, oneDNN"
+        )
 
 
 def weight_spec(module: nn.Module) -> tuple[torch.Size, torch.dtype, torch.device]:

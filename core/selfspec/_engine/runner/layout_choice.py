@@ -28,9 +28,17 @@ HEAD_BYTES = 64 * 2**20
 ONE_ROW_WIDTHS = ("1", "4")
 
 
-def choose_weight_layout(model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, *,
-                         static: str, candidates: Sequence[str], measure: Measure | None = None,
-                         refresh: bool = False, store: ArtefactStore | None = None) -> Choice:
+def choose_weight_layout(
+    model: nn.Module,
+    layers: Sequence[nn.Module],
+    lm_head: nn.Module,
+    *,
+    static: str,
+    candidates: Sequence[str],
+    measure: Measure | None = None,
+    refresh: bool = False,
+    store: ArtefactStore | None = None,
+) -> Choice:
     """The weight layout ``"auto"`` runs for this model here: the fastest of ``candidates``
     (layouts that can run on this device and dtype; ``static`` is the capability rule's
     choice, the fallback). One candidate: that one, unmeasured."""
@@ -46,13 +54,28 @@ def choose_weight_layout(model: nn.Module, layers: Sequence[nn.Module], lm_head:
         return build, (scale_layers, scale_head)
 
     key = shape_key("weight_layout", model, layers, lm_head, calibration.candidates_key(candidates))
-    return calibration.choose("weight_layout", key, candidates, static, prepare, (1, BLOCK),
-                              measure=measure, refresh=refresh, store=store)
+    return calibration.choose(
+        "weight_layout",
+        key,
+        candidates,
+        static,
+        prepare,
+        (1, BLOCK),
+        measure=measure,
+        refresh=refresh,
+        store=store,
+    )
 
 
-def choose_one_row_width(model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, *,
-                         measure: Measure | None = None, refresh: bool = False,
-                         store: ArtefactStore | None = None) -> Choice:
+def choose_one_row_width(
+    model: nn.Module,
+    layers: Sequence[nn.Module],
+    lm_head: nn.Module,
+    *,
+    measure: Measure | None = None,
+    refresh: bool = False,
+    store: ArtefactStore | None = None,
+) -> Choice:
     """How many rows the packed layout computes a one-token product in: ``"1"``, or ``"4"``
     (the row and three zero rows, the first row kept), whichever is faster here on the
     model's shapes; ``"1"`` (static) when the measurement cannot tell them apart. oneDNN's
@@ -69,11 +92,22 @@ def choose_one_row_width(model: nn.Module, layers: Sequence[nn.Module], lm_head:
         return build, (scale_layers, scale_head)
 
     key = shape_key("one_row_width", model, layers, lm_head, "packed")
-    return calibration.choose("one_row_width", key, list(ONE_ROW_WIDTHS), ONE_ROW_WIDTHS[0], prepare,
-                              (1,), measure=measure, refresh=refresh, store=store)
+    return calibration.choose(
+        "one_row_width",
+        key,
+        list(ONE_ROW_WIDTHS),
+        ONE_ROW_WIDTHS[0],
+        prepare,
+        (1,),
+        measure=measure,
+        refresh=refresh,
+        store=store,
+    )
 
 
-def sample(layers: Sequence[nn.Module], lm_head: nn.Module) -> tuple[list[nn.Module], nn.Module, float, float]:
+def sample(
+    layers: Sequence[nn.Module], lm_head: nn.Module
+) -> tuple[list[nn.Module], nn.Module, float, float]:
     """``(middle layers, head rows, layer scale, head scale)``: the middle decoder layers
     holding at least :data:`SAMPLE_BYTES` of product weights (all layers if fewer), a linear
     over at most :data:`HEAD_BYTES` of the head's rows, and the factors that turn the sample's
@@ -88,14 +122,20 @@ def sample(layers: Sequence[nn.Module], lm_head: nn.Module) -> tuple[list[nn.Mod
     picked = [layers[(lo + i) % n] for i in range(take)]
     (out_f, in_f), dtype, device = weight_spec(lm_head)
     rows = max(1, min(out_f, HEAD_BYTES // max(1, in_f * dtype.itemsize)))
-    head = nn.Linear(in_f, rows, bias=getattr(lm_head, "bias", None) is not None, device="meta", dtype=dtype)
+    head = nn.Linear(
+        in_f, rows, bias=getattr(lm_head, "bias", None) is not None, device="meta", dtype=dtype
+    )
     head.weight = nn.Parameter(weight_rows(lm_head, rows).to(device).clone(), requires_grad=False)
     if head.bias is not None:
-        head.bias = nn.Parameter(lm_head.bias.detach()[:rows].to(device).clone(), requires_grad=False)
+        head.bias = nn.Parameter(
+            lm_head.bias.detach()[:rows].to(device).clone(), requires_grad=False
+        )
     return picked, head, n / take, out_f / rows
 
 
-def shape_key(what: str, model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, extra: str) -> str:
+def shape_key(
+    what: str, model: nn.Module, layers: Sequence[nn.Module], lm_head: nn.Module, extra: str
+) -> str:
     """The cache key of a choice for this model's shape, dtype and device
     (:func:`selfspec._engine.tuning.calibration.choice_key`)."""
     (rows, cols), dtype, device = weight_spec(lm_head)

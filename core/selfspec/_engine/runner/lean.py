@@ -39,8 +39,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              scale: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     """Scaled dot-product attention of ``q`` ``[1, heads, q, d]`` over ``k``/``v``
     ``[1, kv_heads, kv, d]`` -> ``[1, q, heads, d]`` (contiguous), grouped query heads handled
     as the ``transformers`` SDPA integration handles them on a CPU: SDPA's own grouping when
@@ -54,7 +55,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         elif n == 1:
             q = q.reshape(1, k.shape[1], groups, d)
         else:
-            k, v = (t[:, :, None].expand(-1, -1, groups, -1, -1).reshape(1, -1, t.shape[2], d) for t in (k, v))
+            k, v = (
+                t[:, :, None].expand(-1, -1, groups, -1, -1).reshape(1, -1, t.shape[2], d)
+                for t in (k, v)
+            )
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **kw)
     return o.reshape(1, -1, n, d).transpose(1, 2).contiguous()
 
@@ -82,8 +86,13 @@ class LeanBlocks:
         self.head_dim = int(at.head_dim)
         self.scaling = float(at.scaling)
 
-    def attn(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
-             kv: Any) -> torch.Tensor:
+    def attn(
+        self,
+        h: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        kv: Any,
+    ) -> torch.Tensor:
         q = h.shape[1]
         x = rms_norm(h, *self.attn_norm)
         qs, ks, vs = (t.view(1, q, -1, self.head_dim) for t in self.qkv(x))
@@ -115,13 +124,18 @@ def lean_blocks(layer: nn.Module, config: Any) -> LeanBlocks | None:
     needed += [(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")]
     if any(getattr(m, n, None) is None for m, n in needed):
         return None
-    norms = [getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None),
-             *(getattr(at, n) for n in ("q_norm", "k_norm") if getattr(at, n, None) is not None)]
+    norms = [
+        getattr(layer, "input_layernorm", None),
+        getattr(layer, "post_attention_layernorm", None),
+        *(getattr(at, n) for n in ("q_norm", "k_norm") if getattr(at, n, None) is not None),
+    ]
     if any(_norm(n) is None for n in norms):
         return None
     if any(hasattr(layer, n) for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm")):
         return None
-    if getattr(at, "attn_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
+    if getattr(at, "attn_logit_softcapping", None) or getattr(
+        config, "attn_logit_softcapping", None
+    ):
         return None
     return LeanBlocks(layer)
 
@@ -144,8 +158,11 @@ def _product(linears: list[nn.Module]):
     where they are the members of one fused product (draft weights' ``FusedMember``, in
     order), else one call each."""
     fused = getattr(linears[0], "product", None)
-    if fused is not None and all(getattr(m, "product", None) is fused and m.k == k for k, m in enumerate(linears)) \
-            and len(fused.bounds) == len(linears) + 1:
+    if (
+        fused is not None
+        and all(getattr(m, "product", None) is fused and m.k == k for k, m in enumerate(linears))
+        and len(fused.bounds) == len(linears) + 1
+    ):
         lin, bounds = fused.linear, fused.bounds
         spans = list(zip(bounds[:-1], bounds[1:]))
         return lambda x: [y[..., a:b] for y in (lin(x),) for a, b in spans]

@@ -93,12 +93,27 @@ class Int8Linear(CompressedLinear):
         x2 = x.reshape(-1, self.in_features).float()  # x2: [n, in]
         xs = float(x2.abs().max()) / 127 or 1.0
         xq = (x2 / xs).round_().add_(128).clamp_(0, 255).to(torch.uint8)
-        y = torch.ops.onednn.qlinear_pointwise(xq, xs, 128, self.packed, self.scale, self.zeros, self.bias,
-                                               1.0, 0, torch.float32, "none", [], "")  # y: [n, out]
+        y = torch.ops.onednn.qlinear_pointwise(
+            xq,
+            xs,
+            128,
+            self.packed,
+            self.scale,
+            self.zeros,
+            self.bias,
+            1.0,
+            0,
+            torch.float32,
+            "none",
+            [],
+            "",
+        )  # y: [n, out]
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def nbytes(self) -> int:
-        n = self.out_features * self.in_features + self.out_features * 4  # the packed weight is opaque
+        n = (
+            self.out_features * self.in_features + self.out_features * 4
+        )  # the packed weight is opaque
         return n + (0 if self.bias is None else self.out_features * 4)
 
 
@@ -116,7 +131,9 @@ class DynamicInt8Linear(CompressedLinear):
         b = None if bias is None else bias.detach().float().clone()
         with warnings.catch_warnings():  # quantized tensors are deprecated, the kernels still work
             warnings.simplefilter("ignore")
-            qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros(out_f, dtype=torch.long), 0)
+            qw = torch._make_per_channel_quantized_tensor(
+                q, scale.double(), torch.zeros(out_f, dtype=torch.long), 0
+            )
             self._packed = torch.ops.quantized.linear_prepack(qw, b)  # the engine's own int8 copy
         del q, qw
         self.in_features, self.out_features = in_f, out_f
@@ -147,7 +164,9 @@ class IntMmLinear(CompressedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).float()  # x2: [n, in]
         xs = (x2.abs().amax(1, keepdim=True) / 127).clamp_min_(1e-12)  # [n, 1]
-        acc = torch._int_mm((x2 / xs).round_().to(torch.int8), self.qweight_t)  # acc: [n, out] int32
+        acc = torch._int_mm(
+            (x2 / xs).round_().to(torch.int8), self.qweight_t
+        )  # acc: [n, out] int32
         y = acc * (xs * self.scale)
         if self.bias is not None:
             y = y + self.bias
@@ -199,7 +218,9 @@ class Fp16WeightsLinear(CompressedLinear):
         w = torch.empty(out_f, in_f, dtype=torch.float32)
         for r in range(0, out_f, CHUNK_ROWS):
             w[r : r + CHUNK_ROWS] = weight[r : r + CHUNK_ROWS].detach()
-        self.register_buffer("packed", torch.ops.onednn.linear_prepack_fp16(w, None), persistent=False)
+        self.register_buffer(
+            "packed", torch.ops.onednn.linear_prepack_fp16(w, None), persistent=False
+        )
         del w
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.in_features, self.out_features = in_f, out_f
@@ -231,7 +252,9 @@ class Bf16Linear(CompressedLinear):
         if self.packed:
             w = torch.ops.mkldnn._reorder_linear_weight(w)
         self.register_buffer("weight", w)
-        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).clone())
+        self.register_buffer(
+            "bias", None if bias is None else bias.detach().to(torch.bfloat16).clone()
+        )
         self.in_features, self.out_features = in_f, out_f
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -272,17 +295,35 @@ class BnbLinear(CompressedLinear):
         half = torch.float16 if device.type == "cuda" else torch.float32
         self.compute = half if kind == "int8" else torch.bfloat16
         if kind == "int8":
-            lin = bnb.nn.Linear8bitLt(in_f, out_f, bias=bias is not None, has_fp16_weights=False, threshold=6.0,
-                                      device="meta")
-            lin.weight = bnb.nn.Int8Params(weight.detach().to("cpu", half).clone(), requires_grad=False,
-                                           has_fp16_weights=False)
+            lin = bnb.nn.Linear8bitLt(
+                in_f,
+                out_f,
+                bias=bias is not None,
+                has_fp16_weights=False,
+                threshold=6.0,
+                device="meta",
+            )
+            lin.weight = bnb.nn.Int8Params(
+                weight.detach().to("cpu", half).clone(), requires_grad=False, has_fp16_weights=False
+            )
         else:
-            lin = bnb.nn.Linear4bit(in_f, out_f, bias=bias is not None, quant_type="nf4",
-                                    compute_dtype=torch.bfloat16, device="meta")
-            lin.weight = bnb.nn.Params4bit(weight.detach().to("cpu", torch.float32).clone(), requires_grad=False,
-                                           quant_type="nf4")
+            lin = bnb.nn.Linear4bit(
+                in_f,
+                out_f,
+                bias=bias is not None,
+                quant_type="nf4",
+                compute_dtype=torch.bfloat16,
+                device="meta",
+            )
+            lin.weight = bnb.nn.Params4bit(
+                weight.detach().to("cpu", torch.float32).clone(),
+                requires_grad=False,
+                quant_type="nf4",
+            )
         if bias is not None:
-            lin.bias = nn.Parameter(bias.detach().to("cpu", self.compute).clone(), requires_grad=False)
+            lin.bias = nn.Parameter(
+                bias.detach().to("cpu", self.compute).clone(), requires_grad=False
+            )
         self.q = lin.to(device)  # bitsandbytes quantizes on the move
         self.in_features, self.out_features = in_f, out_f
 
@@ -292,7 +333,10 @@ class BnbLinear(CompressedLinear):
     def nbytes(self) -> int:
         w = self.q.weight
         n = w.numel() * w.element_size()
-        for extra in (getattr(w, "SCB", None), getattr(getattr(w, "quant_state", None), "absmax", None)):
+        for extra in (
+            getattr(w, "SCB", None),
+            getattr(getattr(w, "quant_state", None), "absmax", None),
+        ):
             if isinstance(extra, torch.Tensor):
                 n += extra.numel() * extra.element_size()
         b = self.q.bias

@@ -4,8 +4,9 @@ Every mask here answers one question per (query, key) pair: may the new token at
 attend to the key in column ``c``? Columns are the cached slots ``[0, start)`` followed by the
 block's own tokens. The prefix is visible to every new token; within the block, visibility
 is the ``block`` mask (causal for a chain, ancestors for a tree, or any mask a caller builds),
-which may also cover the cached slots (``[q, start+q]``); a sliding-window layer also hides keys whose *position* is ``window`` or more behind
-the query's position (``kv_pos > q_pos - window``, as Hugging Face's ``sliding_window_overlay``).
+which may also cover the cached slots (``[q, start+q]``); a sliding-window layer also hides keys
+whose *position* is ``window`` or more behind the query's position (``kv_pos > q_pos - window``, as
+Hugging Face's ``sliding_window_overlay``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def tree(parents: torch.Tensor, with_root: bool = True) -> torch.Tensor:
 
 
 def tree_positions(parents: torch.Tensor, root_position: int) -> torch.Tensor:
-    """``[k+1]`` position ids of ``[root, nodes...]``: the root's position plus each node's depth."""
+    """``[k+1]`` position ids of ``[root, nodes...]``: the root's position plus each
+    node's depth."""
     depth = [0]
     for p in parents.tolist():
         depth.append(depth[p + 1] + 1)
@@ -60,15 +62,23 @@ def build(
     start = int(prefix_pos.shape[0])
     full = block is not None and start > 0 and int(block.shape[1]) == start + q
     if block is not None and int(block.shape[1]) not in (q, start + q):
-        raise ValueError(f"block mask {tuple(block.shape)} fits neither [{q}, {q}] nor [{q}, {start + q}]")
-    if q == 1 and not full and (window is None or start == 0 or int(positions[0]) - int(prefix_pos.min()) < window):
+        raise ValueError(
+            f"block mask {tuple(block.shape)} fits neither [{q}, {q}] nor [{q}, {start + q}]"
+        )
+    if (
+        q == 1
+        and not full
+        and (window is None or start == 0 or int(positions[0]) - int(prefix_pos.min()) < window)
+    ):
         return None  # a single query sees everything: let the kernel run unmasked
     if block is None:
         block = causal(q, positions.device)
     if full:
         allowed = block.to(torch.bool).clone()
     else:
-        allowed = torch.cat([torch.ones(q, start, dtype=torch.bool, device=positions.device), block], 1)
+        allowed = torch.cat(
+            [torch.ones(q, start, dtype=torch.bool, device=positions.device), block], 1
+        )
     if window is not None:
         kv_pos = torch.cat([prefix_pos, positions])
         allowed &= kv_pos[None, :] > positions[:, None] - window
@@ -82,5 +92,7 @@ def for_attention(mask: torch.Tensor | None, impl: str, dtype: torch.dtype) -> t
         return None
     mask = mask[None, None]
     if impl == "eager":
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(dtype).min
+        )
     return mask

@@ -85,7 +85,12 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def _offload_hooks(module: nn.Module) -> list[tuple[nn.Module, Any]]:
-    return [(sub, hook) for sub in module.modules() for hook in hooks_of(sub) if getattr(hook, "offload", False)]
+    return [
+        (sub, hook)
+        for sub in module.modules()
+        for hook in hooks_of(sub)
+        if getattr(hook, "offload", False)
+    ]
 
 
 @contextlib.contextmanager
@@ -117,12 +122,17 @@ def loaded(module: nn.Module) -> Iterator[nn.Module]:
         for sub, hook in hooked:
             hook.pre_forward(sub)
             done.append((sub, hook))
-        missing = [name for name, t in [*module.named_parameters(), *module.named_buffers()] if _on_meta(t)]
+        missing = [
+            name for name, t in [*module.named_parameters(), *module.named_buffers()] if _on_meta(t)
+        ]
         if missing:
             raise PlacementError(
-                f"{type(module).__name__}: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
-                "on the meta device with no accelerate offload hook to load them (a model loaded with "
-                "device_map='meta' or init_empty_weights and never dispatched?)")
+                f"{type(module).__name__}: {', '.join(missing[:3])}"
+                f"{' ...' if len(missing) > 3 else ''} "
+                "on the meta device with no accelerate offload hook to load them "
+                "(a model loaded with device_map='meta' or init_empty_weights "
+                "and never dispatched?)"
+            )
         yield module
     finally:
         for sub, hook in reversed(done):
@@ -174,7 +184,9 @@ def tensor_key(t: torch.Tensor) -> tuple:
         return (0, -1, t.dtype, t.device)
     try:
         ptr = t.data_ptr()
-    except RuntimeError:  # an opaque (oneDNN-packed) tensor has no storage: the object stands for it
+    except (
+        RuntimeError
+    ):  # an opaque (oneDNN-packed) tensor has no storage: the object stands for it
         ptr = id(t)
     version = -1 if t.is_inference() else t._version
     return (ptr, version, t.dtype, t.device)
@@ -224,7 +236,12 @@ def describe(model: nn.Module) -> dict[str, Any] | None:
     for dev in layer_dev.values():
         counts[dev] = counts.get(dev, 0) + 1
     offloaded = sum(1 for layer in layers if is_offloaded(layer)) if layers is not None else 0
-    return {"devices": counts, "layers": runs(layer_dev), "other": other, "offloaded_layers": offloaded}
+    return {
+        "devices": counts,
+        "layers": runs(layer_dev),
+        "other": other,
+        "offloaded_layers": offloaded,
+    }
 
 
 def _entry_for(name: str, dm: dict[str, str]) -> str | None:
@@ -244,7 +261,11 @@ def runs(layer_dev: dict[int, str]) -> str:
     i = 0
     while i < len(items):
         j = i
-        while j + 1 < len(items) and items[j + 1][1] == items[i][1] and items[j + 1][0] == items[j][0] + 1:
+        while (
+            j + 1 < len(items)
+            and items[j + 1][1] == items[i][1]
+            and items[j + 1][0] == items[j][0] + 1
+        ):
             j += 1
         a, b = items[i][0], items[j][0]
         out.append(f"{a}-{b} {items[i][1]}" if b > a else f"{a} {items[i][1]}")

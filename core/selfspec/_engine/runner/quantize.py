@@ -18,7 +18,9 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     for r in range(0, out_f, CHUNK_ROWS):
         w = weight[r : r + CHUNK_ROWS].detach().float()
         s = (w.abs().amax(1) / 127.0).clamp_min(1e-12)  # [rows]
-        q[r : r + CHUNK_ROWS] = (w / s[:, None]).round_().clamp_(-127, 127)  # whole numbers: exact on the cast
+        q[r : r + CHUNK_ROWS] = (
+            (w / s[:, None]).round_().clamp_(-127, 127)
+        )  # whole numbers: exact on the cast
         scale[r : r + CHUNK_ROWS] = s
     return q, scale
 
@@ -28,7 +30,9 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 INT4_GROUP = 128
 
 
-def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_groups(
+    weight: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric 4-bit per output row and group of ``group`` inputs: ``(codes [out, in] uint8
     in 0..15, scale [out, groups], offset [out, groups])`` float32, with ``weight[o, i] ~=
     codes[o, i] * scale[o, g] + offset[o, g]`` for ``g = i // group`` (the group's minimum
@@ -36,7 +40,9 @@ def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
     return quantize_groups_torch(weight, group)
 
 
-def quantize_groups_torch(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_groups_torch(
+    weight: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`quantize_groups` in torch operations ."""
     out_f, in_f = weight.shape
     groups = -(-in_f // group)
@@ -51,7 +57,11 @@ def quantize_groups_torch(weight: torch.Tensor, group: int) -> tuple[torch.Tenso
         padded = w.reshape(-1, groups, group)
         lo, hi = padded.amin(-1), padded.amax(-1)
         s = ((hi - lo) / 15.0).clamp_min(1e-12)
-        c = (padded - lo[..., None]).div_(s[..., None]).round_().clamp_(0, 15)  # one temporary, in place after
-        codes[r : r + CHUNK_ROWS] = c.view(-1, groups * group)[:, :in_f]  # cast to uint8 on the copy
+        c = (
+            (padded - lo[..., None]).div_(s[..., None]).round_().clamp_(0, 15)
+        )  # one temporary, in place after
+        codes[r : r + CHUNK_ROWS] = c.view(-1, groups * group)[
+            :, :in_f
+        ]  # cast to uint8 on the copy
         scale[r : r + CHUNK_ROWS], offset[r : r + CHUNK_ROWS] = s, lo
     return codes, scale, offset

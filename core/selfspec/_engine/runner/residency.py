@@ -38,17 +38,28 @@ def own_file_backed(model: nn.Module) -> int:
                     if not any(lo <= ptr < hi for lo, hi in mapped):
                         continue
                     copy_ = t.detach().clone()
-                    owned[id(t)] = nn.Parameter(copy_, requires_grad=False) if isinstance(t, nn.Parameter) else copy_
+                    owned[id(t)] = (
+                        nn.Parameter(copy_, requires_grad=False)
+                        if isinstance(t, nn.Parameter)
+                        else copy_
+                    )
                 store[name] = owned[id(t)]
     return len(owned)
 
 
-def unmapped_copy(t: torch.Tensor, files: list[tuple[int, int, int, str]] | None = None) -> torch.Tensor:
+def unmapped_copy(
+    t: torch.Tensor, files: list[tuple[int, int, int, str]] | None = None
+) -> torch.Tensor:
     """``t``'s values read from its file when ``t`` is a contiguous CPU view of a memory-mapped
     file (a plain read: the pages go to the page cache, not to this process's resident set), else
     ``t`` itself. A read that comes up short also gives ``t``. ``files``: :func:`mapped_files`,
     read once by a caller that copies many tensors (default: read now)."""
-    if t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous() or t.numel() == 0:
+    if (
+        t.device.type != "cpu"
+        or t.layout != torch.strided
+        or not t.is_contiguous()
+        or t.numel() == 0
+    ):
         return t
     ptr, n = t.data_ptr(), t.numel() * t.element_size()
     for lo, hi, offset, path in mapped_files() if files is None else files:
@@ -83,7 +94,9 @@ def mapped_files() -> list[tuple[int, int, int, str]]:
                 parts = line.split(maxsplit=5)
                 if len(parts) == 6 and parts[4] != "0" and not parts[5].startswith("["):
                     lo, hi = parts[0].split("-")
-                    found.append((int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].rstrip("\n")))
+                    found.append(
+                        (int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].rstrip("\n"))
+                    )
     except OSError:
         return []
     return found

@@ -3,11 +3,11 @@
 One call of :meth:`Runner.forward` runs a block of ``q`` new tokens through layers
 ``[a, b)`` of the model, over the KV cache's prefix, with everything the method plugins need:
 skipped attention/MLP blocks, an early exit (``layers=(0, b)`` then :meth:`Runner.head`),
-a start from given hidden states at layer ``a``, explicit positions and any block mask (causal,
-a tree's ancestors, or one a plugin builds), read-only attention (``write=False``), hidden-state capture, and
-substitute layer modules or a model's compressed draft weights. A full forward equals the model's own forward (tested in float64);
-with ``weight_layout="transposed"`` or ``"packed"`` it runs faster on CPU and equals it up to rounding
-(see :mod:`.layout`).
+a start from given hidden states at layer ``a``, explicit positions and any block mask (causal, a
+tree's ancestors, or one a plugin builds), read-only attention (``write=False``), hidden-state
+capture, and substitute layer modules or a model's compressed draft weights. A full forward equals
+the model's own forward (tested in float64); with ``weight_layout="transposed"`` or ``"packed"`` it
+runs faster on CPU and equals it up to rounding (see :mod:`.layout`).
 
 A model that accelerate dispatched over devices, CPU memory and disk (:mod:`.placement`) runs
 as placed: each layer's sub-modules are called through their own hooks (an offloaded layer's
@@ -66,9 +66,10 @@ class Runner:
 
     ``weight_layout``: ``"auto"`` (default: the fastest layout measured here, see
     :meth:`_measured_layout`), ``"model"`` (bitwise the model's own forward), or
-    ``"transposed"`` / ``"packed"`` / ``"packed-mkl"`` or a registered layout (runner-side copies of the linear weights laid out for
-    faster CPU products: equal up to rounding, one extra copy of those weights; see
-    :mod:`.layout`). ``layers`` stays the model's own modules whatever the layout.
+    ``"transposed"`` / ``"packed"`` / ``"packed-mkl"`` or a registered layout (runner-side copies of
+    the linear weights laid out for faster CPU products: equal up to rounding, one extra copy of
+    those weights; see :mod:`.layout`). ``layers`` stays the model's own modules whatever
+    the layout.
     ``adopt=True`` applies the layout to the model in place instead of to copies
     (:func:`.layout.adopt_layout`): one copy of each weight in memory, and the model's own
     forward then runs the new layout too. On a model accelerate dispatched, the layout applies
@@ -76,8 +77,15 @@ class Runner:
     their hooks (:attr:`layer_layouts` says which; see :mod:`.layout`).
     """
 
-    def __init__(self, model: nn.Module, adapter: Adapter | None = None, *, weight_layout: str = "auto",
-                 adopt: bool = False, exact: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        adapter: Adapter | None = None,
+        *,
+        weight_layout: str = "auto",
+        adopt: bool = False,
+        exact: bool = False,
+    ) -> None:
         self.model = model.eval()
         self.adapter = adapter or adapter_for(model)
         self.config = model.config
@@ -89,11 +97,14 @@ class Runner:
         if weight_layout == "auto":
             self.weight_layout = self._measured_layout(model)
         if adopt:
-            self.adapter.lm_head = adopt_layout(model, list(self.layers), self.adapter.lm_head, self._layout())
+            self.adapter.lm_head = adopt_layout(
+                model, list(self.layers), self.adapter.lm_head, self._layout()
+            )
         # the modules forward() executes: the model's own, or copies with another weight layout
         # (shared by every runner over this model: copies are stateless and made once)
         self._run_layers, self.adapter.lm_head = shared_layout_copies(  # the runner's own adapter
-            model, list(self.layers), self.adapter.lm_head, "model" if adopt else self._layout())
+            model, list(self.layers), self.adapter.lm_head, "model" if adopt else self._layout()
+        )
         if self.weight_layout == "packed" and not placement.is_dispatched(model):
             self._measured_one_row_width()
         #: exact mode (:mod:`.exact`): every row of a forward bitwise its one-token forward's
@@ -106,15 +117,21 @@ class Runner:
         #: run draft weights' layers as :class:`.lean.LeanBlocks` where the adapter recognises
         #: them (:meth:`Adapter.lean`): the same blocks without the modules' call overhead
         self.lean_drafts = True
-        self._lean: weakref.WeakKeyDictionary[nn.Module, LeanBlocks | None] = weakref.WeakKeyDictionary()
+        self._lean: weakref.WeakKeyDictionary[nn.Module, LeanBlocks | None] = (
+            weakref.WeakKeyDictionary()
+        )
         #: bytes of product weights read by every forward so far (:mod:`.traffic`)
         self.weight_bytes = 0
         self._head_cache: dict[int, tuple[nn.Module, int]] = {}
         #: where each layer runs (its accelerate hook's execution device, else its weights')
-        self.layer_devices = [placement.execution_device(layer, self.device) for layer in self.layers]
+        self.layer_devices = [
+            placement.execution_device(layer, self.device) for layer in self.layers
+        ]
         #: the layout each layer runs: the runner's, or ``"model"`` for an offloaded layer
-        self.layer_layouts = ["model" if placement.is_offloaded(layer) else self.weight_layout
-                              for layer in self.layers]
+        self.layer_layouts = [
+            "model" if placement.is_offloaded(layer) else self.weight_layout
+            for layer in self.layers
+        ]
         self.windows = self.adapter.windows
         self._rope_keys = self.adapter.rope_keys()
         emb = self.embedding
@@ -126,22 +143,35 @@ class Runner:
         self.max_positions: int | None = int(limit) if limit else None
 
     def _measured_layout(self, model: nn.Module) -> str:
-        """``auto``: the fastest layout measured here among the registered layouts that run for
-        this device and dtype (:func:`selfspec._engine.runner.formats.candidates`), the static rule's
-        choice when the measurement cannot tell them apart or where none but it runs (a layout
-        of the model's own dtype only: a GPU, float64)."""
+        """``auto``: the fastest layout measured here among the registered layouts that run for this
+        device and dtype (:func:`selfspec._engine.runner.formats.candidates`), the static rule's
+        choice when the measurement cannot tell them apart or where none but it runs (a layout of
+        the model's own dtype only: a GPU, float64)."""
         static = self.weight_layout
         if placement.is_dispatched(model):  # offloaded weights are not in memory to time
-            self.choices["weight_layout"] = Choice("weight_layout", static, "static: a model accelerate dispatched")
+            self.choices["weight_layout"] = Choice(
+                "weight_layout", static, "static: a model accelerate dispatched"
+            )
             return static
-        candidates = formats.candidates("layout", self.device, self.dtype) if static == "packed" else [static]
+        candidates = (
+            formats.candidates("layout", self.device, self.dtype)
+            if static == "packed"
+            else [static]
+        )
         fits = formats.fitting(candidates, product_bytes(model), machine.available_memory())
-        choice = choose_weight_layout(model, list(self.layers), self.adapter.lm_head, static=static,
-                                      candidates=fits)
+        choice = choose_weight_layout(
+            model, list(self.layers), self.adapter.lm_head, static=static, candidates=fits
+        )
         if len(fits) < len(candidates):
             left = ", ".join(c for c in candidates if c not in fits)
-            choice = Choice("weight_layout", choice.chosen, f"{choice.how}; not measured, its copy would not fit "
-                            f"in the memory available: {left}", choice.seconds, choice.key)
+            choice = Choice(
+                "weight_layout",
+                choice.chosen,
+                f"{choice.how}; not measured, its copy would not fit "
+                f"in the memory available: {left}",
+                choice.seconds,
+                choice.key,
+            )
         self.choices["weight_layout"] = choice
         return choice.chosen
 
@@ -319,11 +349,15 @@ class Runner:
             positions = positions.reshape(-1)
             last = int(positions.max()) if q else -1
         if self.max_positions is not None and last >= self.max_positions:
-            raise ValueError(f"position {last} is past the model's limit: it holds positions 0 to "
-                             f"{self.max_positions - 1} (max_position_embeddings {self.max_positions})")
+            raise ValueError(
+                f"position {last} is past the model's limit: it holds positions 0 to "
+                f"{self.max_positions - 1} (max_position_embeddings {self.max_positions})"
+            )
         positions = positions.reshape(-1)
         if start + q > cache.capacity:
-            raise ValueError(f"block of {q} tokens at slot {start} exceeds the cache capacity {cache.capacity}")
+            raise ValueError(
+                f"block of {q} tokens at slot {start} exceeds the cache capacity {cache.capacity}"
+            )
         if write:
             cache.pos[start : start + q] = positions
         prefix_pos = cache.pos[:start]
@@ -358,8 +392,12 @@ class Runner:
                 mk = (self.windows[i], h.device, self.exact and layer is self._run_layers[i])
                 if mk not in layer_masks:
                     m = masks.build(prefix_pos, positions, block_mask, mk[0])
-                    layer_masks[mk] = _to(position_mask(m, torch.cat([prefix_pos, positions]), q) if mk[2]
-                                          else masks.for_attention(m, impl, h.dtype), h.device)
+                    layer_masks[mk] = _to(
+                        position_mask(m, torch.cat([prefix_pos, positions]), q)
+                        if mk[2]
+                        else masks.for_attention(m, impl, h.dtype),
+                        h.device,
+                    )
                 kv = cache.view(i, start, write)
                 if lean is not None:
                     h = lean.attn(h, ropes[key], layer_masks[mk], kv)

@@ -38,7 +38,9 @@ class ArtefactStore:
     package), found by :meth:`find` after the user's own.
     """
 
-    def __init__(self, plugin: str, shipped: str | None = None, root: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, plugin: str, shipped: str | None = None, root: str | os.PathLike[str] | None = None
+    ) -> None:
         self.plugin = plugin
         self.shipped = shipped
         self._root = Path(root) if root is not None else None

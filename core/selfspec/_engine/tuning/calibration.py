@@ -64,7 +64,9 @@ _MEMO: dict[str, Choice] = {}
 
 #: ``{candidate: callable(width)}`` -> ``{candidate: {width: [seconds per round]}}``; the
 #: measuring function, replaceable in tests (:func:`measure_candidates` is the real one).
-Measure = Callable[[Mapping[str, Callable[[int], float]], Sequence[int]], dict[str, dict[int, list[float]]]]
+Measure = Callable[
+    [Mapping[str, Callable[[int], float]], Sequence[int]], dict[str, dict[int, list[float]]]
+]
 #: Builds one candidate's copies of the sample (sampled layers, then the head rows).
 Build = Callable[[str], list[nn.Module]]
 
@@ -84,13 +86,27 @@ class Choice:
     key: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"what": self.what, "chosen": self.chosen, "how": self.how, "key": self.key,
-                "seconds": {c: {str(w): s for w, s in ws.items()} for c, ws in self.seconds.items()}}
+        return {
+            "what": self.what,
+            "chosen": self.chosen,
+            "how": self.how,
+            "key": self.key,
+            "seconds": {c: {str(w): s for w, s in ws.items()} for c, ws in self.seconds.items()},
+        }
 
     @classmethod
     def from_dict(cls, blob: Mapping[str, Any]) -> Choice:
-        seconds = {c: {int(w): float(s) for w, s in ws.items()} for c, ws in blob.get("seconds", {}).items()}
-        return cls(str(blob["what"]), str(blob["chosen"]), str(blob["how"]), seconds, str(blob.get("key", "")))
+        seconds = {
+            c: {int(w): float(s) for w, s in ws.items()}
+            for c, ws in blob.get("seconds", {}).items()
+        }
+        return cls(
+            str(blob["what"]),
+            str(blob["chosen"]),
+            str(blob["how"]),
+            seconds,
+            str(blob.get("key", "")),
+        )
 
     def note(self) -> str:
         """One line for stderr and tables: ``weight layout packed (measured: packed 21.0/30.1 ms,
@@ -99,13 +115,19 @@ class Choice:
         if not self.seconds:
             return f"{what} {self.chosen} ({self.how})"
         widths = sorted({w for ws in self.seconds.values() for w in ws})
-        parts = ", ".join(f"{c} " + "/".join(f"{ws[w] * 1e3:.1f}" for w in widths if w in ws)
-                          for c, ws in self.seconds.items())
-        return f"{what} {self.chosen} ({self.how}: {parts} ms at {'/'.join(map(str, widths))} tokens)"
+        parts = ", ".join(
+            f"{c} " + "/".join(f"{ws[w] * 1e3:.1f}" for w in widths if w in ws)
+            for c, ws in self.seconds.items()
+        )
+        return (
+            f"{what} {self.chosen} ({self.how}: {parts} ms at {'/'.join(map(str, widths))} tokens)"
+        )
 
 
 # ------------------------------------------------------------------------------ choosing
-def decide(seconds: Mapping[str, Mapping[int, float]], spread: Mapping[str, float], static: str) -> tuple[str, str]:
+def decide(
+    seconds: Mapping[str, Mapping[int, float]], spread: Mapping[str, float], static: str
+) -> tuple[str, str]:
     """``(chosen, how)`` from each candidate's seconds per width (its fastest round) and the
     relative spread of its score (the sum over widths of its median rounds over the sum of its
     fastest, minus one). The lowest sum over widths wins over ``static`` when it beats
@@ -120,12 +142,16 @@ def decide(seconds: Mapping[str, Mapping[int, float]], spread: Mapping[str, floa
     tol = max(MIN_MARGIN, spread.get(best, 0.0))
     if static in scores and scores[static] <= scores[best] * (1 + tol):
         gap = scores[static] / scores[best] - 1
-        return static, f"static: {best} was {gap:.0%} faster, within the measurement's spread ({tol:.0%})"
+        return (
+            static,
+            f"static: {best} was {gap:.0%} faster, within the measurement's spread ({tol:.0%})",
+        )
     return best, "measured"
 
 
-def measure_candidates(candidates: Mapping[str, Callable[[int], float]], widths: Sequence[int], *,
-                       rounds: int = ROUNDS) -> dict[str, dict[int, list[float]]]:
+def measure_candidates(
+    candidates: Mapping[str, Callable[[int], float]], widths: Sequence[int], *, rounds: int = ROUNDS
+) -> dict[str, dict[int, list[float]]]:
     """``{candidate: {width: [seconds per round]}}``: ``candidates[c](w)`` (which times itself
     and returns seconds) for every candidate and width, one warm-up round then ``rounds``
     rounds, candidates and widths interleaved within each."""
@@ -165,10 +191,18 @@ def again() -> bool:
     return os.environ.get(ENV, "").strip().lower() == "again"
 
 
-def choose(what: str, key: str, candidates: Sequence[str], static: str,
-           prepare: Callable[[], tuple[Build, tuple[float, float]]], widths: Sequence[int], *,
-           measure: Measure | None = None, refresh: bool = False,
-           store: ArtefactStore | None = None) -> Choice:
+def choose(
+    what: str,
+    key: str,
+    candidates: Sequence[str],
+    static: str,
+    prepare: Callable[[], tuple[Build, tuple[float, float]]],
+    widths: Sequence[int],
+    *,
+    measure: Measure | None = None,
+    refresh: bool = False,
+    store: ArtefactStore | None = None,
+) -> Choice:
     """The choice ``what`` among ``candidates`` cached under ``key``, else measured.
 
     ``prepare()`` runs only to measure: it samples the model and returns ``(build, scales)``,
@@ -192,42 +226,69 @@ def choose(what: str, key: str, candidates: Sequence[str], static: str,
                     choice = Choice.from_dict({**blob, "how": f"cached, {blob['how']}"})
                     _MEMO[key] = choice
                     when = blob.get("measured_at") or "earlier"
-                    progress.say(f"{choice.note()} (measured {when}; {ENV}=again measures it again)",
-                                 headline=f"using this machine's kernel measurements from the cache ({ENV}=again "
-                                          "measures them again, under this run's load)")
+                    progress.say(
+                        f"{choice.note()} (measured {when}; {ENV}=again measures it again)",
+                        headline="using this machine's kernel measurements from the cache "
+                        f"({ENV}=again measures them again, under this run's load)",
+                    )
                     return choice
-                progress.say(f"the cached {what.replace('_', ' ')} was measured on a busy machine "
-                             f"(load {blob['busy_load']:.1f}); the machine is quiet now", headline=progress.MEASURING)
+                progress.say(
+                    f"the cached {what.replace('_', ' ')} was measured on a busy machine "
+                    f"(load {blob['busy_load']:.1f}); the machine is quiet now",
+                    headline=progress.MEASURING,
+                )
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
     busy = _busy_load() if measure is None else None
-    progress.say(f"measuring which {what.replace('_', ' ')} is fastest here "
-                 f"({', '.join(candidates)}; once per model shape and machine)...", headline=progress.MEASURING)
+    progress.say(
+        f"measuring which {what.replace('_', ' ')} is fastest here "
+        f"({', '.join(candidates)}; once per model shape and machine)...",
+        headline=progress.MEASURING,
+    )
     build, scales = prepare()
     runs = {c: _runner_of(build(c), scales) for c in candidates}
     raw = (measure or measure_candidates)(runs, widths)
     seconds = {c: {w: min(ts) for w, ts in raw[c].items()} for c in candidates}
-    spread = {c: sum(statistics.median(ts) for ts in raw[c].values()) / sum(seconds[c].values()) - 1
-              for c in candidates}
+    spread = {
+        c: sum(statistics.median(ts) for ts in raw[c].values()) / sum(seconds[c].values()) - 1
+        for c in candidates
+    }
     chosen, how = decide(seconds, spread, static)
     if busy is not None:
         how += f"; on a busy machine (load {busy:.1f}): measured again once it is quiet"
     choice = Choice(what, chosen, how, seconds, key)
     if measure is None:
-        store.save_text(path, json.dumps({**choice.as_dict(), "version": VERSION, "spread": spread,
-                                          "machine": machine_facts(), "busy_load": busy,
-                                          "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
-                                         indent=1) + "\n")
+        store.save_text(
+            path,
+            json.dumps(
+                {
+                    **choice.as_dict(),
+                    "version": VERSION,
+                    "spread": spread,
+                    "machine": machine_facts(),
+                    "busy_load": busy,
+                    "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                },
+                indent=1,
+            )
+            + "\n",
+        )
     _MEMO[key] = choice
     progress.say(choice.note(), headline=progress.MEASURING)
     return choice
 
 
-def choice_key(what: str, shape: str, dtype: torch.dtype, extra: str, device: torch.device | str) -> str:
+def choice_key(
+    what: str, shape: str, dtype: torch.dtype, extra: str, device: torch.device | str
+) -> str:
     """File-name key of one choice: what, the model's shape, dtype, the extra (the candidates;
     draft weights: the runner's layout too) and a hash of the machine (CPU, capability,
     threads, forced ISA, device)."""
-    return "-".join(p for p in (what, shape, str(dtype).removeprefix("torch."), extra, _digest(str(device))) if p)
+    return "-".join(
+        p
+        for p in (what, shape, str(dtype).removeprefix("torch."), extra, _digest(str(device)))
+        if p
+    )
 
 
 def candidates_key(candidates: Sequence[str]) -> str:
@@ -238,8 +299,13 @@ def candidates_key(candidates: Sequence[str]) -> str:
 def machine_facts() -> dict[str, Any]:
     """What a measured choice depends on besides the model: CPU, capability, forced ISA,
     threads, torch's version."""
-    return {"cpu": machine.cpu_model(), "cpu_capability": machine.cpu_capability().label,
-            "forced_isa": machine.forced_isa(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return {
+        "cpu": machine.cpu_model(),
+        "cpu_capability": machine.cpu_capability().label,
+        "forced_isa": machine.forced_isa(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -249,7 +315,9 @@ def _runner_of(modules: list[nn.Module], scales: tuple[float, float]) -> Callabl
     (layers' time times ``scales[0]``, the head's times ``scales[1]``)."""
     layer_products = [p for m in modules[:-1] for p in _products(m)]
     head_products = _products(modules[-1])
-    ref = next((t for m in modules for t in [*m.parameters(), *m.buffers()] if t.is_floating_point()), None)
+    ref = next(
+        (t for m in modules for t in [*m.parameters(), *m.buffers()] if t.is_floating_point()), None
+    )
     dtype = ref.dtype if ref is not None else torch.float32
     device = ref.device if ref is not None else torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
@@ -257,7 +325,9 @@ def _runner_of(modules: list[nn.Module], scales: tuple[float, float]) -> Callabl
 
     def x_for(p: nn.Module, w: int) -> torch.Tensor:
         if (p.in_features, w) not in inputs:
-            inputs[(p.in_features, w)] = torch.randn(1, w, p.in_features, generator=gen).to(device, dtype)
+            inputs[(p.in_features, w)] = torch.randn(1, w, p.in_features, generator=gen).to(
+                device, dtype
+            )
         return inputs[(p.in_features, w)]  # one tensor per width: fused products compute once
 
     @torch.inference_mode()
@@ -278,13 +348,16 @@ def _runner_of(modules: list[nn.Module], scales: tuple[float, float]) -> Callabl
 def _products(module: nn.Module) -> list[nn.Module]:
     """The modules of ``module`` that compute a product (leaves with ``in_features``), in
     order; a bare product module is its own list."""
-    return [m for m in module.modules() if hasattr(m, "in_features")
-            and not any(hasattr(c, "in_features") for c in m.children())]
+    return [
+        m
+        for m in module.modules()
+        if hasattr(m, "in_features") and not any(hasattr(c, "in_features") for c in m.children())
+    ]
 
 
 def _busy_load() -> float | None:
-    """The load average when the machine is busy (:func:`selfspec._engine.tuning.machine.is_busy`), else
-    ``None``. A choice measured while busy is cached, and measured again by the first process
+    """The load average when the machine is busy (:func:`selfspec._engine.tuning.machine.is_busy`),
+    else ``None``. A choice measured while busy is cached, and measured again by the first process
     that finds the machine quiet."""
     load = machine.load_average()
     return load if machine.is_busy(load, machine.physical_cores()) else None
@@ -292,4 +365,6 @@ def _busy_load() -> float | None:
 
 def _digest(device: str) -> str:
     """Ten hex digits naming this machine (CPU, capability, forced ISA, threads) and device."""
-    return hashlib.sha256(json.dumps({**machine_facts(), "device": device}, sort_keys=True).encode()).hexdigest()[:10]
+    return hashlib.sha256(
+        json.dumps({**machine_facts(), "device": device}, sort_keys=True).encode()
+    ).hexdigest()[:10]

@@ -48,7 +48,9 @@ class CpuCapability:
     @property
     def label(self) -> str:
         """``"AVX2"``, ``"AVX-512"``, ``"AVX-512 + AMX"``... : the effective level, for tables."""
-        level = {"AVX512": "AVX-512", "AVX2": "AVX2", "DEFAULT": "no AVX2"}.get(self.aten, self.aten)
+        level = {"AVX512": "AVX-512", "AVX2": "AVX2", "DEFAULT": "no AVX2"}.get(
+            self.aten, self.aten
+        )
         if self.aten == "AVX512" and self.amx:
             level += " + AMX"
         elif self.aten == "AVX512" and self.avx512_bf16:
@@ -174,14 +176,23 @@ class ThreadChoice:
 
     def note(self) -> str:
         """The one line the CLI prints on stderr when it chose for a busy machine."""
-        how = (f"{plural(self.threads, 'thread')} with OMP_WAIT_POLICY=PASSIVE" if self.wait_policy == "PASSIVE"
-               else plural(self.threads, "thread"))
-        return (f"specdec: the machine is busy (load average {self.load_average:.1f} on {self.physical_cores} "
-                f"cores): running on {how} (--threads N to override)")
+        how = (
+            f"{plural(self.threads, 'thread')} with OMP_WAIT_POLICY=PASSIVE"
+            if self.wait_policy == "PASSIVE"
+            else plural(self.threads, "thread")
+        )
+        return (
+            f"specdec: the machine is busy (load average {self.load_average:.1f} "
+            f"on {self.physical_cores} cores): running on {how} (--threads N to override)"
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"threads": self.threads, "threads_reason": self.reason, "omp_wait_policy": self.wait_policy,
-                "load_average_start": self.load_average}
+        return {
+            "threads": self.threads,
+            "threads_reason": self.reason,
+            "omp_wait_policy": self.wait_policy,
+            "load_average_start": self.load_average,
+        }
 
 
 def load_average() -> float | None:
@@ -204,7 +215,9 @@ def prefer_passive_wait(load: float | None = None) -> bool:
     global _passive_before_torch
     if "torch" in sys.modules:
         return _passive_before_torch
-    if not os.environ.get("OMP_WAIT_POLICY") and is_busy(load_average() if load is None else load, physical_cores()):
+    if not os.environ.get("OMP_WAIT_POLICY") and is_busy(
+        load_average() if load is None else load, physical_cores()
+    ):
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     _passive_before_torch = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
     return _passive_before_torch

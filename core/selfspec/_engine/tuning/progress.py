@@ -25,4 +25,8 @@ def say(detail: str, *, headline: str) -> None:
         print(f"selfspec: {detail}", file=sys.stderr, flush=True)
     elif headline not in _SAID:
         _SAID.add(headline)
-        print(f"selfspec: {headline} (SELFSPEC_VERBOSE=1 for the details)", file=sys.stderr, flush=True)
+        print(
+            f"selfspec: {headline} (SELFSPEC_VERBOSE=1 for the details)",
+            file=sys.stderr,
+            flush=True,
+        )

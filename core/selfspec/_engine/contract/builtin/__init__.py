@@ -18,4 +18,9 @@ from selfspec._engine.contract.builtin.verify import GreedyVerifier
 
 def default_plugins() -> list[tuple[str, Any]]:
     """A fresh instance of each built-in, with the name it is registered under."""
-    return [("vanilla", Vanilla()), ("verify", GreedyVerifier()), ("commit", CacheCommit()), ("timing", PhaseTimer())]
+    return [
+        ("vanilla", Vanilla()),
+        ("verify", GreedyVerifier()),
+        ("commit", CacheCommit()),
+        ("timing", PhaseTimer()),
+    ]

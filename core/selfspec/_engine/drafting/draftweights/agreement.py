@@ -2,12 +2,12 @@
 (nearly) as well as the copy that would run otherwise.
 
 ``auto`` times every draft-weights candidate on the model's shapes
-(:func:`selfspec._engine.tuning.drafting.draftweights.choice.choose_draft_weights`). The 4-bit copies (the
-formats registered ``gated=True``: ``int4``, ``bnb-nf4``; :func:`gated`) read half the bytes of the 8-bit ones and are often the fastest, but
-they round the weights more coarsely: on one model that costs a point of agreement with the
-model, on another many, and a draft that agrees less has fewer of its tokens accepted. Speed
-alone cannot see that, so a gated candidate that wins on speed must also pass this gate, on the
-model's own weights:
+(:func:`selfspec._engine.tuning.drafting.draftweights.choice.choose_draft_weights`). The 4-bit
+copies (the formats registered ``gated=True``: ``int4``, ``bnb-nf4``; :func:`gated`) read half the
+bytes of the 8-bit ones and are often the fastest, but they round the weights more coarsely: on one
+model that costs a point of agreement with the model, on another many, and a draft that agrees less
+has fewer of its tokens accepted. Speed alone cannot see that, so a gated candidate that wins on
+speed must also pass this gate, on the model's own weights:
 
 * **The text.** :data:`TOKENS` tokens the model writes itself, through the fallback copy (the
   copy that runs if the gate refuses): from its BOS token (else EOS, else token 0), each next
@@ -61,6 +61,8 @@ def gated(backend: str) -> bool:
     ``gated=True``)."""
     fmt = weight_formats("draft").get(backend)
     return fmt is not None and fmt.gated
+
+
 #: Tokens of the model's own text.
 TOKENS = 112
 #: Positions (the text's last) at which agreement is counted.
@@ -102,9 +104,11 @@ class Verdict:
         against 25.6 tokens/s by the rule): admitted``."""
         a, r = self.agreement, self.rate
         verdict = "admitted" if self.admitted else "refused"
-        return (f"{self.gated} agrees {a[self.gated]:.3f} with the model, {self.fallback} "
-                f"{a[self.fallback]:.3f} ({self.positions} positions, {self.how}; {r[self.gated]:.1f} "
-                f"against {r[self.fallback]:.1f} tokens/s by the rule): {verdict}")
+        return (
+            f"{self.gated} agrees {a[self.gated]:.3f} with the model, {self.fallback} "
+            f"{a[self.fallback]:.3f} ({self.positions} positions, {self.how}; {r[self.gated]:.1f} "
+            f"against {r[self.fallback]:.1f} tokens/s by the rule): {verdict}"
+        )
 
 
 def rate(agreement: float, draft_s: float, verify_s: float, depth: int = DEPTH) -> float:
@@ -115,19 +119,31 @@ def rate(agreement: float, draft_s: float, verify_s: float, depth: int = DEPTH) 
     return max((1 - a ** (k + 1)) / (1 - a) / (k * draft_s + verify_s) for k in range(1, depth + 1))
 
 
-def gate_terms(seconds: dict[str, dict[int, float]], static: str = "int8"
-               ) -> tuple[str, dict[str, float], float]:
-    """``(fallback, draft_s, verify_s)`` from ``auto``'s draft-weights timings (``{copy: {width:
-    seconds}}``, :attr:`selfspec._engine.tuning.calibration.Choice.seconds`): the fastest ungated copy
-    (``static`` when too close to call), each copy's mean pass over the widths timed (chains' and
-    trees' passes), and the model's own (``none``) forward at the widest block timed."""
+def gate_terms(
+    seconds: dict[str, dict[int, float]], static: str = "int8"
+) -> tuple[str, dict[str, float], float]:
+    """``(fallback, draft_s, verify_s)`` from ``auto``'s draft-weights timings
+    (``{copy: {width: seconds}}``, :attr:`selfspec._engine.tuning.calibration.Choice.seconds`): the
+    fastest ungated copy (``static`` when too close to call), each copy's mean pass over the widths
+    timed (chains' and trees' passes), and the model's own (``none``) forward at the widest block
+    timed."""
     fallback = calibration.decide({c: s for c, s in seconds.items() if not gated(c)}, {}, static)[0]
     draft_s = {c: sum(s.values()) / len(s) for c, s in seconds.items()}
     return fallback, draft_s, max(seconds["none"].items())[1]
 
 
-def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], verify_s: float, *,
-         measure: MeasureAgreement, remember: bool = True, store: Any = None, report: bool = False) -> Verdict:
+def gate(
+    runner: Any,
+    gated: str,
+    fallback: str,
+    draft_s: dict[str, float],
+    verify_s: float,
+    *,
+    measure: MeasureAgreement,
+    remember: bool = True,
+    store: Any = None,
+    report: bool = False,
+) -> Verdict:
     """The :class:`Verdict` on draft weights ``gated`` against ``fallback`` for ``runner``'s
     model, given each one's seconds per draft pass ``draft_s`` and a verification's
     ``verify_s``. ``measure(runner, (gated, fallback))`` measures the agreements (the draft
@@ -141,7 +157,9 @@ def gate(runner: Any, gated: str, fallback: str, draft_s: dict[str, float], veri
     found = _remembered(runner, key, gated, fallback, measure, store) if remember else None
     agreement, positions, how = found or (measure(runner, (gated, fallback)), POSITIONS, "measured")
     rates = {b: rate(agreement[b], draft_s[b], verify_s) for b in (gated, fallback)}
-    verdict = Verdict(gated, fallback, rates[gated] >= rates[fallback], agreement, rates, positions, how)
+    verdict = Verdict(
+        gated, fallback, rates[gated] >= rates[fallback], agreement, rates, positions, how
+    )
     if fresh and (how == "measured" or report):
         progress.say(verdict.note(), headline=MEASURING)
     return verdict
@@ -159,16 +177,24 @@ def cached_agreements(store: Any = None) -> list[str]:
             if blob.get("version") != VERSION:
                 continue
             a = blob["agreement"]
-            lines.append(f"{blob.get('model', '?')}: {blob['gated']} {a[blob['gated']]:.3f}, "
-                         f"{blob['fallback']} {a[blob['fallback']]:.3f} ({blob['positions']} positions)")
+            lines.append(
+                f"{blob.get('model', '?')}: {blob['gated']} {a[blob['gated']]:.3f}, "
+                f"{blob['fallback']} {a[blob['fallback']]:.3f} ({blob['positions']} positions)"
+            )
         except (ValueError, KeyError, TypeError, OSError):
             continue
     return lines
 
 
 @torch.inference_mode()
-def measure_agreement(runner: Any, backends: Sequence[str], copy: Callable[[str], tuple[Any, Callable[[], None]]],
-                      *, tokens: int = TOKENS, positions: int = POSITIONS) -> dict[str, float]:
+def measure_agreement(
+    runner: Any,
+    backends: Sequence[str],
+    copy: Callable[[str], tuple[Any, Callable[[], None]]],
+    *,
+    tokens: int = TOKENS,
+    positions: int = POSITIONS,
+) -> dict[str, float]:
     """``{backend: agreement}``: how often each backend's draft weights (whole vocabulary, every
     layer) rank the model's own argmax among their :data:`RANKS` most likely, on the model's
     own text (see the module doc; the
@@ -186,10 +212,14 @@ def measure_agreement(runner: Any, backends: Sequence[str], copy: Callable[[str]
         if text is None:
             text = _own_text(runner, dw, tokens)  # [tokens]
             cache = runner.new_cache(tokens)
-            ref = runner.forward(text, cache=cache, start=0).logits.argmax(-1)  # [tokens]: the model's next tokens
+            ref = runner.forward(text, cache=cache, start=0).logits.argmax(
+                -1
+            )  # [tokens]: the model's next tokens
         hits = 0
         for t in range(tokens - positions, tokens):
-            logits = runner.forward(text[t:t + 1], cache=cache, start=t, write=False, weights=dw).logits
+            logits = runner.forward(
+                text[t : t + 1], cache=cache, start=t, write=False, weights=dw
+            ).logits
             hits += int(bool((logits[-1].topk(RANKS).indices == ref[t]).any()))
         out[b] = hits / positions
         del dw
@@ -204,8 +234,9 @@ def _key(runner: Any, gated: str, fallback: str) -> str:
     return f"agreement-{_weights_digest(runner)}-{gated}-{fallback}"
 
 
-def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: MeasureAgreement,
-                store: Any) -> tuple[dict[str, float], int, str]:
+def _remembered(
+    runner: Any, key: str, gated: str, fallback: str, measure: MeasureAgreement, store: Any
+) -> tuple[dict[str, float], int, str]:
     """``(agreement, positions, how)`` for the pair on this model (``key``: :func:`_key`): this
     process's, else the store's, else measured now (a progress line on stderr) and saved."""
     if key in _MEMO:
@@ -220,13 +251,28 @@ def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: Measu
                 return _MEMO[key]
         except (ValueError, KeyError, TypeError):
             pass  # unreadable: measure again
-    progress.say(f"measuring how often {gated} and {fallback} draft weights agree with the model "
-                 f"(once per model and machine)...", headline=MEASURING)
+    progress.say(
+        f"measuring how often {gated} and {fallback} draft weights agree with the model "
+        f"(once per model and machine)...",
+        headline=MEASURING,
+    )
     agreement = measure(runner, (gated, fallback))
-    (store or calibration.STORE).save_text(path, json.dumps({"version": VERSION, "gated": gated, "fallback": fallback,
-                                                 "agreement": agreement, "positions": POSITIONS,
-                                                 "model": _model_label(runner), "machine": calibration.machine_facts()},
-                                                indent=1) + "\n")
+    (store or calibration.STORE).save_text(
+        path,
+        json.dumps(
+            {
+                "version": VERSION,
+                "gated": gated,
+                "fallback": fallback,
+                "agreement": agreement,
+                "positions": POSITIONS,
+                "model": _model_label(runner),
+                "machine": calibration.machine_facts(),
+            },
+            indent=1,
+        )
+        + "\n",
+    )
     _MEMO[key] = (agreement, POSITIONS, "measured")
     return _MEMO[key]
 
@@ -234,16 +280,34 @@ def _remembered(runner: Any, key: str, gated: str, fallback: str, measure: Measu
 def _own_text(runner: Any, weights: Any, tokens: int) -> torch.Tensor:
     """``[tokens]`` int64: the model's own text through ``weights`` (module doc), seeded."""
     cfg = getattr(runner.model, "config", None)
-    first = next((t for t in (getattr(cfg, "bos_token_id", None), getattr(cfg, "eos_token_id", None))
-                  if t is not None), 0)
+    first = next(
+        (
+            t
+            for t in (getattr(cfg, "bos_token_id", None), getattr(cfg, "eos_token_id", None))
+            if t is not None
+        ),
+        0,
+    )
     first = int(first[0] if isinstance(first, (list, tuple)) else first)
     gen = torch.Generator().manual_seed(SEED)
     ids = [first]
     cache = runner.new_cache(tokens)
     for t in range(tokens - 1):
-        logits = runner.forward(torch.tensor(ids[-1:], device=runner.device), cache=cache, start=t,
-                                weights=weights, logits="last").logits[-1].float().cpu()  # [V]
-        repeats = [ids[i + 2] for i in range(len(ids) - 2) if ids[i] == ids[-2] and ids[i + 1] == ids[-1]]
+        logits = (
+            runner.forward(
+                torch.tensor(ids[-1:], device=runner.device),
+                cache=cache,
+                start=t,
+                weights=weights,
+                logits="last",
+            )
+            .logits[-1]
+            .float()
+            .cpu()
+        )  # [V]
+        repeats = [
+            ids[i + 2] for i in range(len(ids) - 2) if ids[i] == ids[-2] and ids[i + 1] == ids[-1]
+        ]
         if repeats:  # never a 3-gram twice
             logits[torch.tensor(repeats)] = float("-inf")
         top = logits.topk(min(TOP_K, logits.numel()))
@@ -257,7 +321,10 @@ def _model_label(runner: Any) -> str:
     the name it was loaded from where it has one."""
     cfg = getattr(runner.model, "config", None)
     name = str(getattr(cfg, "_name_or_path", "") or "").rstrip("/").rsplit("/", 1)[-1]
-    label = f"{getattr(cfg, 'model_type', 'model')} {len(runner.layers)}x{runner.embedding.weight.shape[1]}"
+    label = (
+        f"{getattr(cfg, 'model_type', 'model')} "
+        f"{len(runner.layers)}x{runner.embedding.weight.shape[1]}"
+    )
     return f"{label} ({name})" if name else label
 
 
@@ -267,7 +334,9 @@ def _weights_digest(runner: Any) -> str:
     layer count, shapes and dtype: the same in a runner of any layout."""
     h = hashlib.sha256()
     tensors = [runner.embedding.weight]
-    tensors += [p for layer in runner.layers for name, p in layer.named_parameters() if "norm" in name]
+    tensors += [
+        p for layer in runner.layers for name, p in layer.named_parameters() if "norm" in name
+    ]
     for t in tensors:
         flat = t.detach().reshape(-1)
         step = max(1, flat.numel() // 4096)

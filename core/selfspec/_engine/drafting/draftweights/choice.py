@@ -21,9 +21,15 @@ from selfspec._engine.tuning.artefacts import ArtefactStore
 from selfspec._engine.tuning.calibration import Build, Choice, Measure
 
 
-def choose_draft_weights(runner: Any, *, static: str, candidates: Sequence[str],
-                         measure: Measure | None = None, refresh: bool = False,
-                         store: ArtefactStore | None = None) -> Choice:
+def choose_draft_weights(
+    runner: Any,
+    *,
+    static: str,
+    candidates: Sequence[str],
+    measure: Measure | None = None,
+    refresh: bool = False,
+    store: ArtefactStore | None = None,
+) -> Choice:
     """The draft weights ``"auto"`` builds for this model here: the fastest of ``candidates``
     per draft token (``"none"``: the model's own weights in the runner's layout; the others:
     compressed copies of the sample), at 1 token and at a tree's few tokens per depth."""
@@ -39,11 +45,28 @@ def choose_draft_weights(runner: Any, *, static: str, candidates: Sequence[str],
             if kind == "none":
                 return [*layers, head]
             with torch.inference_mode(False), torch.no_grad(), reused_buffer():
-                return [*(compressed_layer(m, kind) for m in model_layers), compress_linear(model_head, kind)]
+                return [
+                    *(compressed_layer(m, kind) for m in model_layers),
+                    compress_linear(model_head, kind),
+                ]
 
         return build, (scale_layers, scale_head)
 
-    key = shape_key("draft_weights", runner.model, runner.layers, runner.lm_head,
-                    f"{runner.weight_layout}-{calibration.candidates_key(candidates)}")
-    return calibration.choose("draft_weights", key, candidates, static, prepare, (1, 4),
-                              measure=measure, refresh=refresh, store=store)
+    key = shape_key(
+        "draft_weights",
+        runner.model,
+        runner.layers,
+        runner.lm_head,
+        f"{runner.weight_layout}-{calibration.candidates_key(candidates)}",
+    )
+    return calibration.choose(
+        "draft_weights",
+        key,
+        candidates,
+        static,
+        prepare,
+        (1, 4),
+        measure=measure,
+        refresh=refresh,
+        store=store,
+    )

@@ -19,7 +19,10 @@ from selfspec._engine.runner.placement import detach_hooks, own_tensors, share_h
 
 # Linears of one module that Hugging Face models call on the same input tensor, one after the
 # other: computed as one fused product (one activation quantization, one kernel call).
-FUSE_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+FUSE_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("gate_proj", "up_proj"),
+)
 
 
 def compress_linear(linear: nn.Module, backend: str) -> CompressedLinear:
@@ -49,7 +52,9 @@ class _Wrapped(CompressedLinear):
         return self.inner(x)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in [*self.inner.parameters(), *self.inner.buffers()])
+        return sum(
+            t.numel() * t.element_size() for t in [*self.inner.parameters(), *self.inner.buffers()]
+        )
 
 
 # The buffer :func:`reused_buffer` lends to :func:`stacked_weight` (a flat tensor), and how many
@@ -109,8 +114,12 @@ class FusedProduct:
         biases = [getattr(lin, "bias", None) for lin in linears]
         bias = None
         if any(b is not None for b in biases):
-            bias = torch.cat([b.detach() if b is not None else weight.new_zeros(lin.out_features)
-                              for b, lin in zip(biases, linears)])
+            bias = torch.cat(
+                [
+                    b.detach() if b is not None else weight.new_zeros(lin.out_features)
+                    for b, lin in zip(biases, linears)
+                ]
+            )
         self.linear = draft_linear(backend, weight, bias)
         del weight
         bounds = [0]
@@ -163,7 +172,10 @@ def compressed_layer(layer: nn.Module, backend: str, *, own: bool = False) -> nn
         children = dict(sub.named_children())
         for group in FUSE_GROUPS:
             members = [children.get(name) for name in group]
-            if all(isinstance(m, nn.Linear) for m in members) and len({m.in_features for m in members}) == 1:
+            if (
+                all(isinstance(m, nn.Linear) for m in members)
+                and len({m.in_features for m in members}) == 1
+            ):
                 product = FusedProduct(members, backend)
                 for k, name in enumerate(group):
                     setattr(sub, name, FusedMember(product, k))

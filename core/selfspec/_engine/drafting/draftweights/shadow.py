@@ -83,8 +83,14 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = tor
     device = torch.device(device)
     if backend == "auto":
         if device.type == "cpu":
-            return next((b for b in ("int8", "int8-intmm", "int8-weights")
-                         if weight_format(b, "draft").why_not(device, dtype) is None), "none")
+            return next(
+                (
+                    b
+                    for b in ("int8", "int8-intmm", "int8-weights")
+                    if weight_format(b, "draft").why_not(device, dtype) is None
+                ),
+                "none",
+            )
         if device.type == "cuda" and bnb_module() is not None:
             return "bnb-int8"
         return "none"
@@ -94,8 +100,10 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = tor
         raise DraftWeightsError(str(exc)) from None
     why = fmt.why_not(device, dtype)
     if why:
-        raise DraftWeightsError(f"draft weights {backend!r} cannot run here: {why}; "
-                                f"use 'auto' or one of {', '.join(candidates('draft', device, dtype, every=True))}")
+        raise DraftWeightsError(
+            f"draft weights {backend!r} cannot run here: {why}; "
+            f"use 'auto' or one of {', '.join(candidates('draft', device, dtype, every=True))}"
+        )
     return backend
 
 
@@ -108,7 +116,9 @@ class RowHead(nn.Module):
         w = head.weight  # an adopted (packed) head unpacks once here
         self.register_buffer("weight", w.detach().index_select(0, ids.to(w.device)).contiguous())
         b = getattr(head, "bias", None)
-        self.register_buffer("bias", None if b is None else b.detach().index_select(0, ids.to(b.device)).clone())
+        self.register_buffer(
+            "bias", None if b is None else b.detach().index_select(0, ids.to(b.device)).clone()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(x, self.weight, self.bias)
@@ -173,15 +183,23 @@ class DraftWeights:
 
 # Draft weights already built, per model: layers per backend, heads per (backend, vocabulary).
 _LAYERS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[dict[int, nn.Module], int]]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 _HEADS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[nn.Module | None, int]]] = (
-    weakref.WeakKeyDictionary())
-_EMBEDDINGS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[nn.Module, int]]] = weakref.WeakKeyDictionary()
+    weakref.WeakKeyDictionary()
+)
+_EMBEDDINGS: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[nn.Module, int]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _weights_key(runner) -> tuple:
     ps = [p for layer in runner.layers for p in layer.parameters()]
-    ps += list(runner.lm_head.parameters()) + list(runner.lm_head.buffers()) + list(runner.embedding.parameters())
+    ps += (
+        list(runner.lm_head.parameters())
+        + list(runner.lm_head.buffers())
+        + list(runner.embedding.parameters())
+    )
     return tuple(tensor_key(p) for p in ps)
 
 
@@ -191,8 +209,9 @@ def _vocab_key(vocab: torch.Tensor | None) -> str:
     return hashlib.sha256(vocab.detach().to("cpu", torch.int64).numpy().tobytes()).hexdigest()[:16]
 
 
-def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = None, *,
-                  layers: bool = True) -> DraftWeights:
+def draft_weights(
+    runner, backend: str = "auto", vocab: torch.Tensor | None = None, *, layers: bool = True
+) -> DraftWeights:
     """The :class:`DraftWeights` of ``runner``'s model with ``backend`` and draft vocabulary
     ``vocab``: compressed copies of the model's decoder layers and LM head that only draft
     passes read (``runner.forward(..., weights=dw)``, ``skip_layer_draft(..., weights=dw)``);
@@ -265,13 +284,17 @@ def draft_weights(runner, backend: str = "auto", vocab: torch.Tensor | None = No
         built = per_model[(kind, wkey)]
     subs, layer_bytes = built
     embedding, embedding_bytes = None, 0
-    if kind != "none" and is_offloaded(runner.embedding):  # drafts must not read the table from disk
+    if kind != "none" and is_offloaded(
+        runner.embedding
+    ):  # drafts must not read the table from disk
         embeds = _EMBEDDINGS.setdefault(model, {})
         if wkey not in embeds:
             embeds.clear()
             embeds[wkey] = _build_embedding(runner)
         embedding, embedding_bytes = embeds[wkey]
-    return DraftWeights(kind, V, subs, head_module, vocab, layer_bytes, head_bytes, embedding, embedding_bytes)
+    return DraftWeights(
+        kind, V, subs, head_module, vocab, layer_bytes, head_bytes, embedding, embedding_bytes
+    )
 
 
 def measured_backend(runner, *, measure_agreement=None) -> str:
@@ -300,11 +323,20 @@ def measured_backend(runner, *, measure_agreement=None) -> str:
     if gated(choice.chosen):
         fallback, draft_s, verify_s = gate_terms(choice.seconds, static)
         before = _built_keys(runner.model)
-        verdict = gate(runner, choice.chosen, fallback, draft_s, verify_s,
-                       measure=measure_agreement or agreement_measure(runner), remember=measure_agreement is None,
-                       report=not choice.how.startswith("cached"))
+        verdict = gate(
+            runner,
+            choice.chosen,
+            fallback,
+            draft_s,
+            verify_s,
+            measure=measure_agreement or agreement_measure(runner),
+            remember=measure_agreement is None,
+            report=not choice.how.startswith("cached"),
+        )
         chosen = choice.chosen if verdict.admitted else fallback
-        choice = Choice("draft_weights", chosen, f"{choice.how}; {verdict.note()}", choice.seconds, choice.key)
+        choice = Choice(
+            "draft_weights", chosen, f"{choice.how}; {verdict.note()}", choice.seconds, choice.key
+        )
         _drop_built(runner.model, chosen, before)
     if hasattr(runner, "choices"):
         runner.choices["draft_weights"] = choice
@@ -315,6 +347,7 @@ def agreement_measure(runner) -> Callable[..., dict[str, float]]:
     """The agreement gate's measurement for ``runner``'s model
     (:func:`.agreement.measure_agreement`; ``tokens``/``positions`` passed on), building each
     copy through :func:`draft_weights` and freeing the ones built for it."""
+
     def copy(backend: str) -> tuple[DraftWeights, Callable[[], None]]:
         before = _built_keys(runner.model)
         return draft_weights(runner, backend), lambda: _drop_built(runner.model, None, before)
@@ -323,7 +356,9 @@ def agreement_measure(runner) -> Callable[..., dict[str, float]]:
 
 
 def _built_keys(model: nn.Module) -> set:
-    return {("layers", k) for k in _LAYERS.get(model, {})} | {("head", k) for k in _HEADS.get(model, {})}
+    return {("layers", k) for k in _LAYERS.get(model, {})} | {
+        ("head", k) for k in _HEADS.get(model, {})
+    }
 
 
 def _drop_built(model: nn.Module, keep: str | None, before: set) -> None:

