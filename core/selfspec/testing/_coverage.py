@@ -21,13 +21,29 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 #: Length buckets, closed except the last: (lowest length, name).
-LENGTHS: tuple[tuple[int, str], ...] = ((513, ">512"), (257, "257-512"), (129, "129-256"), (33, "33-128"),
-                                        (9, "9-32"), (1, "1-8"), (0, "0"))
+LENGTHS: tuple[tuple[int, str], ...] = (
+    (513, ">512"),
+    (257, "257-512"),
+    (129, "129-256"),
+    (33, "33-128"),
+    (9, "9-32"),
+    (1, "1-8"),
+    (0, "0"),
+)
 #: Buckets every plugin's property test must reach (besides :data:`REQUIRED_PER_ARCH`).
 REQUIRED: tuple[str, ...] = (
-    "prompt:129-256", "prompt:257-512", "prompt:>512",
-    "output:129-256", "output:257-512", "output:>512",
-    "steps>=128", "steps>=256", "late>=64", "accepted>=1", "depth>=4", "window-edge",
+    "prompt:129-256",
+    "prompt:257-512",
+    "prompt:>512",
+    "output:129-256",
+    "output:257-512",
+    "output:>512",
+    "steps>=128",
+    "steps>=256",
+    "late>=64",
+    "accepted>=1",
+    "depth>=4",
+    "window-edge",
     "sampled",
 )
 #: Buckets every architecture of a suite must reach (``{arch}`` is its name).
@@ -50,13 +66,25 @@ class Coverage:
         self.steps = 0
         self.done: set[str] = set()  # architectures whose property test ran to the end
 
-    def record(self, arch: str, prompt_len: int, result: Any, auditor: Any, window: int | None,
-               eos: Iterable[int] = (), sampled: bool = False) -> list[str]:
+    def record(
+        self,
+        arch: str,
+        prompt_len: int,
+        result: Any,
+        auditor: Any,
+        window: int | None,
+        eos: Iterable[int] = (),
+        sampled: bool = False,
+    ) -> list[str]:
         """Count one example; returns its buckets (also sent as Hypothesis events)."""
         eos = set(eos)
         steps = list(auditor.steps)
         out = len(result.output_ids)
-        buckets = {f"arch:{arch}", f"prompt:{length_bucket(prompt_len)}", f"output:{length_bucket(out)}"}
+        buckets = {
+            f"arch:{arch}",
+            f"prompt:{length_bucket(prompt_len)}",
+            f"output:{length_bucket(out)}",
+        }
         if prompt_len > 512:
             buckets.add(f"prompt>512@{arch}")
         if out > 256:
@@ -106,9 +134,11 @@ class Coverage:
 
     def report(self) -> str:
         """The counts (examples per bucket), one bucket per line, in name order."""
-        lines = [f"selfspec coverage of {self.name}: {self.examples} examples ({self.accepting} with an "
-                 f"accepted draft token); {self.steps} decode steps ({self.accepted_steps} accepted a draft "
-                 f"token); examples per bucket:"]
+        lines = [
+            f"selfspec coverage of {self.name}: {self.examples} examples ({self.accepting} with an "
+            f"accepted draft token); {self.steps} decode steps ({self.accepted_steps} accepted a draft "
+            f"token); examples per bucket:"
+        ]
         for b in sorted(self.counts):
             lines.append(f"  {b:<20} {self.counts[b]:>4}")
         return "\n".join(lines)

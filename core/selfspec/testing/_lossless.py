@@ -83,7 +83,9 @@ def assert_lossless(
         raise ValueError(f"exact={exact} for a Decoder built with exact={plugin.runner.exact}")
     if not isinstance(plugin, Decoder):
         try:  # in audit mode: the weights are fingerprinted before selfspec_setup
-            decoder = Decoder(model, plugin, options, plugin_object=plugin_object, audit=True, exact=bool(exact))
+            decoder = Decoder(
+                model, plugin, options, plugin_object=plugin_object, audit=True, exact=bool(exact)
+            )
         except AuditError as exc:
             exc.args = (f"{exc}\n  ({example}, options {dict(options or {})})",)
             raise
@@ -93,7 +95,9 @@ def assert_lossless(
         example += ", exact mode"
     audit, decoder.audit, decoder.audit_tolerance = decoder.audit, True, tolerance
     try:
-        result = decoder.generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos, sampling=sampling)
+        result = decoder.generate(
+            prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos, sampling=sampling
+        )
     except AuditError as exc:  # a LosslessError too: the example is added to its message
         exc.args = (f"{exc}\n  ({example}, options {decoder.options})",)
         raise
@@ -105,21 +109,32 @@ def assert_lossless(
         record(result, auditor)
     sampling = decoder.sampling if sampling is None else sampling
     if exact:
-        reference = Decoder(model, "vanilla", weight_layout=decoder.runner.weight_layout, exact=True).generate(
-            prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos, sampling=sampling).output_ids
+        reference = (
+            Decoder(model, "vanilla", weight_layout=decoder.runner.weight_layout, exact=True)
+            .generate(prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos, sampling=sampling)
+            .output_ids
+        )
     elif sampling.greedy:
         reference = greedy_reference(model, prompt, max_new_tokens, eos)
     else:
         reference = reference_sample(model, prompt, max_new_tokens, eos, sampling)
     if dtype == torch.float64 or exact:
         tolerance = 0.0  # exact in float64 (and in exact mode), whatever was asked
-    cmp = compare(model, prompt, result.output_ids, reference, tolerance=tolerance, sampling=sampling)
+    cmp = compare(
+        model, prompt, result.output_ids, reference, tolerance=tolerance, sampling=sampling
+    )
     if cmp.equal:
         return result
     name = decoder.plugin_name
     i = cmp.index
     assert i is not None and cmp.margin is not None and cmp.bound is not None
-    what = "vanilla in exact mode" if exact else "greedy decoding" if sampling.greedy else str(sampling)
+    what = (
+        "vanilla in exact mode"
+        if exact
+        else "greedy decoding"
+        if sampling.greedy
+        else str(sampling)
+    )
     where = (
         f"plugin {name!r} diverges from {what} at new token {i} "
         f"(prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, {dtype}):\n"
@@ -136,12 +151,17 @@ def assert_lossless(
 
 #: Greedy references already computed, per model: ``{prompt: longest output}``, valid while
 #: the model's weights are the ones fingerprinted with them (see :func:`greedy_reference`).
-_REFERENCES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[WeightGuard, dict[tuple[int, ...], list[int]]]] = (
-    weakref.WeakKeyDictionary())
+_REFERENCES: weakref.WeakKeyDictionary[
+    torch.nn.Module, tuple[WeightGuard, dict[tuple[int, ...], list[int]]]
+] = weakref.WeakKeyDictionary()
 
 
-def greedy_reference(model: torch.nn.Module, prompt_ids: Sequence[int], max_new_tokens: int,
-                     eos_token_ids: Iterable[int] = ()) -> list[int]:
+def greedy_reference(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    eos_token_ids: Iterable[int] = (),
+) -> list[int]:
     """:func:`selfspec._engine.contract.reference.reference_generate`, computed once per model and prompt.
 
     Greedy decoding does not depend on the budget or on EOS but for where it stops, so the

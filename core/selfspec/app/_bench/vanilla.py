@@ -92,7 +92,9 @@ def run(
                 outputs[name][p] = methods[name](ids)
                 times[name][p].append(time.perf_counter() - t0)
             for name in names:
-                equal[name][p] = equal[name][p] and same_output(outputs[name][p], outputs["hf"][p], max_new_tokens)
+                equal[name][p] = equal[name][p] and same_output(
+                    outputs[name][p], outputs["hf"][p], max_new_tokens
+                )
 
     rows = []
     for p, ids in enumerate(prompts):
@@ -112,7 +114,9 @@ def run(
             }
             if not equal[name][p]:
                 c = compare(model, ids, outputs[name][p], outputs["hf"][p])
-                m.update(first_difference=c.index, margin=c.margin, near_tie=c.near_tie, bound=c.bound)
+                m.update(
+                    first_difference=c.index, margin=c.margin, near_tie=c.near_tie, bound=c.bound
+                )
             row[name] = m
         rows.append(row)
     summary = {}
