@@ -1,4 +1,5 @@
-"""The Hugging Face door: ``model.generate(..., custom_generate=selfspec.app.custom_generate(...))``.
+"""The Hugging Face door:
+``model.generate(..., custom_generate=selfspec.app.custom_generate(...))``.
 
 ``transformers`` (5.x) lets ``generate`` hand its decoding loop to a callable after its own
 input preparation; :func:`custom_generate` builds that callable for any selfspec plugin, so a
@@ -159,7 +160,7 @@ def custom_generate(
     return generate
 
 
-# ---------------------------------------------------------------------------------------------- helpers
+# ------------------------------------------------------------------------------------------ helpers
 def _decoder(model: Any, plugin: str, options: dict[str, Any], tokenizer: Any, layout: str) -> Any:
     """The model's decoder for this plugin and options, built once and kept on the model."""
     from selfspec._engine.contract.loop import Decoder

@@ -198,9 +198,10 @@ class KitDrafts:
             raise AuditError(
                 self.plugin_name,
                 (
-                    f"selfspec_verify is wrong at step {state.step} on a kit-made {kind} ({self.shape}): it "
-                    f"commits {list(verdict.committed)}, the host's verification of that draft commits "
-                    f"{list(want)}; draft tokens {tokens}, parents {parents if draft.is_tree else None}"
+                    f"selfspec_verify is wrong at step {state.step} on a kit-made {kind} "
+                    f"({self.shape}): it commits {list(verdict.committed)}, the host's "
+                    f"verification of that draft commits {list(want)}; draft tokens {tokens}, "
+                    f"parents {parents if draft.is_tree else None}"
                 ),
             )
 
@@ -217,7 +218,8 @@ def check_any_drafts(
     eos_at: int | None = None,
 ) -> None:
     """Decode ``prompt`` with the plugin in audit mode, every step's draft replaced by the kit's
-    (:class:`KitDrafts`); a wrong verdict raises :class:`~selfspec._engine.contract.audit.AuditError`.
+    (:class:`KitDrafts`); a wrong verdict raises
+    :class:`~selfspec._engine.contract.audit.AuditError`.
 
     ``eos_at``: the decode has two EOS ids, the reference's token at that index (where it
     stops) and another id it does not hold, which the kit drafts in the first one's place."""

@@ -1,13 +1,13 @@
 """What a losslessness property test exercised, counted per example, and the buckets it must hit.
 
-Every example a :class:`~selfspec.testing.PluginSuite` runs is recorded from its scenario and
-the decode's audit log (:class:`selfspec._engine.contract.audit.Auditor`): the architecture, prompt and output
-length buckets (closed ranges up to ``>512``), how many steps the decode ran, the deepest
-draft, steps with accepted drafts, chain or tree drafts, a step at the sliding window's edge,
-EOS inside the accepted tokens, drafts cut at the depth limit, sampling (``sampled``, and
-``sampled-accepted`` when a draft was accepted under sampling), and per architecture whether
-it saw a long prompt (``prompt>512@<arch>``) and a long output (``output>256@<arch>``). Each
-bucket is also a Hypothesis ``event`` (``--hypothesis-show-statistics`` shows them).
+Every example a :class:`~selfspec.testing.PluginSuite` runs is recorded from its scenario and the
+decode's audit log (:class:`selfspec._engine.contract.audit.Auditor`): the architecture, prompt and
+output length buckets (closed ranges up to ``>512``), how many steps the decode ran, the deepest
+draft, steps with accepted drafts, chain or tree drafts, a step at the sliding window's edge, EOS
+inside the accepted tokens, drafts cut at the depth limit, sampling (``sampled``, and
+``sampled-accepted`` when a draft was accepted under sampling), and per architecture whether it saw
+a long prompt (``prompt>512@<arch>``) and a long output (``output>256@<arch>``). Each bucket is also
+a Hypothesis ``event`` (``--hypothesis-show-statistics`` shows them).
 
 :data:`REQUIRED` are the buckets a suite fails without, plus :data:`REQUIRED_PER_ARCH` for
 every architecture it tests; a suite drops one with a reason (``coverage_exempt``), never
@@ -135,9 +135,9 @@ class Coverage:
     def report(self) -> str:
         """The counts (examples per bucket), one bucket per line, in name order."""
         lines = [
-            f"selfspec coverage of {self.name}: {self.examples} examples ({self.accepting} with an "
-            f"accepted draft token); {self.steps} decode steps ({self.accepted_steps} accepted a draft "
-            f"token); examples per bucket:"
+            f"selfspec coverage of {self.name}: {self.examples} examples ({self.accepting} with "
+            f"an accepted draft token); {self.steps} decode steps ({self.accepted_steps} accepted "
+            f"a draft token); examples per bucket:"
         ]
         for b in sorted(self.counts):
             lines.append(f"  {b:<20} {self.counts[b]:>4}")

@@ -177,7 +177,8 @@ def reach(archs: Sequence[str] = ARCHS, positions: int = POSITIONS) -> list[Scen
     130-token output)."""
     if LONG_PROMPT + 40 + LONG_NEW > positions or 300 + LONGEST_NEW > positions:
         raise ValueError(
-            f"the reach set needs {LONG_PROMPT + 40 + LONG_NEW} positions; the model has {positions}"
+            f"the reach set needs {LONG_PROMPT + 40 + LONG_NEW} positions; "
+            f"the model has {positions}"
         )
     out = []
     for i, arch in enumerate(archs):

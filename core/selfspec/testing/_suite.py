@@ -450,8 +450,8 @@ class PluginSuite:
         cov = self.coverage()
         if set(self.archs) - cov.done:
             pytest.skip(
-                f"coverage is checked only when every test_lossless of the class passed in this session; "
-                f"not passed (failed or not run): {sorted(set(self.archs) - cov.done)}"
+                "coverage is checked only when every test_lossless of the class passed in this "
+                f"session; not passed (failed or not run): {sorted(set(self.archs) - cov.done)}"
             )
         missing = cov.missing(self.archs, self.coverage_exempt)
         assert not missing, (

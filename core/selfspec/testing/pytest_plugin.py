@@ -13,16 +13,16 @@ Fixtures:
 * ``selfspec_arch``: parametrizes a test over every architecture in ``ARCHS``;
 * ``selfspec_device``: parametrizes a test over ``"cpu"`` and, when a GPU is present, ``"cuda"``.
 
-Hypothesis profiles: ``selfspec-ci`` (derandomized, no deadline, few examples),
-``selfspec-dev`` (no deadline, more examples, random) and ``selfspec-release`` (no deadline,
-five times ``selfspec-dev``'s examples, random: before a release, never loaded unless named). They are loaded only in a suite that
-uses the kit, so that the plugin is inert in any other project installed beside selfspec:
-when the ini option ``selfspec_kit = true`` is set, or as soon as a test file (or conftest)
-about to be imported mentions ``selfspec.testing`` or one of the kit's fixtures. Then the
+Hypothesis profiles: ``selfspec-ci`` (derandomized, no deadline, few examples), ``selfspec-dev`` (no
+deadline, more examples, random) and ``selfspec-release`` (no deadline, five times
+``selfspec-dev``'s examples, random: before a release, never loaded unless named). They are loaded
+only in a suite that uses the kit, so that the plugin is inert in any other project installed beside
+selfspec: when the ini option ``selfspec_kit = true`` is set, or as soon as a test file (or
+conftest) about to be imported mentions ``selfspec.testing`` or one of the kit's fixtures. Then the
 profile named by the environment variable ``HYPOTHESIS_PROFILE`` is loaded; otherwise
-``selfspec-ci`` when ``CI`` is set and ``selfspec-dev`` when not. ``--hypothesis-profile`` on
-the command line wins over both. A name that no conftest registers either stops the run with
-a usage error.
+``selfspec-ci`` when ``CI`` is set and ``selfspec-dev`` when not. ``--hypothesis-profile`` on the
+command line wins over both. A name that no conftest registers either stops the run with a usage
+error.
 
 ``--selfspec-coverage`` prints what every :class:`~selfspec.testing.PluginSuite` property
 test exercised (its coverage buckets) at the end of the run.
@@ -40,7 +40,8 @@ from selfspec.testing._archs import ARCHS
 
 CI_PROFILE = "selfspec-ci"
 DEV_PROFILE = "selfspec-dev"
-#: The deep profile for a release check (random, 300 examples): ``HYPOTHESIS_PROFILE=selfspec-release``.
+#: The deep profile for a release check (random, 300 examples):
+#: ``HYPOTHESIS_PROFILE=selfspec-release``.
 RELEASE_PROFILE = "selfspec-release"
 _PENDING_PROFILE = pytest.StashKey[str]()  # a profile name not registered at configure time
 _ACTIVE = pytest.StashKey[bool]()  # the kit's profiles are loaded in this session
@@ -162,8 +163,8 @@ def _load_pending(config: pytest.Config) -> None:
         settings.load_profile(name)
     except Exception as exc:
         raise pytest.UsageError(
-            f"HYPOTHESIS_PROFILE={name!r} names no registered Hypothesis profile (selfspec registers "
-            f"{CI_PROFILE!r} and {DEV_PROFILE!r}; register others in a conftest.py)"
+            f"HYPOTHESIS_PROFILE={name!r} names no registered Hypothesis profile (selfspec "
+            f"registers {CI_PROFILE!r} and {DEV_PROFILE!r}; register others in a conftest.py)"
         ) from exc
 
 

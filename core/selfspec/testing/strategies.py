@@ -135,11 +135,11 @@ def options(
 ) -> st.SearchStrategy[dict[str, Any]]:
     """A dict of valid values for some of a plugin's declared options (the rest keep defaults).
 
-    ``declared`` is what :func:`selfspec._engine.contract.plugins.declared_options` returns; ``fixed`` pins
-    some options to given values; ``strategies`` replaces the drawing of some (to constrain
-    them: ``{"num_draft": st.integers(1, 8)}``). A value of ``strategies`` may also be a callable
-    taking ``model`` and returning the strategy, for options whose valid values depend on the
-    model (its device, its number of layers): :func:`draft_weights` is one.
+    ``declared`` is what :func:`selfspec._engine.contract.plugins.declared_options` returns;
+    ``fixed`` pins some options to given values; ``strategies`` replaces the drawing of some (to
+    constrain them: ``{"num_draft": st.integers(1, 8)}``). A value of ``strategies`` may also be a
+    callable taking ``model`` and returning the strategy, for options whose valid values depend on
+    the model (its device, its number of layers): :func:`draft_weights` is one.
     """
     fixed = dict(fixed or {})
     given = {
@@ -200,7 +200,8 @@ def samplings(max_temperature: float = 2.0) -> st.SearchStrategy[Any]:
 def trees(
     draw: st.DrawFn, vocab_size: int = TINY_VOCAB, min_nodes: int = 1, max_nodes: int = 8
 ) -> tuple[list[int], list[int]]:
-    """``(tokens, parents)`` of a random tree draft: ``parents[i] < i``, ``-1`` = the pending token."""
+    """``(tokens, parents)`` of a random tree draft: ``parents[i] < i``, ``-1`` = the pending
+    token."""
     n = draw(st.integers(min_nodes, max_nodes))
     tokens = draw(st.lists(st.integers(0, vocab_size - 1), min_size=n, max_size=n))
     parents = [draw(st.integers(-1, i - 1)) for i in range(n)]

@@ -1,8 +1,8 @@
 """Spec-Bench's answer files and speed report, from a bench's records.
 
-``specdec bench --suite spec-bench`` writes, next to its own records, ``model_answer/<model_id>.jsonl``
-per method: one line per question, in the format Spec-Bench's evaluation writes (its
-``evaluation/speed.py`` and ``evaluation/equal.py`` read them unchanged)::
+``specdec bench --suite spec-bench`` writes, next to its own records,
+``model_answer/<model_id>.jsonl`` per method: one line per question, in the format Spec-Bench's
+evaluation writes (its ``evaluation/speed.py`` and ``evaluation/equal.py`` read them unchanged)::
 
     {"question_id": int, "category": str, "answer_id": str, "model_id": str,
      "choices": [{"index": 0, "turns": [answer text per turn], "decoding_steps": [per turn],

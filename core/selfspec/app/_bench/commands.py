@@ -53,7 +53,8 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
         )
     if ties:
         click.secho(
-            f"{ties} output(s) differ from the baseline at a near-tie (within the dtype's rounding: selfspec._engine.contract.tiebound).",
+            f"{ties} output(s) differ from the baseline at a near-tie (within the dtype's "
+            "rounding: selfspec._engine.contract.tiebound).",
             fg="yellow",
         )
     if bad:
@@ -78,7 +79,8 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
     multiple=True,
     metavar="NAME[[key=value,...]]",
     help="Plugin to measure (repeatable; default: every installed plugin; 'none' for none). "
-    "Inline options in brackets measure variants side by side: -p lookup -p 'lookup[adaptive=false]'.",
+    "Inline options in brackets measure variants side by side: -p lookup "
+    "-p 'lookup[adaptive=false]'.",
 )
 @click.option(
     "--option",
@@ -86,7 +88,8 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
     "options",
     multiple=True,
     metavar="[PLUGIN.]KEY=VALUE",
-    help="Plugin option (repeatable); unscoped keys go to every selected plugin that declares them.",
+    help="Plugin option (repeatable); unscoped keys go to every selected plugin that declares "
+    "them.",
 )
 @click.option("--no-peers", is_flag=True, help="Skip the HF peers (prompt lookup, early exit).")
 @click.option(
@@ -106,23 +109,24 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
     "--assistant-model",
     default=None,
     metavar="M",
-    help="A smaller model with the same tokenizer for the hf-assisted peer (HF assisted generation: "
-    "classic two-model speculative decoding), e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b.",
+    help="A smaller model with the same tokenizer for the hf-assisted peer (HF assisted "
+    "generation: classic two-model speculative decoding), e.g. qwen2.5-coder-0.5b for "
+    "qwen2.5-coder-1.5b.",
 )
 @click.option(
     "--memory",
     "memory",
     is_flag=True,
-    help="After the timed runs, measure each method's peak resident memory and load time, each in a "
-    "fresh process loading the model as specdec does.",
+    help="After the timed runs, measure each method's peak resident memory and load time, each "
+    "in a fresh process loading the model as specdec does.",
 )
 @click.option(
     "--temperature",
     type=click.FloatRange(min=0.0),
     default=0.0,
     show_default=True,
-    help="Sample at this temperature (0: greedy). Every plugin is then checked against vanilla sampling "
-    "with the same seed; the HF methods sample with generate(do_sample=True).",
+    help="Sample at this temperature (0: greedy). Every plugin is then checked against vanilla "
+    "sampling with the same seed; the HF methods sample with generate(do_sample=True).",
 )
 @click.option(
     "--top-k",
@@ -151,9 +155,9 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
     type=click.Choice(["tasks", SPEC_BENCH]),
     default="tasks",
     show_default=True,
-    help="tasks: the project's own tasks (--tasks). spec-bench: Spec-Bench's 480 questions in its six "
-    "families (--samples per family, 80 for all; --tasks picks families), both MT-bench turns, "
-    "and Spec-Bench answer files in OUT/model_answer/.",
+    help="tasks: the project's own tasks (--tasks). spec-bench: Spec-Bench's 480 questions in its "
+    "six families (--samples per family, 80 for all; --tasks picks families), both MT-bench "
+    "turns, and Spec-Bench answer files in OUT/model_answer/.",
 )
 @click.option(
     "--out", "out", type=click.Path(file_okay=False), default="bench-results", show_default=True
@@ -161,8 +165,8 @@ def _finish(records: list[dict[str, Any]], allow: bool) -> None:
 @click.option(
     "--resume",
     is_flag=True,
-    help="Go on with an interrupted run in --out (the same command): samples every method has a record "
-    "of are kept, the rest run; the tables cover both.",
+    help="Go on with an interrupted run in --out (the same command): samples every method has a "
+    "record of are kept, the rest run; the tables cover both.",
 )
 @click.pass_context
 def bench(
@@ -301,7 +305,8 @@ def bench(
         except rs.ResumeError as exc:
             raise click.BadParameter(str(exc), param_hint="--resume") from None
         click.echo(
-            f"resuming: {len({(r['task'], r['question_id']) for r in kept})} sample(s) kept from {jsonl}",
+            f"resuming: {len({(r['task'], r['question_id']) for r in kept})} sample(s) kept "
+            f"from {jsonl}",
             err=True,
         )
     else:
@@ -375,7 +380,8 @@ def bench(
     )
     if answers is not None:
         click.echo(
-            f"wrote Spec-Bench answer files: {answers.dir}/{{{','.join(p.name for p in answers.paths.values())}}}",
+            "wrote Spec-Bench answer files: "
+            f"{answers.dir}/{{{','.join(p.name for p in answers.paths.values())}}}",
             err=True,
         )
     _finish(records, allow_divergence)
@@ -486,7 +492,8 @@ def sweep(
     jsonl = outdir / sw.SWEEP_RECORDS
     jsonl.write_text("", encoding="utf-8")
     click.echo(
-        f"{len(prompts)} {split} prompts × {len(methods)} configurations, max {max_new_tokens} new tokens",
+        f"{len(prompts)} {split} prompts × {len(methods)} configurations, "
+        f"max {max_new_tokens} new tokens",
         err=True,
     )
     try:
@@ -530,7 +537,8 @@ def _group_plugin() -> str | None:
 
 
 def _group_param(name: str) -> Any:
-    """An option given on the ``specdec`` group (``specdec --weight-layout model bench``), if any."""
+    """An option given on the ``specdec`` group (``specdec --weight-layout model bench``), if
+    any."""
     ctx = click.get_current_context(silent=True)
     root = ctx.find_root() if ctx is not None else None
     return root.params.get(name) if root is not None and root is not ctx else None

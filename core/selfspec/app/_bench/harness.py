@@ -3,10 +3,11 @@
 A :class:`Method` is one way to decode: Hugging Face ``generate`` greedy (``hf``, the baseline
 users know), HF prompt lookup decoding (``hf-pld``), HF early-exit self-speculation
 (``hf-early-exit``), HF assisted generation with a smaller model of the same tokenizer drafting
-(``hf-assisted``, the classic two-model speculative decoding), or a selfspec plugin with options (``vanilla`` included). :func:`run_bench`
-runs every method on prompt 1, then every method on prompt 2, ... (the order of methods rotates
-by one each prompt), so machine drift hits all methods alike, and checks every output against
-the baseline's with :func:`selfspec._engine.contract.reference.compare` (exact, or the near-tie rule).
+(``hf-assisted``, the classic two-model speculative decoding), or a selfspec plugin with options
+(``vanilla`` included). :func:`run_bench` runs every method on prompt 1, then every method on
+prompt 2, ... (the order of methods rotates by one each prompt), so machine drift hits all
+methods alike, and checks every output against the baseline's with
+:func:`selfspec._engine.contract.reference.compare` (exact, or the near-tie rule).
 
 Every method is timed the same way: wall-clock time around one call, prefill included, after a
 warm-up call per method.
@@ -124,8 +125,8 @@ def check_assistant(
 
     if vocab(model) != vocab(assistant):
         raise ValueError(
-            f"the assistant {names[1]!r} has a vocabulary of {vocab(assistant)} tokens and the model "
-            f"{names[0]!r} {vocab(model)}: assisted generation needs the same tokenizer"
+            f"the assistant {names[1]!r} has a vocabulary of {vocab(assistant)} tokens and the "
+            f"model {names[0]!r} {vocab(model)}: assisted generation needs the same tokenizer"
         )
     p, q = next(model.parameters()), next(assistant.parameters())
     if (p.dtype, p.device) != (q.dtype, q.device):
@@ -205,9 +206,9 @@ def make_runner(
 
 
 def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> RunFn:
-    """HF ``generate``: greedy, as :func:`selfspec._engine.contract.reference.reference_generate` configures it,
-    or sampling (``do_sample=True`` with the temperature, top-k and top-p of ``sampling``, HF's
-    RNG seeded with its seed before every call).
+    """HF ``generate``: greedy, as :func:`selfspec._engine.contract.reference.reference_generate`
+    configures it, or sampling (``do_sample=True`` with the temperature, top-k and top-p of
+    ``sampling``, HF's RNG seeded with its seed before every call).
 
     Full-model forwards are counted by a hook on the last decoder layer (draft passes of the
     peers never reach it), so tau = new tokens / forwards, prefill forward included: HF's
@@ -401,7 +402,8 @@ def run_bench(
                         bar.update(1)
                     if run.error is not None:
                         _warn(
-                            f"ERROR {m.name} on {sample.task}/{sample.id} turn {turn + 1}: {run.error}",
+                            f"ERROR {m.name} on {sample.task}/{sample.id} turn {turn + 1}: "
+                            f"{run.error}",
                             bar,
                         )
                         if bar is not None:
@@ -441,8 +443,9 @@ def run_bench(
                         on_record(rec)
                     if rec["lossless"] is False and not rec["near_tie"]:
                         _warn(
-                            f"DIVERGENCE {m.name} on {sample.task}/{sample.id} turn {turn + 1}: differs from "
-                            f"{reference} at new token {rec['diverged_at']} (top-1/top-2 margin {rec['margin']}, "
+                            f"DIVERGENCE {m.name} on {sample.task}/{sample.id} turn {turn + 1}: "
+                            f"differs from {reference} at new token {rec['diverged_at']} "
+                            f"(top-1/top-2 margin {rec['margin']}, "
                             f"above the near-tie bound {rec['bound']})",
                             bar,
                         )

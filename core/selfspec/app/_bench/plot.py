@@ -179,7 +179,9 @@ def plot_title(summary: dict[str, Any], what: str) -> str:
     cfg, mach = summary.get("config", {}), summary.get("machine", {})
     model = Path(str(cfg.get("model", "?"))).name or str(cfg.get("model"))
     return (
-        f"{what}: {model}, {cfg.get('dtype', '?')}, max {cfg.get('max_new_tokens', '?')} new tokens\n"
-        f"{mach.get('cpu', '?')}{capability_note(mach)}, {plural(mach.get('torch_threads', '?'), 'thread')}, "
+        f"{what}: {model}, {cfg.get('dtype', '?')}, "
+        f"max {cfg.get('max_new_tokens', '?')} new tokens\n"
+        f"{mach.get('cpu', '?')}{capability_note(mach)}, "
+        f"{plural(mach.get('torch_threads', '?'), 'thread')}, "
         f"{mach.get('date', '?')}"
     )

@@ -63,8 +63,9 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def machine_info() -> dict[str, Any]:
-    """:func:`selfspec._engine.tuning.machine.machine_info` (CPU model and capability, threads, versions, the
-    date) plus the load average: other processes on the machine skew every timing."""
+    """:func:`selfspec._engine.tuning.machine.machine_info` (CPU model and capability, threads,
+    versions, the date) plus the load average: other processes on the machine skew every
+    timing."""
     from selfspec._engine.tuning.machine import machine_info as info
 
     return {**info(), "load_avg": load_avg()}
@@ -224,12 +225,16 @@ def markdown(summary: dict[str, Any]) -> str:
     by = {(r["task"], r["method"]): r for r in rows}
     lines = [
         f"Model `{cfg.get('model', '?')}` ({cfg.get('dtype', '?')}, {cfg.get('device', '?')}), "
-        f"{cfg.get('samples', '?')} {'questions per family' if cfg.get('suite') == SPEC_BENCH else 'samples per task'}, max {cfg.get('max_new_tokens', '?')} new tokens, "
+        f"{cfg.get('samples', '?')} "
+        f"{'questions per family' if cfg.get('suite') == SPEC_BENCH else 'samples per task'}, "
+        f"max {cfg.get('max_new_tokens', '?')} new tokens, "
         f"seed {cfg.get('seed', '?')}, {plural(mach.get('torch_threads', '?'), 'thread')}; "
-        f"{mach.get('cpu', '?')}{capability_note(mach)} ({plural(mach.get('cores', '?'), 'core')}), "
+        f"{mach.get('cpu', '?')}{capability_note(mach)} "
+        f"({plural(mach.get('cores', '?'), 'core')}), "
         f"torch {mach.get('torch', '?')}, "
         f"transformers {mach.get('transformers', '?')}, {mach.get('date', '?')}{_load(mach)}. "
-        f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same prompts.",
+        f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same "
+        "prompts.",
         "",
     ]
     if summary.get("spec_bench"):
@@ -240,8 +245,8 @@ def markdown(summary: dict[str, Any]) -> str:
             "**Spec-Bench** (speedup over `"
             + sb["baseline"]
             + "` as Spec-Bench's `evaluation/speed.py` computes it: "
-            "per family, the mean over questions of tokens/s, turns summed, over the same mean of the baseline; "
-            "#Mean Accepted Tokens: the mean tokens committed per verification step)",
+            "per family, the mean over questions of tokens/s, turns summed, over the same mean of "
+            "the baseline; #Mean Accepted Tokens: the mean tokens committed per verification step)",
             "",
             *leaderboard_markdown(sb),
             "",
@@ -279,8 +284,9 @@ def markdown(summary: dict[str, Any]) -> str:
         if r.get("errors"):
             ok += f" **{r['errors']} FAILED**"
         lines.append(
-            f"| {r['task']} | {r['method']} | {r['samples']} | {r['new_tokens']} | {_f(r['tokens_per_s'], '.1f')} | "
-            f"{_f(r['speedup'])} | {_f(r['tau'])} | {_f(r['acceptance'])} | {ok} | {_phases(r['phase_s'])} |"
+            f"| {r['task']} | {r['method']} | {r['samples']} | {r['new_tokens']} | "
+            f"{_f(r['tokens_per_s'], '.1f')} | {_f(r['speedup'])} | {_f(r['tau'])} | "
+            f"{_f(r['acceptance'])} | {ok} | {_phases(r['phase_s'])} |"
         )
     from selfspec.app._bench.roofline import markdown as roofline_markdown
 
@@ -300,18 +306,20 @@ def members_markdown(summary: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "**Composition members** (summed over the samples: steps a member proposed in, steps the "
-        "cheap-first rule skipped it, nodes it drafted into the verified tree, tokens its own draft "
-        "had accepted, steps its accepted path was the longest)",
+        "cheap-first rule skipped it, nodes it drafted into the verified tree, tokens its own "
+        "draft had accepted, steps its accepted path was the longest)",
         "",
-        "| task | method | member | proposed | skipped | drafted | accepted | longest | accepted per step proposed |",
+        "| task | method | member | proposed | skipped | drafted | accepted | longest "
+        "| accepted per step proposed |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         for name, c in r["members"].items():
             per = c.get("accepted", 0) / c["proposed"] if c.get("proposed") else None
             lines.append(
-                f"| {r['task']} | {r['method']} | {name} | {c.get('proposed', 0)} | {c.get('skipped', 0)} | "
-                f"{c.get('drafted', 0)} | {c.get('accepted', 0)} | {c.get('longest', 0)} | {_f(per)} |"
+                f"| {r['task']} | {r['method']} | {name} | {c.get('proposed', 0)} | "
+                f"{c.get('skipped', 0)} | {c.get('drafted', 0)} | {c.get('accepted', 0)} | "
+                f"{c.get('longest', 0)} | {_f(per)} |"
             )
     return lines
 

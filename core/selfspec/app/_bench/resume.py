@@ -80,7 +80,8 @@ def resume(
 
 
 def check_folder(outdir: Path) -> None:
-    """:class:`ResumeError` unless ``outdir`` holds a run that started (cheap: before a model loads)."""
+    """:class:`ResumeError` unless ``outdir`` holds a run that started (cheap: before a model
+    loads)."""
     from selfspec.app._bench.results import RECORDS
 
     if not (outdir / RUN).exists() or not (outdir / RECORDS).exists():

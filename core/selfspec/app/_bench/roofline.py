@@ -171,13 +171,17 @@ def markdown(summary: dict[str, Any]) -> list[str]:
     bw = roof["bandwidth_bytes_per_s"] / 1e9
     lines = [
         "",
-        f"**Against the machine's limit** (streaming read {bw:.1f} GB/s of the {roof.get('device', 'cpu')}'s memory, the higher of "
+        f"**Against the machine's limit** (streaming read {bw:.1f} GB/s of the "
+        f"{roof.get('device', 'cpu')}'s memory, the higher of "
         "the measurements before and after the run; "
-        f"one full forward reads {roof['model_bytes'] / 1e9:.2f} GB of weights; limit = bandwidth / bytes "
-        "of weights read per committed token; the decode's rate, after each prompt's prefill, is held against it; "
+        f"one full forward reads {roof['model_bytes'] / 1e9:.2f} GB of weights; "
+        "limit = bandwidth / bytes "
+        "of weights read per committed token; the decode's rate, after each prompt's prefill, "
+        "is held against it; "
         "–: prefill not separable)",
         "",
-        "| method | GB per token | limit tok/s | decode tok/s | % of limit | limit vs vanilla | decode vs vanilla |",
+        "| method | GB per token | limit tok/s | decode tok/s | % of limit | limit vs vanilla "
+        "| decode vs vanilla |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in roof["rows"]:
@@ -185,15 +189,16 @@ def markdown(summary: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {r['method']} | {r['bytes_per_token'] / 1e9:.3f} | {r['limit_tokens_per_s']:.1f} | "
             f"{_fmt(decode, '{:.1f}')} | {_fmt(r['of_limit'], '{:.0%}')} | "
-            f"{_fmt(r['limit_vs_vanilla'], '{:.2f}×')} | {_fmt(r.get('decode_vs_vanilla'), '{:.2f}×')} |"
+            f"{_fmt(r['limit_vs_vanilla'], '{:.2f}×')} | "
+            f"{_fmt(r.get('decode_vs_vanilla'), '{:.2f}×')} |"
         )
     share = roof.get("prefill_share")
     if share:
         lines += [
             "",
-            f"Prefill took {share:.0%} of `vanilla`'s wall time here. It is compute-bound and the same for every "
-            f"method of the host, so no method of the host can exceed {1 / share:.1f}× `vanilla`'s tokens/s over this run, "
-            "however fast it decodes.",
+            f"Prefill took {share:.0%} of `vanilla`'s wall time here. It is compute-bound and the "
+            "same for every method of the host, so no method of the host can exceed "
+            f"{1 / share:.1f}× `vanilla`'s tokens/s over this run, however fast it decodes.",
         ]
     return lines
 

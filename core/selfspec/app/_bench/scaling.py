@@ -154,16 +154,17 @@ def scaling_table(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- projected
 ASSUMPTIONS = (
-    "τ (tokens per full-model forward) and r (the cost of one of the method's steps in vanilla steps, "
-    "measured as r = τ / speedup over vanilla) are extrapolated linearly in log10(parameters) from the "
-    "two largest models that ran the method (held constant when only one did)",
+    "τ (tokens per full-model forward) and r (the cost of one of the method's steps in vanilla "
+    "steps, measured as r = τ / speedup over vanilla) are extrapolated linearly in "
+    "log10(parameters) from the two largest models that ran the method (held constant when only "
+    "one did)",
     f"τ is clamped to [1, {TAU_HEADROOM} × the largest τ the method reached]; r to r ≥ 1",
     "CPU: a step costs what it cost here, so speedup over vanilla = τ / r",
-    "GPU: a decode step is memory-bound, so verifying a block costs about one single-token forward; "
-    "only drafting keeps its relative cost. With p = propose / (propose + verify) seconds of the "
-    "largest model's run (0 without phase timings: drafting then counts as free), drafting costs "
-    "r·p vanilla steps, so r_gpu = 1 + min(r − 1, r·p) (= 1 + (r − 1)·d, d the share of r − 1 that is "
-    "drafting) and speedup over vanilla = τ / r_gpu",
+    "GPU: a decode step is memory-bound, so verifying a block costs about one single-token "
+    "forward; only drafting keeps its relative cost. With p = propose / (propose + verify) "
+    "seconds of the largest model's run (0 without phase timings: drafting then counts as free), "
+    "drafting costs r·p vanilla steps, so r_gpu = 1 + min(r − 1, r·p) (= 1 + (r − 1)·d, d the "
+    "share of r − 1 that is drafting) and speedup over vanilla = τ / r_gpu",
     "nothing else changes with size: the same prompts, dtype and max new tokens as measured",
 )
 
@@ -264,7 +265,8 @@ def _differing(models: list[dict[str, Any]]) -> list[str]:
 
 
 def scaling_markdown(table: dict[str, Any], proj: dict[str, Any] | None = None) -> str:
-    """The measured tables (speedup over HF greedy, over vanilla, τ), then the labelled projection."""
+    """The measured tables (speedup over HF greedy, over vanilla, τ), then the labelled
+    projection."""
     models = table["models"]
     big = models[-1]
     lines = [
@@ -309,8 +311,8 @@ def scaling_markdown(table: dict[str, Any], proj: dict[str, Any] | None = None) 
     if proj is not None:
         t = proj["target"]
         lines += [
-            f"**PROJECTION for a {t['name']} model ({format_params(t['params'])} parameters, {t['layers']} layers, "
-            f"hidden {t['hidden']}): a cost model, not a measurement.**",
+            f"**PROJECTION for a {t['name']} model ({format_params(t['params'])} parameters, "
+            f"{t['layers']} layers, hidden {t['hidden']}): a cost model, not a measurement.**",
             "",
             "Assumptions:",
             "",
@@ -322,7 +324,8 @@ def scaling_markdown(table: dict[str, Any], proj: dict[str, Any] | None = None) 
         ]
         for label, e in proj["methods"].items():
             lines.append(
-                f"| {label} | {_x(e['tau'])} | {_x(e['r_cpu'])} | {_x(e['speedup_cpu'], '.2f', '×')} | "
+                f"| {label} | {_x(e['tau'])} | {_x(e['r_cpu'])} | "
+                f"{_x(e['speedup_cpu'], '.2f', '×')} | "
                 f"{_x(e['p'])} | {_x(e['r_gpu'])} | {_x(e['speedup_gpu'], '.2f', '×')} | "
                 f"{', '.join(e['from']) or '–'} | {e['note']} |"
             )

@@ -38,7 +38,8 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "--max-memory",
             metavar="DEV=SIZE,...",
             default=None,
-            help="What each device may hold, e.g. cpu=3GiB (the rest goes to disk); implies --device-map auto.",
+            help="What each device may hold, e.g. cpu=3GiB (the rest goes to disk); implies "
+            "--device-map auto.",
         ),
         click.option(
             "--offload-folder",
@@ -120,7 +121,8 @@ def _samples(tasks: Sequence[str], split: str, n: int, seed: int) -> list[Any]:
 
 
 def _threads(threads: int | None) -> Any:
-    """The run's :class:`selfspec._engine.tuning.machine.ThreadChoice` (the busy-machine rule, said on stderr)."""
+    """The run's :class:`selfspec._engine.tuning.machine.ThreadChoice` (the busy-machine rule,
+    said on stderr)."""
     from selfspec._engine.tuning.machine import choose_threads
 
     choice = choose_threads(threads)

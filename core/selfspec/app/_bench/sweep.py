@@ -21,7 +21,8 @@ SWEEP_PLOT = "sweep.png"
 
 
 def parse_grid(pairs: Iterable[str]) -> tuple[dict[str, str], list[tuple[str, list[str]]]]:
-    """``["n=2,4,7", "w=3", "m=1,2"]`` -> ``({"w": "3"}, [("n", ["2","4","7"]), ("m", ["1","2"])])``."""
+    """``["n=2,4,7", "w=3", "m=1,2"]`` ->
+    ``({"w": "3"}, [("n", ["2","4","7"]), ("m", ["1","2"])])``."""
     fixed: dict[str, str] = {}
     axes: list[tuple[str, list[str]]] = []
     seen: set[str] = set()

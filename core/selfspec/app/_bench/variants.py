@@ -49,7 +49,8 @@ def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, d
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
-    """``"lookup[num_draft=10,adaptive=false]"`` -> ``("lookup", {"num_draft": "10", "adaptive": "false"})``.
+    """``"lookup[num_draft=10,adaptive=false]"`` ->
+    ``("lookup", {"num_draft": "10", "adaptive": "false"})``.
 
     A ``--plugin`` value may carry inline options in brackets, so one run can measure several
     configurations of the same plugin side by side (an ablation); a bare name has none.

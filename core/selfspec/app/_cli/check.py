@@ -68,10 +68,11 @@ def check_command(
     with `vanilla --exact` instead, bit for bit (OK or DIVERGED: no near-tie rule).
 
     Prints OK, NEAR-TIE (a float32/bf16 rounding flip: the reference's top-1/top-2 logit
-    margin is within the dtype's near-tie bound at those logits, selfspec._engine.contract.tiebound) or
-    DIVERGED for every prompt; exits with status 1 when any prompt diverged. Under sampling the
-    reference is the model's own forward one token at a time, each token picked with the same
-    position-keyed noise, and the near-tie margin is that of the perturbed logits (bound / T).
+    margin is within the dtype's near-tie bound at those logits,
+    selfspec._engine.contract.tiebound) or DIVERGED for every prompt; exits with status 1 when
+    any prompt diverged. Under sampling the reference is the model's own forward one token at a
+    time, each token picked with the same position-keyed noise, and the near-tie margin is that of
+    the perturbed logits (bound / T).
     ``--audit`` (or ``SELFSPEC_AUDIT=1``) stops a decode at the step where it goes wrong and
     says which hook, step and token (``selfspec._engine.contract.audit``).
 
@@ -178,7 +179,8 @@ def check_command(
             )
         )
         click.echo(
-            f"{decoder.plugin_name} on {loaded.name} ({str(loaded.dtype).removeprefix('torch.')}{how}): "
+            f"{decoder.plugin_name} on {loaded.name} "
+            f"({str(loaded.dtype).removeprefix('torch.')}{how}): "
             f"{len(rows) - near - diverged} OK, {near} near-tie, {diverged} diverged"
         )
         click.echo(_reach_line(*seen, long))
@@ -217,8 +219,9 @@ def _reach_line(prompt_tokens: int, new_tokens: int, long: bool) -> str:
     """What the run could see: the longest prompt and output checked; a bug past them is not."""
     more = "" if long else "; the default run adds a long example (--long)"
     return (
-        f"checked prompts up to {prompt_tokens} tokens and outputs up to {new_tokens} new tokens: a bug that "
-        f"starts later is not seen here{more}; the kit's suite reaches further (docs/testing-plugins.md)"
+        f"checked prompts up to {prompt_tokens} tokens and outputs up to {new_tokens} new tokens: "
+        f"a bug that starts later is not seen here{more}; the kit's suite reaches further "
+        "(docs/testing-plugins.md)"
     )
 
 

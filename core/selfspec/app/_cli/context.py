@@ -26,9 +26,9 @@ class CommandContext:
         @click.command("calibrate")
         @click.pass_obj
         def calibrate(command: CommandContext) -> None:
-            loaded = command.load_model()              # the model the user chose, its tokenizer
+            loaded = command.load_model()  # the model the user chose, its tokenizer
             baseline = command.decoder(loaded, "vanilla")
-            mine = command.decoder(loaded)             # the selected plugin with the user's -o options
+            mine = command.decoder(loaded)  # the selected plugin with the user's -o options
 
     ``plugin``: the selected plugin's name; ``weight_layout``: the ``--weight-layout`` asked for
     (``"auto"`` when none). :meth:`load_model` loads the model the user chose (``--model``,

@@ -38,7 +38,8 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
             metavar="M",
             default=None,
             help="Model directory, .gguf file, hub id, or embedded alias "
-            "(smollm2-135m-instruct [default], gemma3-270m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b; `specdec models`).",
+            "(smollm2-135m-instruct [default], gemma3-270m, qwen2.5-coder-1.5b, "
+            "qwen2.5-coder-0.5b; `specdec models`).",
         ),
         click.option("--device", metavar="D", default=None, help="cpu (default), cuda or cuda:N."),
         click.option(
@@ -51,8 +52,8 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "--device-map",
             metavar="MAP",
             default=None,
-            help="Place a model bigger than memory with accelerate: auto, balanced, balanced_low_0, "
-            'sequential, or a JSON object {"module": "cpu"|"disk"|"cuda:N"}. '
+            help="Place a model bigger than memory with accelerate: auto, balanced, "
+            'balanced_low_0, sequential, or a JSON object {"module": "cpu"|"disk"|"cuda:N"}. '
             "See docs/cli.md, 'Models bigger than memory'.",
         ),
         click.option(
@@ -66,8 +67,8 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "--offload-folder",
             metavar="DIR",
             default=None,
-            help="Where weights offloaded to disk are written (a checkpoint that is not safetensors "
-            "needs one); implies --device-map auto.",
+            help="Where weights offloaded to disk are written (a checkpoint that is not "
+            "safetensors needs one); implies --device-map auto.",
         ),
         click.option(
             "--threads",
@@ -179,7 +180,8 @@ def _sampling_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "--top-p",
             type=click.FloatRange(min=0.0, max=1.0, min_open=True),
             default=None,
-            help="Sample among the smallest set of tokens whose probability reaches p (default 1: all).",
+            help="Sample among the smallest set of tokens whose probability reaches p "
+            "(default 1: all).",
         ),
         click.option(
             "--seed",

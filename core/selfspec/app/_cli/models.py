@@ -71,7 +71,8 @@ def models_group(ctx: click.Context, as_json: bool) -> None:
     "--dtype",
     default="float32",
     show_default=True,
-    help="Convert the copy this dtype loads (bf16 makes a bfloat16 copy when there is no float32 one).",
+    help="Convert the copy this dtype loads (bf16 makes a bfloat16 copy when there is no float32 "
+    "one).",
 )
 @click.option(
     "--no-convert", is_flag=True, help="Only install and check the packages; convert on first use."

@@ -89,7 +89,8 @@ def format_lines() -> list[str]:
     from selfspec._engine.runner.formats import weight_formats
 
     lines = [
-        "weight formats (--weight-layout: layout; -o draft_weights=: draft; for a float32 model on this CPU):"
+        "weight formats (--weight-layout: layout; -o draft_weights=: draft; for a float32 model on "
+        "this CPU):"
     ]
     for name, fmt in weight_formats().items():
         why = fmt.why_not("cpu", torch.float32)
@@ -111,7 +112,8 @@ def measured_lines() -> list[str]:
     found = cached_choices()
     if not found:
         return [
-            "measured here: nothing yet (auto measures the layout and draft weights at a model's first use)"
+            "measured here: nothing yet (auto measures the layout and draft weights at a model's "
+            "first use)"
         ]
     lines = ["measured here (auto, per model shape; SELFSPEC_CALIBRATE=0 keeps the rule above):"]
     for key, choice in found:
@@ -124,7 +126,8 @@ def measured_lines() -> list[str]:
     agreements = cached_agreements()
     if agreements:
         lines.append(
-            "agreement gate (per model: how often each copy ranks the model's token in its top two):"
+            "agreement gate (per model: how often each copy ranks the model's token in its top "
+            "two):"
         )
         lines += [f"  {line}" for line in agreements]
     return lines

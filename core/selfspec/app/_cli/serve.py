@@ -32,7 +32,8 @@ from selfspec.app._cli.settings import RUN_MAX_NEW_TOKENS, BadInput, CliError, S
     metavar="KEY",
     envvar="SELFSPEC_API_KEY",
     default=None,
-    help="Require `Authorization: Bearer KEY` on /v1 routes (401 otherwise); also $SELFSPEC_API_KEY.",
+    help="Require `Authorization: Bearer KEY` on /v1 routes (401 otherwise); also "
+    "$SELFSPEC_API_KEY.",
 )
 @click.option(
     "--max-new-tokens",
@@ -60,7 +61,8 @@ from selfspec.app._cli.settings import RUN_MAX_NEW_TOKENS, BadInput, CliError, S
     type=click.IntRange(min=1),
     default=16,
     show_default=True,
-    help="Requests that may wait behind the running one (one decode at a time); more: 503 with Retry-After.",
+    help="Requests that may wait behind the running one (one decode at a time); more: 503 with "
+    "Retry-After.",
 )
 @click.option(
     "--max-body-bytes",

@@ -73,7 +73,8 @@ class Settings:
     top_p: float | None = None
     seed: int | None = None
     _plugin_cache: dict[str, Any] = field(default_factory=dict, repr=False)
-    #: what :meth:`load_model` chose (:class:`selfspec._engine.tuning.machine.ThreadChoice`), None before
+    #: what :meth:`load_model` chose (:class:`selfspec._engine.tuning.machine.ThreadChoice`), None
+    #: before
     thread_choice: Any = field(default=None, repr=False, compare=False)
 
     def merged(self, params: dict[str, Any]) -> Settings:
@@ -219,7 +220,8 @@ class Settings:
 
 
 def placement_record(loaded: Loaded) -> dict[str, Any] | None:
-    """The placement as ``--json`` records it (:func:`selfspec.app._models.placement.placement_record`)."""
+    """The placement as ``--json`` records it
+    (:func:`selfspec.app._models.placement.placement_record`)."""
     from selfspec.app._models.placement import placement_record as record  # torch: on use only
 
     return record(loaded)

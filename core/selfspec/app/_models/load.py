@@ -39,11 +39,11 @@ def load(
     ``specdec sweep`` use it.
 
     ``model``: None (the embedded default), an embedded alias (``smollm2-135m-instruct``,
-    ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``; see ``specdec models``), a Hugging Face model directory, a ``.gguf`` file, or a hub id already in
-    the local hub cache. ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (ignored when a
-    placement is asked for). ``dtype``: ``float32``, ``bf16``/``bfloat16``, ``fp16``/``float16``
-    or ``float64``. ``chat``: apply the chat template to prompts (default: for instruct models
-    that have one).
+    ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``; see ``specdec models``), a
+    Hugging Face model directory, a ``.gguf`` file, or a hub id already in the local hub cache.
+    ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (ignored when a placement is asked for).
+    ``dtype``: ``float32``, ``bf16``/``bfloat16``, ``fp16``/``float16`` or ``float64``. ``chat``:
+    apply the chat template to prompts (default: for instruct models that have one).
 
     A model bigger than memory (accelerate places it, :mod:`.placement`): ``device_map``
     (``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``, a ``{module: device}``
@@ -149,7 +149,8 @@ def format_conversation(loaded: Loaded, user_turns: list[str], answers: list[str
     """
     if len(answers) != len(user_turns) - 1:
         raise ValueError(
-            f"{len(user_turns)} user turn(s) need {len(user_turns) - 1} answer(s), not {len(answers)}"
+            f"{len(user_turns)} user turn(s) need {len(user_turns) - 1} answer(s), "
+            f"not {len(answers)}"
         )
     if any(not t or not t.strip() for t in user_turns):
         raise ValueError("the prompt is empty")

@@ -135,7 +135,8 @@ def parse_size(text: str, where: str = "--max-memory") -> int:
 
 
 def parse_max_memory(spec: str | dict[Any, Any] | None) -> dict[Any, int]:
-    """``"cpu=6GiB,disk=40GiB,0=20GiB"`` (or such a dict) -> ``{"cpu": bytes, "disk": bytes, 0: bytes}``."""
+    """``"cpu=6GiB,disk=40GiB,0=20GiB"`` (or such a dict) ->
+    ``{"cpu": bytes, "disk": bytes, 0: bytes}``."""
     if spec is None:
         return {}
     items: list[tuple[Any, Any]]

@@ -189,7 +189,7 @@ def build_app(
     )
 
 
-# ---------------------------------------------------------------------------------------------- requests
+# ----------------------------------------------------------------------------------------- requests
 async def _body(request: HttpRequest, bound: int) -> bytes:
     """The body of a JSON POST, at most ``bound`` bytes: 415 for another media type, 413 when
     ``Content-Length`` says more or the body turns out longer while it is read."""
@@ -232,7 +232,7 @@ async def _next_event(job: Job, request: HttpRequest) -> tuple[str, Any] | None:
                 return None
 
 
-# ---------------------------------------------------------------------------------------------- answers
+# ------------------------------------------------------------------------------------------ answers
 def _full(req: Request, job_id: str, model: str, out: Outcome) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason, "logprobs": None}
     if req.kind == "chat":
@@ -279,9 +279,21 @@ async def _sse(job: Job, req: Request, model: str) -> AsyncIterator[str]:
     done = False
     try:
         if req.kind == "chat":  # OpenAI's first chunk names the role
-            yield (
-                f"data: {json.dumps({'id': rid, 'object': obj, 'created': created, 'model': model, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'logprobs': None, 'finish_reason': None}]})}\n\n"
-            )
+            first = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            yield f"data: {json.dumps(first)}\n\n"
         while True:
             kind, payload = await job.events.get()
             if kind == "delta":

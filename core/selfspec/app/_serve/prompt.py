@@ -104,8 +104,9 @@ class PromptEncoder:
         ):
             raise ApiError(
                 400,
-                f"the prompt is too long: this server takes at most {self.limits.max_prompt_tokens} "
-                f"tokens, and its text is longer than that many tokens can be ({bound} UTF-8 bytes)",
+                "the prompt is too long: this server takes at most "
+                f"{self.limits.max_prompt_tokens} tokens, and its text is longer than that many "
+                f"tokens can be ({bound} UTF-8 bytes)",
                 param,
                 code="context_length_exceeded",
             )
@@ -114,7 +115,8 @@ class PromptEncoder:
         if n > self.limits.max_prompt_tokens:
             raise ApiError(
                 400,
-                f"the prompt is {n} tokens; this server takes at most {self.limits.max_prompt_tokens}",
+                f"the prompt is {n} tokens; this server takes at most "
+                f"{self.limits.max_prompt_tokens}",
                 param,
                 code="context_length_exceeded",
             )

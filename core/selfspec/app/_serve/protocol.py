@@ -278,7 +278,8 @@ def _common(
     if not 1 <= max_tokens <= limits.max_tokens_limit:
         raise ApiError(
             400,
-            f"{max_name} must lie in [1, {limits.max_tokens_limit}] on this server, got {max_tokens}",
+            f"{max_name} must lie in [1, {limits.max_tokens_limit}] on this server, "
+            f"got {max_tokens}",
             max_name,
         )
     temperature = _number(body, "temperature", 0.0, 2.0)

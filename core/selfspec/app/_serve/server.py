@@ -73,7 +73,8 @@ def serve(
         queue_size,
         say,
         on_failure=lambda: setattr(holder["server"], "should_exit", True),
-        ready_line=f"ready: {settings.plugin_name} on POST {url}/v1/chat/completions and /v1/completions",
+        ready_line=f"ready: {settings.plugin_name} on POST {url}/v1/chat/completions "
+        "and /v1/completions",
     )
     app = build_app(
         worker,
@@ -173,7 +174,7 @@ class _Server:
         return Server(config)
 
 
-# ---------------------------------------------------------------------------------------------- loading
+# ------------------------------------------------------------------------------------------ loading
 def _load(settings: Any, progress: Callable[[str], None]) -> tuple[Any, Any]:
     """On the worker thread: the model, the decoder (the plugin's setup) and one warm-up decode."""
     from selfspec.app._cli.settings import user_errors
@@ -184,11 +185,13 @@ def _load(settings: Any, progress: Callable[[str], None]) -> tuple[Any, Any]:
         loaded = settings.load_model()
         t1 = time.perf_counter()
         progress(
-            f"model {loaded.name} loaded in {t1 - t0:.1f} s ({str(loaded.dtype).removeprefix('torch.')}, "
+            f"model {loaded.name} loaded in {t1 - t0:.1f} s "
+            f"({str(loaded.dtype).removeprefix('torch.')}, "
             f"{loaded.device}, {settings.thread_choice.threads} threads)"
         )
         progress(
-            f"setting up the {settings.plugin_name} decoder (weight layout, draft weights, artefacts) ..."
+            f"setting up the {settings.plugin_name} decoder (weight layout, draft weights, "
+            "artefacts) ..."
         )
         decoder = settings.decoder(loaded, adopt_weights=True)
     t2 = time.perf_counter()

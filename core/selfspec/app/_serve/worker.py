@@ -270,7 +270,8 @@ class Worker:
             s = outcome.stats
             self.log(
                 f"{job.id} {job.kind}: {outcome.prompt_tokens} prompt + "
-                f"{outcome.completion_tokens} tokens in {s['wall_time_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s, "
+                f"{outcome.completion_tokens} tokens in {s['wall_time_s']:.2f} s "
+                f"({s['tokens_per_s']:.1f} tok/s, "
                 f"tau {s['tau']:.2f}), finish {outcome.finish_reason}"
             )
 

@@ -51,7 +51,10 @@ class EosAlias(Echo):
 
 
 class AcceptsOtherEos(Echo):
-    bug = "accepts a drafted EOS id where the model predicts another EOS id (the decode stops either way)"
+    bug = (
+        "accepts a drafted EOS id where the model predicts another EOS id (the decode stops "
+        "either way)"
+    )
     trigger = "two or more EOS ids, a draft holding one where the model's next token is another"
     hook = "selfspec_verify"
 
