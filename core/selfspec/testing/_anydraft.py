@@ -79,8 +79,10 @@ class DraftShape:
                 if right_child or (self.kind == "siblings" and on_path):
                     children.append((len(nodes) - 1, d + 1, right_child))
             queue.extend(children if self.breadth_first else reversed(children))
-        return Draft(torch.tensor([t for _, t in nodes], dtype=torch.long, device=device),
-                     torch.tensor([p for p, _ in nodes], dtype=torch.long, device=device))
+        return Draft(
+            torch.tensor([t for _, t in nodes], dtype=torch.long, device=device),
+            torch.tensor([p for p, _ in nodes], dtype=torch.long, device=device),
+        )
 
 
 def _wrong(token: int, j: int, vocab: int) -> int:
@@ -93,11 +95,26 @@ def draft_shapes() -> st.SearchStrategy[DraftShape]:
     """Any :class:`DraftShape`: depths up to 12 (deep chains up to 16), widths up to 5."""
     return st.one_of(
         st.just(DraftShape("empty")),
-        st.builds(DraftShape, st.just("chain"), st.integers(1, 8), st.just(1), st.just(0),
-                  st.one_of(st.none(), st.integers(0, 7))),
-        st.builds(DraftShape, st.just("wide"), st.integers(1, 4), st.integers(2, 8), st.integers(0, 7)),
-        st.builds(DraftShape, st.just("siblings"), st.integers(2, 5), st.integers(2, 3), st.integers(0, 2),
-                  st.none(), st.booleans()),
+        st.builds(
+            DraftShape,
+            st.just("chain"),
+            st.integers(1, 8),
+            st.just(1),
+            st.just(0),
+            st.one_of(st.none(), st.integers(0, 7)),
+        ),
+        st.builds(
+            DraftShape, st.just("wide"), st.integers(1, 4), st.integers(2, 8), st.integers(0, 7)
+        ),
+        st.builds(
+            DraftShape,
+            st.just("siblings"),
+            st.integers(2, 5),
+            st.integers(2, 3),
+            st.integers(0, 2),
+            st.none(),
+            st.booleans(),
+        ),
         st.builds(DraftShape, st.just("deep"), st.integers(9, 16)),
     )
 
@@ -123,8 +140,13 @@ class KitDrafts:
     reference's EOS id by another EOS id of the decode: one EOS drafted where the model
     predicts another)."""
 
-    def __init__(self, plugin_name: str, truth: Sequence[int], shapes: Sequence[DraftShape],
-                 swap: dict[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        plugin_name: str,
+        truth: Sequence[int],
+        shapes: Sequence[DraftShape],
+        swap: dict[int, int] | None = None,
+    ) -> None:
         self.plugin_name = plugin_name
         self.truth = list(truth)
         self.shapes = list(shapes)
@@ -136,12 +158,15 @@ class KitDrafts:
     def selfspec_propose(self, state: DecodeState) -> Any:
         yield  # the plugin's own proposal runs (its state moves on as in a real decode), unused
         self.shape = self.shapes[state.step % len(self.shapes)]
-        truth = self.truth[state.generated:]
+        truth = self.truth[state.generated :]
         draft = self.shape.build(truth, state.runner.vocab_size, state.runner.device)
         if not self.swap or not len(draft):
             return draft
-        ids = torch.tensor([self.swap.get(t, t) for t in draft.tokens.tolist()], dtype=torch.long,
-                           device=draft.tokens.device)
+        ids = torch.tensor(
+            [self.swap.get(t, t) for t in draft.tokens.tolist()],
+            dtype=torch.long,
+            device=draft.tokens.device,
+        )
         return Draft(ids, draft.parents)
 
     @hookimpl(wrapper=True)
@@ -154,29 +179,47 @@ class KitDrafts:
         # after the audit passed every committed token: were as many committed as the host would?
         draft = self.draft
         assert draft is not None
-        truth = self.truth[state.generated:]
+        truth = self.truth[state.generated :]
         tokens = draft.tokens.tolist()
-        parents = draft.parents.tolist() if draft.parents is not None else list(range(-1, len(draft) - 1))
+        parents = (
+            draft.parents.tolist() if draft.parents is not None else list(range(-1, len(draft) - 1))
+        )
         cur, n = -1, 0
         while n < len(truth) - 1:
-            nxt = next((i for i, p in enumerate(parents) if p == cur and tokens[i] == truth[n]), None)
+            nxt = next(
+                (i for i, p in enumerate(parents) if p == cur and tokens[i] == truth[n]), None
+            )
             if nxt is None:
                 break
             cur, n = nxt, n + 1
         want = tuple(truth[: n + 1])
         if tuple(verdict.committed) != want:
             kind = "tree" if draft.is_tree else "chain"
-            raise AuditError(self.plugin_name, (
-                f"selfspec_verify is wrong at step {state.step} on a kit-made {kind} ({self.shape}): it "
-                f"commits {list(verdict.committed)}, the host's verification of that draft commits "
-                f"{list(want)}; draft tokens {tokens}, parents {parents if draft.is_tree else None}"))
+            raise AuditError(
+                self.plugin_name,
+                (
+                    f"selfspec_verify is wrong at step {state.step} on a kit-made {kind} "
+                    f"({self.shape}): it commits {list(verdict.committed)}, the host's "
+                    f"verification of that draft commits {list(want)}; draft tokens {tokens}, "
+                    f"parents {parents if draft.is_tree else None}"
+                ),
+            )
 
 
-def check_any_drafts(model: Any, plugin: str, plugin_object: Any, options: dict[str, Any],
-                     prompt: Sequence[int], max_new_tokens: int, shapes: Sequence[DraftShape],
-                     sampling: Any = None, eos_at: int | None = None) -> None:
+def check_any_drafts(
+    model: Any,
+    plugin: str,
+    plugin_object: Any,
+    options: dict[str, Any],
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    shapes: Sequence[DraftShape],
+    sampling: Any = None,
+    eos_at: int | None = None,
+) -> None:
     """Decode ``prompt`` with the plugin in audit mode, every step's draft replaced by the kit's
-    (:class:`KitDrafts`); a wrong verdict raises :class:`~selfspec._engine.contract.audit.AuditError`.
+    (:class:`KitDrafts`); a wrong verdict raises
+    :class:`~selfspec._engine.contract.audit.AuditError`.
 
     ``eos_at``: the decode has two EOS ids, the reference's token at that index (where it
     stops) and another id it does not hold, which the kit drafts in the first one's place."""
@@ -193,8 +236,11 @@ def check_any_drafts(model: Any, plugin: str, plugin_object: Any, options: dict[
     if eos_at is not None and truth:
         stop = truth[min(eos_at, len(truth) - 1)]
         truth = truth[: truth.index(stop) + 1]  # the reference ends at its EOS
-        other = next(t for j in range(int(model.config.vocab_size)) if (t := _wrong(stop, j, int(model.config.vocab_size)))
-                     not in truth)
+        other = next(
+            t
+            for j in range(int(model.config.vocab_size))
+            if (t := _wrong(stop, j, int(model.config.vocab_size))) not in truth
+        )
         eos, swap = (stop, other), {stop: other}
     decoder = Decoder(model, plugin, options, plugin_object=plugin_object, audit=True)
     decoder.pm.register(KitDrafts(plugin, truth, shapes, swap), name="selfspec-kit-drafts")

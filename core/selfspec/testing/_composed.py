@@ -59,7 +59,9 @@ class ComposedSuite(PluginSuite):
         from selfspec._engine.contract.plugins import available, member_names
 
         members = member_names(self.plugin) or []
-        assert len(members) >= 2, f"{type(self).__name__}: {self.plugin!r} names no composition (a+b)"
+        assert len(members) >= 2, (
+            f"{type(self).__name__}: {self.plugin!r} names no composition (a+b)"
+        )
         objects = self.plugin_object or {}
         for m in members:
             assert m in objects or m in available(), f"member {m!r} is not installed"
@@ -70,7 +72,9 @@ class ComposedSuite(PluginSuite):
         from selfspec.testing import strategies as sst
 
         drawn = {k: v for k, v in declared.items() if "." not in k or k in self.option_strategies}
-        return sst.options(drawn, fixed=self.fixed_options, strategies=self.option_strategies, model=model)
+        return sst.options(
+            drawn, fixed=self.fixed_options, strategies=self.option_strategies, model=model
+        )
 
 
 # ---------------------------------------------------------------- a member of a composition
@@ -94,7 +98,9 @@ class LossyMember:
         draft = Draft.empty(state.runner.device)
         for j in range(len(ids) - 2, -1, -1):  # what followed the pending token's last occurrence
             if ids[j] == ids[-1]:
-                draft = Draft.chain(ids[j + 1 : j + 5][: state.max_draft_depth], device=state.runner.device)
+                draft = Draft.chain(
+                    ids[j + 1 : j + 5][: state.max_draft_depth], device=state.runner.device
+                )
                 break
         if state.length >= self.at and len(draft) and state.length >= 2:
             if type(self).fault_step is None:

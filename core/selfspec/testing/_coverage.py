@@ -1,13 +1,13 @@
 """What a losslessness property test exercised, counted per example, and the buckets it must hit.
 
-Every example a :class:`~selfspec.testing.PluginSuite` runs is recorded from its scenario and
-the decode's audit log (:class:`selfspec._engine.contract.audit.Auditor`): the architecture, prompt and output
-length buckets (closed ranges up to ``>512``), how many steps the decode ran, the deepest
-draft, steps with accepted drafts, chain or tree drafts, a step at the sliding window's edge,
-EOS inside the accepted tokens, drafts cut at the depth limit, sampling (``sampled``, and
-``sampled-accepted`` when a draft was accepted under sampling), and per architecture whether
-it saw a long prompt (``prompt>512@<arch>``) and a long output (``output>256@<arch>``). Each
-bucket is also a Hypothesis ``event`` (``--hypothesis-show-statistics`` shows them).
+Every example a :class:`~selfspec.testing.PluginSuite` runs is recorded from its scenario and the
+decode's audit log (:class:`selfspec._engine.contract.audit.Auditor`): the architecture, prompt and
+output length buckets (closed ranges up to ``>512``), how many steps the decode ran, the deepest
+draft, steps with accepted drafts, chain or tree drafts, a step at the sliding window's edge, EOS
+inside the accepted tokens, drafts cut at the depth limit, sampling (``sampled``, and
+``sampled-accepted`` when a draft was accepted under sampling), and per architecture whether it saw
+a long prompt (``prompt>512@<arch>``) and a long output (``output>256@<arch>``). Each bucket is also
+a Hypothesis ``event`` (``--hypothesis-show-statistics`` shows them).
 
 :data:`REQUIRED` are the buckets a suite fails without, plus :data:`REQUIRED_PER_ARCH` for
 every architecture it tests; a suite drops one with a reason (``coverage_exempt``), never
@@ -21,13 +21,29 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 #: Length buckets, closed except the last: (lowest length, name).
-LENGTHS: tuple[tuple[int, str], ...] = ((513, ">512"), (257, "257-512"), (129, "129-256"), (33, "33-128"),
-                                        (9, "9-32"), (1, "1-8"), (0, "0"))
+LENGTHS: tuple[tuple[int, str], ...] = (
+    (513, ">512"),
+    (257, "257-512"),
+    (129, "129-256"),
+    (33, "33-128"),
+    (9, "9-32"),
+    (1, "1-8"),
+    (0, "0"),
+)
 #: Buckets every plugin's property test must reach (besides :data:`REQUIRED_PER_ARCH`).
 REQUIRED: tuple[str, ...] = (
-    "prompt:129-256", "prompt:257-512", "prompt:>512",
-    "output:129-256", "output:257-512", "output:>512",
-    "steps>=128", "steps>=256", "late>=64", "accepted>=1", "depth>=4", "window-edge",
+    "prompt:129-256",
+    "prompt:257-512",
+    "prompt:>512",
+    "output:129-256",
+    "output:257-512",
+    "output:>512",
+    "steps>=128",
+    "steps>=256",
+    "late>=64",
+    "accepted>=1",
+    "depth>=4",
+    "window-edge",
     "sampled",
 )
 #: Buckets every architecture of a suite must reach (``{arch}`` is its name).
@@ -50,13 +66,25 @@ class Coverage:
         self.steps = 0
         self.done: set[str] = set()  # architectures whose property test ran to the end
 
-    def record(self, arch: str, prompt_len: int, result: Any, auditor: Any, window: int | None,
-               eos: Iterable[int] = (), sampled: bool = False) -> list[str]:
+    def record(
+        self,
+        arch: str,
+        prompt_len: int,
+        result: Any,
+        auditor: Any,
+        window: int | None,
+        eos: Iterable[int] = (),
+        sampled: bool = False,
+    ) -> list[str]:
         """Count one example; returns its buckets (also sent as Hypothesis events)."""
         eos = set(eos)
         steps = list(auditor.steps)
         out = len(result.output_ids)
-        buckets = {f"arch:{arch}", f"prompt:{length_bucket(prompt_len)}", f"output:{length_bucket(out)}"}
+        buckets = {
+            f"arch:{arch}",
+            f"prompt:{length_bucket(prompt_len)}",
+            f"output:{length_bucket(out)}",
+        }
         if prompt_len > 512:
             buckets.add(f"prompt>512@{arch}")
         if out > 256:
@@ -106,9 +134,11 @@ class Coverage:
 
     def report(self) -> str:
         """The counts (examples per bucket), one bucket per line, in name order."""
-        lines = [f"selfspec coverage of {self.name}: {self.examples} examples ({self.accepting} with an "
-                 f"accepted draft token); {self.steps} decode steps ({self.accepted_steps} accepted a draft "
-                 f"token); examples per bucket:"]
+        lines = [
+            f"selfspec coverage of {self.name}: {self.examples} examples ({self.accepting} with "
+            f"an accepted draft token); {self.steps} decode steps ({self.accepted_steps} accepted "
+            f"a draft token); examples per bucket:"
+        ]
         for b in sorted(self.counts):
             lines.append(f"  {b:<20} {self.counts[b]:>4}")
         return "\n".join(lines)

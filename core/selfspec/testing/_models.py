@@ -58,7 +58,12 @@ def tiny_config(arch: str, **overrides: Any) -> Any:
         cls = transformers.Gemma3TextConfig
         kw.update(
             num_hidden_layers=4,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            layer_types=[
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "full_attention",
+            ],
             sliding_window=WINDOW - 1,
             final_logit_softcapping=30.0,
             query_pre_attn_scalar=16,
@@ -96,7 +101,9 @@ def tiny_model(
         near_tie_head(model)
     model = model.to(device=device, dtype=dtype).eval()
     model.generation_config.eos_token_id = config.eos_token_id
-    model.generation_config.pad_token_id = config.eos_token_id if config.eos_token_id is not None else 0
+    model.generation_config.pad_token_id = (
+        config.eos_token_id if config.eos_token_id is not None else 0
+    )
     return model
 
 
@@ -148,8 +155,9 @@ def split_device_map(model: Any) -> dict[str, str]:
     return device_map
 
 
-def offloaded_tiny_model(arch: str, offload_dir: Any, *, device_map: dict[str, str] | None = None,
-                         **kwargs: Any) -> Any:
+def offloaded_tiny_model(
+    arch: str, offload_dir: Any, *, device_map: dict[str, str] | None = None, **kwargs: Any
+) -> Any:
     """:func:`tiny_model` dispatched by accelerate over CPU memory and disk.
 
     ``device_map`` (default :func:`split_device_map`) names ``"cpu"`` or ``"disk"`` per module;
@@ -161,4 +169,6 @@ def offloaded_tiny_model(arch: str, offload_dir: Any, *, device_map: dict[str, s
     from accelerate import dispatch_model
 
     model = tiny_model(arch, **kwargs)
-    return dispatch_model(model, device_map or split_device_map(model), offload_dir=str(offload_dir))
+    return dispatch_model(
+        model, device_map or split_device_map(model), offload_dir=str(offload_dir)
+    )

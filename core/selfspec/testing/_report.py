@@ -33,7 +33,7 @@ def summarise(ids: Sequence[int], shown: int = SHOWN) -> str:
     ids = [int(t) for t in ids]
     if len(ids) <= shown:
         return str(ids)
-    head, tail = ids[: shown // 2 - 2], ids[-(shown // 2 - 4):]
+    head, tail = ids[: shown // 2 - 2], ids[-(shown // 2 - 4) :]
     return f"{len(ids)} tokens {head} ... {tail} #{token_hash(ids)}"
 
 
@@ -41,7 +41,7 @@ def around(ids: Sequence[int], i: int, before: int = 8, after: int = 12) -> str:
     """``ids`` near index ``i``: the ``before`` ids up to it, ``|``, the ``after`` from it."""
     ids = [int(t) for t in ids]
     lead = f"...+{i - before} " if i > before else ""
-    return f"{lead}{ids[max(0, i - before):i]} | {ids[i:i + after]}"
+    return f"{lead}{ids[max(0, i - before) : i]} | {ids[i : i + after]}"
 
 
 def failures_dir() -> Path:

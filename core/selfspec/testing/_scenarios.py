@@ -67,12 +67,14 @@ class Scenario:
     def __repr__(self) -> str:  # short: a long prompt is summarised (length, head, tail, hash)
         from selfspec.testing._report import summarise
 
-        return (f"Scenario(arch={self.arch!r}, prompt={summarise(self.prompt)}, "
-                f"max_new_tokens={self.max_new_tokens}, eos_at={self.eos_at}"
-                f"{f', sampling={self.sampling}' if self.sampling else ''}"
-                f"{', near_ties=True' if self.near_ties else ''}"
-                f"{', eos_rest=True' if self.eos_rest else ''}"
-                f"{f', label={self.label!r}' if self.label else ''})")
+        return (
+            f"Scenario(arch={self.arch!r}, prompt={summarise(self.prompt)}, "
+            f"max_new_tokens={self.max_new_tokens}, eos_at={self.eos_at}"
+            f"{f', sampling={self.sampling}' if self.sampling else ''}"
+            f"{', near_ties=True' if self.near_ties else ''}"
+            f"{', eos_rest=True' if self.eos_rest else ''}"
+            f"{f', label={self.label!r}' if self.label else ''})"
+        )
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """Hypothesis prints a falsifying example with its pretty printer: the short repr."""
@@ -80,9 +82,16 @@ class Scenario:
 
     def as_json(self) -> dict[str, Any]:
         """Every field, the whole prompt included (the file a failure report names)."""
-        return {"arch": self.arch, "prompt": list(self.prompt), "max_new_tokens": self.max_new_tokens,
-                "eos_at": self.eos_at, "eos_rest": self.eos_rest, "label": self.label, "near_ties": self.near_ties,
-                "sampling": None if self.sampling is None else repr(self.sampling)}
+        return {
+            "arch": self.arch,
+            "prompt": list(self.prompt),
+            "max_new_tokens": self.max_new_tokens,
+            "eos_at": self.eos_at,
+            "eos_rest": self.eos_rest,
+            "label": self.label,
+            "near_ties": self.near_ties,
+            "sampling": None if self.sampling is None else repr(self.sampling),
+        }
 
 
 @dataclass(frozen=True)
@@ -100,21 +109,31 @@ class Limits:
         prompt length and as an output length; ``ValueError`` for a boundary the model's
         positions cannot hold."""
         if self.max_prompt < 1 or self.max_new < 1 or self.max_prompt + 1 > self.positions:
-            raise ValueError(f"limits {self} leave no room: prompts and outputs need 1+ tokens "
-                             f"within {self.positions} positions")
+            raise ValueError(
+                f"limits {self} leave no room: prompts and outputs need 1+ tokens "
+                f"within {self.positions} positions"
+            )
         top = max((int(b) for b in boundaries), default=0) + 1
         if top + 1 > self.positions:
             raise ValueError(
                 f"boundary {top - 1} is past what the tiny models hold: a prompt or output of "
                 f"{top} tokens needs {top + 1}+ of their {self.positions} positions; raise "
-                f"max_position_embeddings (model_overrides) or drop the boundary")
+                f"max_position_embeddings (model_overrides) or drop the boundary"
+            )
         return Limits(max(self.max_prompt, top), max(self.max_new, top), self.positions)
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, archs: Sequence[str] = ARCHS, *, vocab_size: int = TINY_VOCAB,
-              max_prompt: int = MAX_PROMPT, max_new: int = MAX_NEW,
-              boundaries: Sequence[int] = (), positions: int = POSITIONS) -> Scenario:
+def scenarios(
+    draw: st.DrawFn,
+    archs: Sequence[str] = ARCHS,
+    *,
+    vocab_size: int = TINY_VOCAB,
+    max_prompt: int = MAX_PROMPT,
+    max_new: int = MAX_NEW,
+    boundaries: Sequence[int] = (),
+    positions: int = POSITIONS,
+) -> Scenario:
     """A :class:`Scenario`; ``boundaries`` adds lengths that matter to a plugin (its buffer
     size, depth limit, cache capacity), each drawn with +-1 as a prompt and as an output
     length, raising ``max_prompt``/``max_new`` to reach them (:meth:`Limits.extended`:
@@ -123,8 +142,12 @@ def scenarios(draw: st.DrawFn, archs: Sequence[str] = ARCHS, *, vocab_size: int 
     arch = draw(st.sampled_from(list(archs)))
     n_prompt = draw(boundary_lengths(1, min(lim.max_prompt, lim.positions - 1), boundaries))
     prompt = draw(prompt_ids(n_prompt, vocab_size))
-    n_new = draw(boundary_lengths(1, max(1, min(lim.max_new, lim.positions - n_prompt)), boundaries))
-    assume(n_prompt > 1 or n_new > 1)  # the simplest draw exercises nothing: spend the example elsewhere
+    n_new = draw(
+        boundary_lengths(1, max(1, min(lim.max_new, lim.positions - n_prompt)), boundaries)
+    )
+    assume(
+        n_prompt > 1 or n_new > 1
+    )  # the simplest draw exercises nothing: spend the example elsewhere
     # EOS from the reference output costs no more decoding: the reference is kept per prompt
     eos_at = draw(st.one_of(st.none(), st.integers(0, n_new - 1)))
     sampling = draw(st.one_of(st.none(), samplings()))
@@ -153,7 +176,10 @@ def reach(archs: Sequence[str] = ARCHS, positions: int = POSITIONS) -> list[Scen
     mid-output, deep repetitive drafts after a 200-token prompt, a one-token prompt with a
     130-token output)."""
     if LONG_PROMPT + 40 + LONG_NEW > positions or 300 + LONGEST_NEW > positions:
-        raise ValueError(f"the reach set needs {LONG_PROMPT + 40 + LONG_NEW} positions; the model has {positions}")
+        raise ValueError(
+            f"the reach set needs {LONG_PROMPT + 40 + LONG_NEW} positions; "
+            f"the model has {positions}"
+        )
     out = []
     for i, arch in enumerate(archs):
         prompt = _motif(LONG_PROMPT + 8 * i, _MOTIFS[i % len(_MOTIFS)], changes=3, salt=arch)
@@ -165,7 +191,9 @@ def reach(archs: Sequence[str] = ARCHS, positions: int = POSITIONS) -> list[Scen
         ("one-token prompt", 1, 130, None, (9,)),
     ]
     for i, (label, n_prompt, n_new, eos_at, motif) in enumerate(base):
-        out.append(Scenario(archs[(i + 1) % len(archs)], _motif(n_prompt, motif), n_new, eos_at, label))
+        out.append(
+            Scenario(archs[(i + 1) % len(archs)], _motif(n_prompt, motif), n_new, eos_at, label)
+        )
     return out
 
 
@@ -175,16 +203,22 @@ def sampled_filters(arch: str) -> list[Scenario]:
     from the reference within a few tokens at these settings)."""
     seed = zlib.crc32(f"filters:{arch}".encode())
     prompt = _motif(32, (7, 3, 9, 3, 1), changes=2, salt=arch)
-    return [Scenario(arch, prompt, 24, None, label, Sampling(t, k, p, seed))
-            for label, t, k, p in (("sampled, top-k alone", 1.0, 3, 1.0),
-                                   ("sampled, top-p alone", 1.0, 0, 0.6),
-                                   ("sampled, top-k and top-p", 1.0, 4, 0.7))]
+    return [
+        Scenario(arch, prompt, 24, None, label, Sampling(t, k, p, seed))
+        for label, t, k, p in (
+            ("sampled, top-k alone", 1.0, 3, 1.0),
+            ("sampled, top-p alone", 1.0, 0, 0.6),
+            ("sampled, top-k and top-p", 1.0, 4, 0.7),
+        )
+    ]
 
 
 def several_eos(arch: str) -> Scenario:
     """A fixed example with two EOS ids, both tokens of the reference output (at new tokens 6
     and 3): the decode must stop at whichever comes first, exactly as ``generate`` does."""
-    return Scenario(arch, _motif(24, (3, 4, 5), changes=2, salt=f"eos:{arch}"), 24, (6, 3), "several eos ids")
+    return Scenario(
+        arch, _motif(24, (3, 4, 5), changes=2, salt=f"eos:{arch}"), 24, (6, 3), "several eos ids"
+    )
 
 
 def every_id_eos(arch: str) -> Scenario:
@@ -195,8 +229,12 @@ def every_id_eos(arch: str) -> Scenario:
     return Scenario(arch, _motif(24, (3, 4, 5)), 8, 0, "every id an eos id", eos_rest=True)
 
 
-def eos_ids(ref: Sequence[int], eos_at: int | tuple[int, ...] | None, rest: bool = False,
-            vocab_size: int = TINY_VOCAB) -> tuple[int, ...]:
+def eos_ids(
+    ref: Sequence[int],
+    eos_at: int | tuple[int, ...] | None,
+    rest: bool = False,
+    vocab_size: int = TINY_VOCAB,
+) -> tuple[int, ...]:
     """The EOS ids of an example whose reference output (decoded without EOS) is ``ref``: the
     tokens at the indices ``eos_at`` (clipped to the output), and with ``rest`` every id of
     the vocabulary the reference does not hold before its first EOS (see :class:`Scenario`)."""
@@ -215,8 +253,13 @@ def last_position(arch: str, positions: int = POSITIONS) -> Scenario:
     """A fixed example whose output ends at the model's last position: a prompt of
     ``positions - 24`` tokens and 24 new tokens (a clamp of positions anywhere below the limit
     changes the output)."""
-    return Scenario(arch, _motif(positions - 24, (11, 2, 7, 2, 30), changes=3, salt=f"end:{arch}"), 24,
-                    None, "to the last position")
+    return Scenario(
+        arch,
+        _motif(positions - 24, (11, 2, 7, 2, 30), changes=3, salt=f"end:{arch}"),
+        24,
+        None,
+        "to the last position",
+    )
 
 
 def near_tied(arch: str) -> Scenario:
@@ -224,8 +267,14 @@ def near_tied(arch: str) -> Scenario:
     logits differ by a few 1e-4: the top-1/top-2 margin is below 1e-3 almost everywhere), a
     repetitive 48-token prompt and 40 new tokens, so drafts hold the wrong twin often: a
     verifier that accepts a draft token near the top-1 commits it, which float64 never allows."""
-    return Scenario(arch, _motif(48, (3, 4, 5, 6), changes=2, salt=f"ties:{arch}"), 40, None, "near-ties",
-                    near_ties=True)
+    return Scenario(
+        arch,
+        _motif(48, (3, 4, 5, 6), changes=2, salt=f"ties:{arch}"),
+        40,
+        None,
+        "near-ties",
+        near_ties=True,
+    )
 
 
 def sampled(arch: str) -> Scenario:
@@ -234,5 +283,11 @@ def sampled(arch: str) -> Scenario:
     (on most architectures: the tiny models repeat themselves less when they sample)."""
     import zlib
 
-    return Scenario(arch, _motif(40, (7, 3, 9, 3, 1)), 40, None, "sampled",
-                    Sampling(0.3, 0, 0.9, zlib.crc32(arch.encode())))
+    return Scenario(
+        arch,
+        _motif(40, (7, 3, 9, 3, 1)),
+        40,
+        None,
+        "sampled",
+        Sampling(0.3, 0, 0.9, zlib.crc32(arch.encode())),
+    )

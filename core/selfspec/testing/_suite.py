@@ -181,7 +181,9 @@ class PluginSuite:
         for attr in ("fixed_options", "option_strategies", "reach_options", "long_options"):
             unknown = sorted(set(getattr(self, attr)) - set(declared))
             assert not unknown, f"{attr} names options {self.plugin!r} does not declare: {unknown}"
-        resolve(declared, {**self.reach_options, **self.long_options, **self.fixed_options}, self.plugin)
+        resolve(
+            declared, {**self.reach_options, **self.long_options, **self.fixed_options}, self.plugin
+        )
         self.limits()  # a boundary past the tiny models' positions: the reason, here too
 
     def limits(self) -> Any:
@@ -199,8 +201,9 @@ class PluginSuite:
         the model (its number of layers, say)."""
         from selfspec.testing import strategies as sst
 
-        return sst.options(declared, fixed=self.fixed_options, strategies=self.option_strategies,
-                           model=model)
+        return sst.options(
+            declared, fixed=self.fixed_options, strategies=self.option_strategies, model=model
+        )
 
     def test_lossless(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
         from hypothesis import Phase, example, given, seed, settings
@@ -220,9 +223,15 @@ class PluginSuite:
         _, declared = self._manager()
         lim = self.limits()
         dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
-        model = tiny_model_factory(suite_arch, device=selfspec_device, **dtype, **self.model_overrides)
+        model = tiny_model_factory(
+            suite_arch, device=selfspec_device, **dtype, **self.model_overrides
+        )
         opts = self.options_strategy(model, declared)
-        base = settings.get_profile(self.hypothesis_profile) if self.hypothesis_profile else settings.default
+        base = (
+            settings.get_profile(self.hypothesis_profile)
+            if self.hypothesis_profile
+            else settings.default
+        )
         fixed = reach(self.archs, lim.positions)
         n = self.examples_per_arch
         if n is None:
@@ -232,41 +241,70 @@ class PluginSuite:
 
         def check(scenario: Any, options: dict[str, Any]) -> None:
             if scenario.near_ties and not twins:
-                twins.append(tiny_model_factory(suite_arch, device=selfspec_device, near_ties=True,
-                                                **self.model_overrides))
+                twins.append(
+                    tiny_model_factory(
+                        suite_arch, device=selfspec_device, near_ties=True, **self.model_overrides
+                    )
+                )
             self.check_example(twins[0] if scenario.near_ties else model, scenario, options, cov)
 
-        drawn = scenarios([suite_arch], max_prompt=lim.max_prompt, max_new=lim.max_new,
-                          boundaries=self.boundaries, positions=lim.positions)
+        drawn = scenarios(
+            [suite_arch],
+            max_prompt=lim.max_prompt,
+            max_new=lim.max_new,
+            boundaries=self.boundaries,
+            positions=lim.positions,
+        )
         test = given(scenario=drawn, options=opts)(check)
         # explicit examples run last-applied first: the reach set (where most bugs live), then
         # the sampling example, then the draws
         fixed_opts = {**self.reach_options, **self.fixed_options}
         long_opts = {**self.reach_options, **self.long_options, **self.fixed_options}
         ties = [near_tied(suite_arch)] if self.model_dtype is None else []  # exact only in float64
-        test = example(scenario=every_id_eos(suite_arch), options=fixed_opts)(test)  # the last fixed one
-        for sc in (*sampled_filters(suite_arch), several_eos(suite_arch), *ties,
-                   last_position(suite_arch, lim.positions)):
+        test = example(scenario=every_id_eos(suite_arch), options=fixed_opts)(
+            test
+        )  # the last fixed one
+        for sc in (
+            *sampled_filters(suite_arch),
+            several_eos(suite_arch),
+            *ties,
+            last_position(suite_arch, lim.positions),
+        ):
             test = example(scenario=sc, options=fixed_opts)(test)
         test = example(scenario=sampled(suite_arch), options=fixed_opts)(test)
         longest = max(sc.max_new_tokens for sc in fixed)
         for sc in (sc for sc in fixed if sc.arch == suite_arch):
-            test = example(scenario=sc, options=long_opts if sc.max_new_tokens == longest else fixed_opts)(test)
+            test = example(
+                scenario=sc, options=long_opts if sc.max_new_tokens == longest else fixed_opts
+            )(test)
         if base.derandomize:  # a fixed sequence per plugin and architecture, not one for all
             test = seed(zlib.crc32(f"{self.plugin}:{suite_arch}".encode()))(test)
         # not shrinking: stop at the first failing example, as drawn (no further explicit ones)
-        phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate], "report_multiple_bugs": False}
+        phases = (
+            {}
+            if self.shrink
+            else {"phases": [Phase.explicit, Phase.generate], "report_multiple_bugs": False}
+        )
         settings(base, max_examples=n, **phases)(test)()
         cov.done.add(suite_arch)
 
-    def test_lossless_across_decodes(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
+    def test_lossless_across_decodes(
+        self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any
+    ) -> None:
         from selfspec._engine.contract.loop import Decoder
         from selfspec.testing._lossless import assert_lossless
 
         dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
-        model = tiny_model_factory(suite_arch, device=selfspec_device, **dtype, **self.model_overrides)
-        decoder = Decoder(model, self.plugin, {**self.reach_options, **self.fixed_options},
-                          plugin_object=self.plugin_object, exact=self.exact_mode())
+        model = tiny_model_factory(
+            suite_arch, device=selfspec_device, **dtype, **self.model_overrides
+        )
+        decoder = Decoder(
+            model,
+            self.plugin,
+            {**self.reach_options, **self.fixed_options},
+            plugin_object=self.plugin_object,
+            exact=self.exact_mode(),
+        )
         plugin = decoder.plugin
         assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 16)  # the warm-up
         for prompt, max_new_tokens in DECODE_SEQUENCE:
@@ -276,14 +314,22 @@ class PluginSuite:
         from selfspec._engine.contract.sampling import Sampling
 
         for seed in SAMPLED_SEEDS:
-            assert_lossless(model, decoder, DECODE_SEQUENCE[0][0], 24, sampling=Sampling(1.0, 0, 0.9, seed))
+            assert_lossless(
+                model, decoder, DECODE_SEQUENCE[0][0], 24, sampling=Sampling(1.0, 0, 0.9, seed)
+            )
         assert decoder.plugin is plugin  # one instance throughout
 
     def exact_mode(self) -> bool:
         """Whether this suite's examples run in exact mode (see :attr:`exact`)."""
-        return self.exact if self.exact is not None else str(self.model_dtype) not in ("None", "torch.float64")
+        return (
+            self.exact
+            if self.exact is not None
+            else str(self.model_dtype) not in ("None", "torch.float64")
+        )
 
-    def test_verify_any_draft(self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any) -> None:
+    def test_verify_any_draft(
+        self, suite_arch: str, selfspec_device: str, tiny_model_factory: Any
+    ) -> None:
         from hypothesis import Phase, example, given, seed, settings
         from hypothesis import strategies as st
 
@@ -294,17 +340,30 @@ class PluginSuite:
 
         pm, instance = make_manager(self.plugin, self.plugin_object)
         if instance is None or "selfspec_verify" not in hook_names(pm, instance):
-            pytest.skip(f"{self.plugin!r} has no selfspec_verify: the host's verifier checks every draft")
+            pytest.skip(
+                f"{self.plugin!r} has no selfspec_verify: the host's verifier checks every draft"
+            )
         dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
-        model = tiny_model_factory(suite_arch, device=selfspec_device, **dtype, **self.model_overrides)
-        base = settings.get_profile(self.hypothesis_profile) if self.hypothesis_profile else settings.default
+        model = tiny_model_factory(
+            suite_arch, device=selfspec_device, **dtype, **self.model_overrides
+        )
+        base = (
+            settings.get_profile(self.hypothesis_profile)
+            if self.hypothesis_profile
+            else settings.default
+        )
         sampling = Sampling(0.8, 0, 0.95, zlib.crc32(f"any:{suite_arch}".encode()))
 
         def check(shapes: list[Any], sampled: bool, eos_at: int | None) -> None:
-            self.check_any_draft_example(model, shapes, sampling if sampled else None, eos_at=eos_at)
+            self.check_any_draft_example(
+                model, shapes, sampling if sampled else None, eos_at=eos_at
+            )
 
-        test = given(shapes=st.lists(draft_shapes(), min_size=3, max_size=8), sampled=st.booleans(),
-                     eos_at=st.one_of(st.none(), st.integers(0, ANY_DRAFT_NEW - 1)))(check)
+        test = given(
+            shapes=st.lists(draft_shapes(), min_size=3, max_size=8),
+            sampled=st.booleans(),
+            eos_at=st.one_of(st.none(), st.integers(0, ANY_DRAFT_NEW - 1)),
+        )(check)
         # explicit examples run last-applied first: every shape, greedy then sampled, then one
         # EOS id drafted where the reference ends with another
         test = example(shapes=list(EVERY_SHAPE), sampled=False, eos_at=ANY_DRAFT_EOS_AT)(test)
@@ -312,11 +371,16 @@ class PluginSuite:
         test = example(shapes=list(EVERY_SHAPE), sampled=False, eos_at=None)(test)
         if base.derandomize:
             test = seed(zlib.crc32(f"any:{self.plugin}:{suite_arch}".encode()))(test)
-        phases = {} if self.shrink else {"phases": [Phase.explicit, Phase.generate], "report_multiple_bugs": False}
+        phases = (
+            {}
+            if self.shrink
+            else {"phases": [Phase.explicit, Phase.generate], "report_multiple_bugs": False}
+        )
         settings(base, max_examples=max(2, base.max_examples // 6), **phases)(test)()
 
-    def check_any_draft_example(self, model: Any, shapes: list[Any], sampling: Any,
-                                eos_at: int | None = None) -> None:
+    def check_any_draft_example(
+        self, model: Any, shapes: list[Any], sampling: Any, eos_at: int | None = None
+    ) -> None:
         """One decode of ``ANY_DRAFT_PROMPT`` whose drafts are the kit's ``shapes`` in turn
         (:func:`selfspec.testing._anydraft.check_any_drafts`; ``eos_at``: two EOS ids, the
         other one drafted where the reference ends)."""
@@ -327,13 +391,33 @@ class PluginSuite:
 
         options = {**self.reach_options, **self.fixed_options}
         try:
-            check_any_drafts(model, self.plugin, self.plugin_object, options, ANY_DRAFT_PROMPT, ANY_DRAFT_NEW,
-                             shapes, sampling, eos_at)
+            check_any_drafts(
+                model,
+                self.plugin,
+                self.plugin_object,
+                options,
+                ANY_DRAFT_PROMPT,
+                ANY_DRAFT_NEW,
+                shapes,
+                sampling,
+                eos_at,
+            )
         except (LosslessError, PluginError) as exc:
-            with_example(exc, {"plugin": self.plugin, "suite": self.suite_name(), "prompt": list(ANY_DRAFT_PROMPT),
-                               "max_new_tokens": ANY_DRAFT_NEW, "shapes": [repr(s) for s in shapes],
-                               "sampling": repr(sampling), "eos_at": eos_at, "options": options})
+            with_example(
+                exc,
+                {
+                    "plugin": self.plugin,
+                    "suite": self.suite_name(),
+                    "prompt": list(ANY_DRAFT_PROMPT),
+                    "max_new_tokens": ANY_DRAFT_NEW,
+                    "shapes": [repr(s) for s in shapes],
+                    "sampling": repr(sampling),
+                    "eos_at": eos_at,
+                    "options": options,
+                },
+            )
             raise
+
     def test_lossless_offloaded(self, suite_arch: str, offloaded_model_factory: Any) -> None:
         from selfspec._engine.contract.loop import Decoder
         from selfspec._engine.contract.sampling import Sampling
@@ -341,25 +425,45 @@ class PluginSuite:
 
         dtype = {} if self.model_dtype is None else {"dtype": self.model_dtype}
         model = offloaded_model_factory(suite_arch, **dtype, **self.model_overrides)
-        decoder = Decoder(model, self.plugin, {**self.offload_options, **self.fixed_options},
-                          plugin_object=self.plugin_object, audit=True)
-        assert decoder.runner.placement is not None and decoder.runner.placement["offloaded_layers"] > 0
+        decoder = Decoder(
+            model,
+            self.plugin,
+            {**self.offload_options, **self.fixed_options},
+            plugin_object=self.plugin_object,
+            audit=True,
+        )
+        assert (
+            decoder.runner.placement is not None
+            and decoder.runner.placement["offloaded_layers"] > 0
+        )
         for prompt, max_new_tokens in OFFLOAD_SEQUENCE:
             assert_lossless(model, decoder, prompt, max_new_tokens)
-        assert_lossless(model, decoder, OFFLOAD_SEQUENCE[0][0], 16, sampling=Sampling(1.0, 0, 0.9, SAMPLED_SEEDS[0]))
+        assert_lossless(
+            model,
+            decoder,
+            OFFLOAD_SEQUENCE[0][0],
+            16,
+            sampling=Sampling(1.0, 0, 0.9, SAMPLED_SEEDS[0]),
+        )
 
     def test_lossless_coverage(self) -> None:
         cov = self.coverage()
         if set(self.archs) - cov.done:
-            pytest.skip(f"coverage is checked only when every test_lossless of the class passed in this session; "
-                        f"not passed (failed or not run): {sorted(set(self.archs) - cov.done)}")
+            pytest.skip(
+                "coverage is checked only when every test_lossless of the class passed in this "
+                f"session; not passed (failed or not run): {sorted(set(self.archs) - cov.done)}"
+            )
         missing = cov.missing(self.archs, self.coverage_exempt)
-        assert not missing, (f"the losslessness property of {self.plugin!r} never exercised "
-                             f"{missing}: widen its options (reach_options, option_strategies) "
-                             f"or exempt a bucket with a reason (coverage_exempt)\n{cov.report()}")
+        assert not missing, (
+            f"the losslessness property of {self.plugin!r} never exercised "
+            f"{missing}: widen its options (reach_options, option_strategies) "
+            f"or exempt a bucket with a reason (coverage_exempt)\n{cov.report()}"
+        )
 
     # ------------------------------------------------------------------ one example
-    def check_example(self, model: Any, scenario: Any, options: dict[str, Any], cov: Coverage) -> None:
+    def check_example(
+        self, model: Any, scenario: Any, options: dict[str, Any], cov: Coverage
+    ) -> None:
         """Decode one scenario in audit mode, compare with ``generate``, record coverage."""
         from hypothesis import event
 
@@ -376,23 +480,49 @@ class PluginSuite:
             if scenario.sampling is None:
                 ref = greedy_reference(model, prompt, scenario.max_new_tokens)
             else:
-                ref = reference_sample(model, prompt, scenario.max_new_tokens, (), scenario.sampling)
+                ref = reference_sample(
+                    model, prompt, scenario.max_new_tokens, (), scenario.sampling
+                )
             eos = eos_ids(ref, scenario.eos_at, scenario.eos_rest, int(model.config.vocab_size))
         window = getattr(model.config, "sliding_window", None)
         if scenario.arch == "qwen2" and not getattr(model.config, "use_sliding_window", False):
             window = None
 
         def record(result: Any, auditor: Any) -> None:
-            for bucket in cov.record(scenario.arch, len(prompt), result, auditor, window, eos,
-                                     sampled=scenario.sampling is not None):
+            for bucket in cov.record(
+                scenario.arch,
+                len(prompt),
+                result,
+                auditor,
+                window,
+                eos,
+                sampled=scenario.sampling is not None,
+            ):
                 event(bucket)
 
         try:
-            assert_lossless(model, self.plugin, prompt, scenario.max_new_tokens, options,
-                            plugin_object=self.plugin_object, eos_token_ids=eos, record=record,
-                            sampling=scenario.sampling, exact=self.exact_mode())
+            assert_lossless(
+                model,
+                self.plugin,
+                prompt,
+                scenario.max_new_tokens,
+                options,
+                plugin_object=self.plugin_object,
+                eos_token_ids=eos,
+                record=record,
+                sampling=scenario.sampling,
+                exact=self.exact_mode(),
+            )
         except (LosslessError, PluginError) as exc:  # the whole example to a file the message names
-            with_example(exc, {"plugin": self.plugin, "suite": self.suite_name(), "scenario": scenario.as_json(),
-                               "options": options, "eos_token_ids": list(eos),
-                               "dtype": str(next(model.parameters()).dtype)})
+            with_example(
+                exc,
+                {
+                    "plugin": self.plugin,
+                    "suite": self.suite_name(),
+                    "scenario": scenario.as_json(),
+                    "options": options,
+                    "eos_token_ids": list(eos),
+                    "dtype": str(next(model.parameters()).dtype),
+                },
+            )
             raise

@@ -13,16 +13,16 @@ Fixtures:
 * ``selfspec_arch``: parametrizes a test over every architecture in ``ARCHS``;
 * ``selfspec_device``: parametrizes a test over ``"cpu"`` and, when a GPU is present, ``"cuda"``.
 
-Hypothesis profiles: ``selfspec-ci`` (derandomized, no deadline, few examples),
-``selfspec-dev`` (no deadline, more examples, random) and ``selfspec-release`` (no deadline,
-five times ``selfspec-dev``'s examples, random: before a release, never loaded unless named). They are loaded only in a suite that
-uses the kit, so that the plugin is inert in any other project installed beside selfspec:
-when the ini option ``selfspec_kit = true`` is set, or as soon as a test file (or conftest)
-about to be imported mentions ``selfspec.testing`` or one of the kit's fixtures. Then the
+Hypothesis profiles: ``selfspec-ci`` (derandomized, no deadline, few examples), ``selfspec-dev`` (no
+deadline, more examples, random) and ``selfspec-release`` (no deadline, five times
+``selfspec-dev``'s examples, random: before a release, never loaded unless named). They are loaded
+only in a suite that uses the kit, so that the plugin is inert in any other project installed beside
+selfspec: when the ini option ``selfspec_kit = true`` is set, or as soon as a test file (or
+conftest) about to be imported mentions ``selfspec.testing`` or one of the kit's fixtures. Then the
 profile named by the environment variable ``HYPOTHESIS_PROFILE`` is loaded; otherwise
-``selfspec-ci`` when ``CI`` is set and ``selfspec-dev`` when not. ``--hypothesis-profile`` on
-the command line wins over both. A name that no conftest registers either stops the run with
-a usage error.
+``selfspec-ci`` when ``CI`` is set and ``selfspec-dev`` when not. ``--hypothesis-profile`` on the
+command line wins over both. A name that no conftest registers either stops the run with a usage
+error.
 
 ``--selfspec-coverage`` prints what every :class:`~selfspec.testing.PluginSuite` property
 test exercised (its coverage buckets) at the end of the run.
@@ -40,13 +40,19 @@ from selfspec.testing._archs import ARCHS
 
 CI_PROFILE = "selfspec-ci"
 DEV_PROFILE = "selfspec-dev"
-#: The deep profile for a release check (random, 300 examples): ``HYPOTHESIS_PROFILE=selfspec-release``.
+#: The deep profile for a release check (random, 300 examples):
+#: ``HYPOTHESIS_PROFILE=selfspec-release``.
 RELEASE_PROFILE = "selfspec-release"
 _PENDING_PROFILE = pytest.StashKey[str]()  # a profile name not registered at configure time
 _ACTIVE = pytest.StashKey[bool]()  # the kit's profiles are loaded in this session
 #: Text that marks a file as using the kit (checked before the file is imported).
-_MARKERS = (b"selfspec.testing", b"tiny_model_factory", b"offloaded_model_factory", b"selfspec_arch",
-            b"selfspec_device")
+_MARKERS = (
+    b"selfspec.testing",
+    b"tiny_model_factory",
+    b"offloaded_model_factory",
+    b"selfspec_arch",
+    b"selfspec_device",
+)
 
 
 def devices() -> list[str]:
@@ -58,14 +64,24 @@ def devices() -> list[str]:
 
 def profile_name() -> str:
     """The Hypothesis profile the environment asks for."""
-    return os.environ.get("HYPOTHESIS_PROFILE") or (CI_PROFILE if os.environ.get("CI") else DEV_PROFILE)
+    return os.environ.get("HYPOTHESIS_PROFILE") or (
+        CI_PROFILE if os.environ.get("CI") else DEV_PROFILE
+    )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini("selfspec_kit", "load the selfspec kit's Hypothesis profiles for this suite", type="bool",
-                  default=False)
-    parser.addoption("--selfspec-coverage", action="store_true", default=False,
-                     help="print what each selfspec PluginSuite property test exercised")
+    parser.addini(
+        "selfspec_kit",
+        "load the selfspec kit's Hypothesis profiles for this suite",
+        type="bool",
+        default=False,
+    )
+    parser.addoption(
+        "--selfspec-coverage",
+        action="store_true",
+        default=False,
+        help="print what each selfspec PluginSuite property test exercised",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -100,13 +116,26 @@ def activate(config: pytest.Config) -> None:
     except ImportError:  # the kit's strategies need hypothesis; the fixtures do not
         return
     quiet = [HealthCheck.too_slow, HealthCheck.data_too_large]
-    settings.register_profile(CI_PROFILE, derandomize=True, deadline=None, max_examples=15,
-                              suppress_health_check=quiet, print_blob=True)
-    settings.register_profile(DEV_PROFILE, deadline=None, max_examples=60,
-                              suppress_health_check=quiet, print_blob=True)
+    settings.register_profile(
+        CI_PROFILE,
+        derandomize=True,
+        deadline=None,
+        max_examples=15,
+        suppress_health_check=quiet,
+        print_blob=True,
+    )
+    settings.register_profile(
+        DEV_PROFILE, deadline=None, max_examples=60, suppress_health_check=quiet, print_blob=True
+    )
     # random even where Hypothesis's own default profile derandomizes (its "ci" one, under CI=...)
-    settings.register_profile(RELEASE_PROFILE, derandomize=False, deadline=None, max_examples=300,
-                              suppress_health_check=quiet, print_blob=True)
+    settings.register_profile(
+        RELEASE_PROFILE,
+        derandomize=False,
+        deadline=None,
+        max_examples=300,
+        suppress_health_check=quiet,
+        print_blob=True,
+    )
     if config.getoption("hypothesis_profile", default=None):
         return  # hypothesis's own plugin loads the profile given on the command line
     name = profile_name()
@@ -134,8 +163,9 @@ def _load_pending(config: pytest.Config) -> None:
         settings.load_profile(name)
     except Exception as exc:
         raise pytest.UsageError(
-            f"HYPOTHESIS_PROFILE={name!r} names no registered Hypothesis profile (selfspec registers "
-            f"{CI_PROFILE!r} and {DEV_PROFILE!r}; register others in a conftest.py)") from exc
+            f"HYPOTHESIS_PROFILE={name!r} names no registered Hypothesis profile (selfspec "
+            f"registers {CI_PROFILE!r} and {DEV_PROFILE!r}; register others in a conftest.py)"
+        ) from exc
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -161,7 +191,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     from selfspec.testing._coverage import REGISTRY
 
     terminalreporter.section("selfspec coverage")
-    ran = [cov for cov in REGISTRY.values() if cov.examples]  # a suite's counters exist before it runs
+    ran = [
+        cov for cov in REGISTRY.values() if cov.examples
+    ]  # a suite's counters exist before it runs
     for cov in ran:
         terminalreporter.write_line(cov.report())
     if not ran:

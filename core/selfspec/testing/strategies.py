@@ -27,8 +27,9 @@ TINY_VOCAB = 128
 
 #: Lengths where bugs live: powers of two +-1 (buffers, capacities, index wrap), and the tiny
 #: models' sliding windows +-1 (4 in Mistral/Qwen2, 3 in Gemma 3).
-BOUNDARIES: tuple[int, ...] = tuple(sorted(
-    {2, 3, 4, 5, 6} | {n for k in range(3, 10) for n in (2**k - 1, 2**k, 2**k + 1)}))
+BOUNDARIES: tuple[int, ...] = tuple(
+    sorted({2, 3, 4, 5, 6} | {n for k in range(3, 10) for n in (2**k - 1, 2**k, 2**k + 1)})
+)
 
 
 def archs() -> st.SearchStrategy[str]:
@@ -36,7 +37,9 @@ def archs() -> st.SearchStrategy[str]:
     return st.sampled_from(ARCHS)
 
 
-def prompts(vocab_size: int = TINY_VOCAB, min_len: int = 1, max_len: int = 24) -> st.SearchStrategy[list[int]]:
+def prompts(
+    vocab_size: int = TINY_VOCAB, min_len: int = 1, max_len: int = 24
+) -> st.SearchStrategy[list[int]]:
     """Prompt token ids in ``[0, vocab_size)``; some with repeats (what n-gram drafters feed on)."""
     ids = st.integers(0, vocab_size - 1)
     plain = st.lists(ids, min_size=min_len, max_size=max_len)
@@ -50,8 +53,9 @@ def lengths(min_value: int = 1, max_value: int = 40) -> st.SearchStrategy[int]:
     return st.integers(min_value, max_value)
 
 
-def boundary_lengths(min_value: int, max_value: int, boundaries: Sequence[int] = (),
-                     short: int = 24) -> st.SearchStrategy[int]:
+def boundary_lengths(
+    min_value: int, max_value: int, boundaries: Sequence[int] = (), short: int = 24
+) -> st.SearchStrategy[int]:
     """Lengths over a wide range, weighted toward where bugs live: short values (cheap, most
     examples: half the draws), the boundaries (:data:`BOUNDARIES` and ``boundaries``, e.g. a
     plugin's buffer size or depth limit, each +-1) inside ``[min_value, max_value]``, and
@@ -74,7 +78,9 @@ def prompt_ids(draw: st.DrawFn, length: int, vocab_size: int = TINY_VOCAB) -> li
     if kind == "free":
         return draw(st.lists(st.integers(0, vocab_size - 1), min_size=length, max_size=length))
     if kind == "few":
-        return draw(st.lists(st.integers(0, min(vocab_size, 6) - 1), min_size=length, max_size=length))
+        return draw(
+            st.lists(st.integers(0, min(vocab_size, 6) - 1), min_size=length, max_size=length)
+        )
     motif = draw(st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=8))
     ids = (motif * (length // len(motif) + 1))[:length]
     for _ in range(draw(st.integers(0, 2))):  # a few changed tokens: drafts that go wrong midway
@@ -120,19 +126,31 @@ def option_values(opt: Option) -> st.SearchStrategy[Any]:
     return base.filter(valid)
 
 
-def options(declared: Mapping[str, Option], *, fixed: Mapping[str, Any] | None = None,
-            strategies: Mapping[str, Any] | None = None, model: Any = None) -> st.SearchStrategy[dict[str, Any]]:
+def options(
+    declared: Mapping[str, Option],
+    *,
+    fixed: Mapping[str, Any] | None = None,
+    strategies: Mapping[str, Any] | None = None,
+    model: Any = None,
+) -> st.SearchStrategy[dict[str, Any]]:
     """A dict of valid values for some of a plugin's declared options (the rest keep defaults).
 
-    ``declared`` is what :func:`selfspec._engine.contract.plugins.declared_options` returns; ``fixed`` pins
-    some options to given values; ``strategies`` replaces the drawing of some (to constrain
-    them: ``{"num_draft": st.integers(1, 8)}``). A value of ``strategies`` may also be a callable
-    taking ``model`` and returning the strategy, for options whose valid values depend on the
-    model (its device, its number of layers): :func:`draft_weights` is one.
+    ``declared`` is what :func:`selfspec._engine.contract.plugins.declared_options` returns;
+    ``fixed`` pins some options to given values; ``strategies`` replaces the drawing of some (to
+    constrain them: ``{"num_draft": st.integers(1, 8)}``). A value of ``strategies`` may also be a
+    callable taking ``model`` and returning the strategy, for options whose valid values depend on
+    the model (its device, its number of layers): :func:`draft_weights` is one.
     """
     fixed = dict(fixed or {})
-    given = {k: v if isinstance(v, st.SearchStrategy) else v(model) for k, v in (strategies or {}).items()}
-    free = {name: given.get(name, option_values(opt)) for name, opt in declared.items() if name not in fixed}
+    given = {
+        k: v if isinstance(v, st.SearchStrategy) else v(model)
+        for k, v in (strategies or {}).items()
+    }
+    free = {
+        name: given.get(name, option_values(opt))
+        for name, opt in declared.items()
+        if name not in fixed
+    }
     if not free:
         return st.just(fixed)
     return st.fixed_dictionaries({}, optional=free).map(lambda d: {**d, **fixed})
@@ -158,7 +176,9 @@ def draft_weights(model: Any, choices: Sequence[str] | None = None) -> st.Search
             continue
         runs.append(backend)
     if not runs:
-        raise ValueError(f"none of the draft weights {list(choices or BACKENDS)} runs on {device} here")
+        raise ValueError(
+            f"none of the draft weights {list(choices or BACKENDS)} runs on {device} here"
+        )
     return st.sampled_from(runs)
 
 
@@ -167,28 +187,37 @@ def samplings(max_temperature: float = 2.0) -> st.SearchStrategy[Any]:
     top-k off or 1-64, top-p off or in [0.3, 1), any 32-bit seed."""
     from selfspec._engine.contract.sampling import Sampling
 
-    temperature = st.one_of(st.sampled_from([1.0, 0.7, max_temperature]),
-                            st.floats(0.05, max_temperature, allow_nan=False))
+    temperature = st.one_of(
+        st.sampled_from([1.0, 0.7, max_temperature]),
+        st.floats(0.05, max_temperature, allow_nan=False),
+    )
     top_k = st.one_of(st.just(0), st.integers(1, 64))
     top_p = st.one_of(st.just(1.0), st.floats(0.3, 0.99, allow_nan=False))
     return st.builds(Sampling, temperature, top_k, top_p, st.integers(0, 2**32 - 1))
 
 
 @st.composite
-def trees(draw: st.DrawFn, vocab_size: int = TINY_VOCAB, min_nodes: int = 1, max_nodes: int = 8) -> tuple[list[int], list[int]]:
-    """``(tokens, parents)`` of a random tree draft: ``parents[i] < i``, ``-1`` = the pending token."""
+def trees(
+    draw: st.DrawFn, vocab_size: int = TINY_VOCAB, min_nodes: int = 1, max_nodes: int = 8
+) -> tuple[list[int], list[int]]:
+    """``(tokens, parents)`` of a random tree draft: ``parents[i] < i``, ``-1`` = the pending
+    token."""
     n = draw(st.integers(min_nodes, max_nodes))
     tokens = draw(st.lists(st.integers(0, vocab_size - 1), min_size=n, max_size=n))
     parents = [draw(st.integers(-1, i - 1)) for i in range(n)]
     return tokens, parents
 
 
-def chains(vocab_size: int = TINY_VOCAB, min_len: int = 0, max_len: int = 8) -> st.SearchStrategy[list[int]]:
+def chains(
+    vocab_size: int = TINY_VOCAB, min_len: int = 0, max_len: int = 8
+) -> st.SearchStrategy[list[int]]:
     """Token ids of a chain draft."""
     return st.lists(st.integers(0, vocab_size - 1), min_size=min_len, max_size=max_len)
 
 
-def drafts(vocab_size: int = TINY_VOCAB, max_nodes: int = 8, kind: str = "any", device: Any = "cpu") -> st.SearchStrategy[Any]:
+def drafts(
+    vocab_size: int = TINY_VOCAB, max_nodes: int = 8, kind: str = "any", device: Any = "cpu"
+) -> st.SearchStrategy[Any]:
     """:class:`~selfspec.Draft` values: ``kind`` is ``"chain"``, ``"tree"`` or ``"any"``."""
     import torch
 
@@ -196,8 +225,10 @@ def drafts(vocab_size: int = TINY_VOCAB, max_nodes: int = 8, kind: str = "any", 
 
     def as_tree(tp: tuple[list[int], list[int]]) -> Draft:
         tokens, parents = tp
-        return Draft(torch.tensor(tokens, dtype=torch.long, device=device),
-                     torch.tensor(parents, dtype=torch.long, device=device))
+        return Draft(
+            torch.tensor(tokens, dtype=torch.long, device=device),
+            torch.tensor(parents, dtype=torch.long, device=device),
+        )
 
     chain = chains(vocab_size, 0, max_nodes).map(lambda t: Draft.chain(t, device=device))
     tree = trees(vocab_size, 1, max_nodes).map(as_tree)

@@ -1,1 +1,2 @@
-"""Benchmarks, sweeps and plots on real data (``specdec bench``, ``specdec sweep``, ``specdec report``)."""
+"""Benchmarks, sweeps and plots on real data (``specdec bench``, ``specdec sweep``,
+``specdec report``)."""

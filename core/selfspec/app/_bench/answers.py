@@ -1,8 +1,8 @@
 """Spec-Bench's answer files and speed report, from a bench's records.
 
-``specdec bench --suite spec-bench`` writes, next to its own records, ``model_answer/<model_id>.jsonl``
-per method: one line per question, in the format Spec-Bench's evaluation writes (its
-``evaluation/speed.py`` and ``evaluation/equal.py`` read them unchanged)::
+``specdec bench --suite spec-bench`` writes, next to its own records,
+``model_answer/<model_id>.jsonl`` per method: one line per question, in the format Spec-Bench's
+evaluation writes (its ``evaluation/speed.py`` and ``evaluation/equal.py`` read them unchanged)::
 
     {"question_id": int, "category": str, "answer_id": str, "model_id": str,
      "choices": [{"index": 0, "turns": [answer text per turn], "decoding_steps": [per turn],
@@ -56,14 +56,18 @@ def answer_line(records: Sequence[dict[str, Any]], mid: str) -> dict[str, Any]:
         "category": first.get("category") or first["task"],
         "answer_id": uuid.uuid4().hex,
         "model_id": mid,
-        "choices": [{
-            "index": 0,
-            "turns": ["ERROR" if r.get("error") else (r.get("output") or "").strip() for r in recs],
-            "decoding_steps": [_steps(r) for r in recs],
-            "new_tokens": [int(r["new_tokens"]) for r in recs],
-            "wall_time": [float(r["wall_time"]) for r in recs],
-            "accept_lengths": [int(x) for x in lengths],
-        }],
+        "choices": [
+            {
+                "index": 0,
+                "turns": [
+                    "ERROR" if r.get("error") else (r.get("output") or "").strip() for r in recs
+                ],
+                "decoding_steps": [_steps(r) for r in recs],
+                "new_tokens": [int(r["new_tokens"]) for r in recs],
+                "wall_time": [float(r["wall_time"]) for r in recs],
+                "accept_lengths": [int(x) for x in lengths],
+            }
+        ],
         "tstamp": time.time(),
     }
 
@@ -78,12 +82,16 @@ def _steps(r: dict[str, Any]) -> int:
     return int(r.get("forwards") or 0)
 
 
-def lines_by_method(records: Iterable[dict[str, Any]], model: str) -> dict[str, list[dict[str, Any]]]:
+def lines_by_method(
+    records: Iterable[dict[str, Any]], model: str
+) -> dict[str, list[dict[str, Any]]]:
     """Every method's answer lines, questions in the records' order."""
     grouped: dict[str, dict[Any, list[dict[str, Any]]]] = {}
     for r in records:
         grouped.setdefault(r["method"], {}).setdefault((r["task"], r["question_id"]), []).append(r)
-    return {m: [answer_line(rs, model_id(model, m)) for rs in qs.values()] for m, qs in grouped.items()}
+    return {
+        m: [answer_line(rs, model_id(model, m)) for rs in qs.values()] for m, qs in grouped.items()
+    }
 
 
 class AnswerWriter:
@@ -130,7 +138,9 @@ def speed_report(lines: dict[str, Sequence[dict[str, Any]]], baseline: str) -> d
     "speedup", "mean_accepted", "questions", "errors"}}}}``, ``overall`` among the families."""
     from selfspec.app._specbench import FAMILIES
 
-    fams = [f for f in FAMILIES if any(family(x["category"]) == f for ls in lines.values() for x in ls)]
+    fams = [
+        f for f in FAMILIES if any(family(x["category"]) == f for ls in lines.values() for x in ls)
+    ]
     groups = [*fams, OVERALL]
 
     def pick(ls: Sequence[dict[str, Any]], g: str) -> list[dict[str, Any]]:
@@ -144,9 +154,13 @@ def speed_report(lines: dict[str, Sequence[dict[str, Any]]], baseline: str) -> d
             got = pick(ls, g)
             tps, acc, n = _stats(got)
             b = base[g]
-            out[m][g] = {"tokens_per_s": tps, "speedup": tps / b if tps is not None and b else None,
-                         "mean_accepted": acc, "questions": n,
-                         "errors": sum("ERROR" in x["choices"][0]["turns"] for x in got)}
+            out[m][g] = {
+                "tokens_per_s": tps,
+                "speedup": tps / b if tps is not None and b else None,
+                "mean_accepted": acc,
+                "questions": n,
+                "errors": sum("ERROR" in x["choices"][0]["turns"] for x in got),
+            }
     return {"baseline": baseline, "families": groups, "methods": out}
 
 
@@ -157,11 +171,16 @@ def leaderboard_markdown(report: dict[str, Any]) -> list[str]:
 
     groups = report["families"]
     head = [LABELS.get(g, g) for g in groups if g != OVERALL] + ["Overall", "#Mean Accepted Tokens"]
-    lines = ["| method | " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head) + " |"]
+    lines = [
+        "| method | " + " | ".join(head) + " |",
+        "| --- | " + " | ".join("---:" for _ in head) + " |",
+    ]
     for m, by in report["methods"].items():
         cells = ["–" if by[g]["speedup"] is None else f"{by[g]['speedup']:.2f}×" for g in groups]
         acc = by[OVERALL]["mean_accepted"]
         errors = by[OVERALL]["errors"]
         name = m + (f" ({errors} question{'s' if errors != 1 else ''} failed)" if errors else "")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {'–' if acc is None else f'{acc:.2f}'} |")
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {'–' if acc is None else f'{acc:.2f}'} |"
+        )
     return lines

@@ -3,10 +3,11 @@
 A :class:`Method` is one way to decode: Hugging Face ``generate`` greedy (``hf``, the baseline
 users know), HF prompt lookup decoding (``hf-pld``), HF early-exit self-speculation
 (``hf-early-exit``), HF assisted generation with a smaller model of the same tokenizer drafting
-(``hf-assisted``, the classic two-model speculative decoding), or a selfspec plugin with options (``vanilla`` included). :func:`run_bench`
-runs every method on prompt 1, then every method on prompt 2, ... (the order of methods rotates
-by one each prompt), so machine drift hits all methods alike, and checks every output against
-the baseline's with :func:`selfspec._engine.contract.reference.compare` (exact, or the near-tie rule).
+(``hf-assisted``, the classic two-model speculative decoding), or a selfspec plugin with options
+(``vanilla`` included). :func:`run_bench` runs every method on prompt 1, then every method on
+prompt 2, ... (the order of methods rotates by one each prompt), so machine drift hits all
+methods alike, and checks every output against the baseline's with
+:func:`selfspec._engine.contract.reference.compare` (exact, or the near-tie rule).
 
 Every method is timed the same way: wall-clock time around one call, prefill included, after a
 warm-up call per method.
@@ -54,17 +55,28 @@ class Method:
     options: dict[str, Any] = field(default_factory=dict, hash=False)
     plugin_object: Any = field(default=None, hash=False, compare=False)
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
-    assistant: Any = field(default=None, hash=False, compare=False)  # hf-assisted: the Loaded drafter
+    assistant: Any = field(
+        default=None, hash=False, compare=False
+    )  # hf-assisted: the Loaded drafter
 
     @classmethod
-    def of_plugin(cls, plugin: str, options: dict[str, Any] | None = None, name: str | None = None,
-                  plugin_object: Any = None) -> Method:
+    def of_plugin(
+        cls,
+        plugin: str,
+        options: dict[str, Any] | None = None,
+        name: str | None = None,
+        plugin_object: Any = None,
+    ) -> Method:
         options = dict(options or {})
-        label = name or (plugin + (f"[{','.join(f'{k}={v}' for k, v in options.items())}]" if options else ""))
+        label = name or (
+            plugin + (f"[{','.join(f'{k}={v}' for k, v in options.items())}]" if options else "")
+        )
         return cls(label, "plugin", plugin, options, plugin_object)
 
 
-def resolved_options(plugin: str, options: dict[str, Any], plugin_object: Any = None) -> dict[str, Any]:
+def resolved_options(
+    plugin: str, options: dict[str, Any], plugin_object: Any = None
+) -> dict[str, Any]:
     """Every option value ``plugin`` runs with when given ``options``: the given ones validated,
     today's defaults for the rest, as JSON values. A bench records it per method, so a table
     can tell a row measured at other defaults than today's (``scripts/readme_tables.py``)."""
@@ -83,27 +95,44 @@ def peer_methods(early_exit_layer: int, assistant: Loaded | None = None) -> list
     given (a loaded model sharing the target's tokenizer)."""
     peers = [
         Method("hf-pld", "hf-pld", extra={"prompt_lookup_num_tokens": PLD_TOKENS}),
-        Method(f"hf-early-exit[{early_exit_layer}]", "hf-early-exit", extra={"assistant_early_exit": early_exit_layer}),
+        Method(
+            f"hf-early-exit[{early_exit_layer}]",
+            "hf-early-exit",
+            extra={"assistant_early_exit": early_exit_layer},
+        ),
     ]
     if assistant is not None:
-        peers.append(Method(f"hf-assisted[{assistant.name}]", "hf-assisted",
-                            extra={"assistant_model": assistant.name}, assistant=assistant))
+        peers.append(
+            Method(
+                f"hf-assisted[{assistant.name}]",
+                "hf-assisted",
+                extra={"assistant_model": assistant.name},
+                assistant=assistant,
+            )
+        )
     return peers
 
 
-def check_assistant(model: torch.nn.Module, assistant: torch.nn.Module, names: tuple[str, str]) -> None:
+def check_assistant(
+    model: torch.nn.Module, assistant: torch.nn.Module, names: tuple[str, str]
+) -> None:
     """ValueError unless ``assistant`` can draft for ``model`` in HF assisted generation: the
     same vocabulary (HF's universal assisted decoding across tokenizers is out of scope here),
     dtype and device."""
+
     def vocab(m: torch.nn.Module) -> int:
         return int(m.get_output_embeddings().weight.shape[0])
 
     if vocab(model) != vocab(assistant):
-        raise ValueError(f"the assistant {names[1]!r} has a vocabulary of {vocab(assistant)} tokens and the model "
-                         f"{names[0]!r} {vocab(model)}: assisted generation needs the same tokenizer")
+        raise ValueError(
+            f"the assistant {names[1]!r} has a vocabulary of {vocab(assistant)} tokens and the "
+            f"model {names[0]!r} {vocab(model)}: assisted generation needs the same tokenizer"
+        )
     p, q = next(model.parameters()), next(assistant.parameters())
     if (p.dtype, p.device) != (q.dtype, q.device):
-        raise ValueError(f"the assistant runs in {q.dtype} on {q.device}, the model in {p.dtype} on {p.device}")
+        raise ValueError(
+            f"the assistant runs in {q.dtype} on {q.device}, the model in {p.dtype} on {p.device}"
+        )
 
 
 def n_layers(model: torch.nn.Module) -> int:
@@ -124,8 +153,13 @@ def _sync(model: torch.nn.Module) -> None:
         torch.cuda.synchronize()
 
 
-def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, sampling: Any = None,
-                weight_layout: str = "auto") -> RunFn:
+def make_runner(
+    method: Method,
+    model: torch.nn.Module,
+    tokenizer: Any = None,
+    sampling: Any = None,
+    weight_layout: str = "auto",
+) -> RunFn:
     """A callable ``(prompt_ids, max_new_tokens, eos) -> Run`` for ``method``; ``sampling``: a
     :class:`selfspec.Sampling` (default greedy); ``weight_layout``: the runner's layout for a
     plugin (the HF methods run the model as it is)."""
@@ -135,8 +169,15 @@ def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, s
         raise ValueError(f"unknown method kind {method.kind!r}")
     from selfspec._engine.contract.loop import Decoder
 
-    dec = Decoder(model, method.plugin or "vanilla", method.options, tokenizer=tokenizer, plugin_object=method.plugin_object,
-                  sampling=sampling, weight_layout=weight_layout)
+    dec = Decoder(
+        model,
+        method.plugin or "vanilla",
+        method.options,
+        tokenizer=tokenizer,
+        plugin_object=method.plugin_object,
+        sampling=sampling,
+        weight_layout=weight_layout,
+    )
 
     def run(prompt_ids: list[int], max_new_tokens: int, eos: set[int]) -> Run:
         _sync(model)
@@ -145,17 +186,29 @@ def make_runner(method: Method, model: torch.nn.Module, tokenizer: Any = None, s
         _sync(model)
         wall = time.perf_counter() - t0
         s = res.stats
-        return Run(res.output_ids, wall, s.forwards, s.drafted, s.accepted, list(s.accept_lengths), dict(s.phase_s),
-                   s.prefill_s, s.weight_layout, s.weight_bytes, dict(s.choices), dict(s.extra),
-                   members={k: dict(v) for k, v in s.members.items()})
+        return Run(
+            res.output_ids,
+            wall,
+            s.forwards,
+            s.drafted,
+            s.accepted,
+            list(s.accept_lengths),
+            dict(s.phase_s),
+            s.prefill_s,
+            s.weight_layout,
+            s.weight_bytes,
+            dict(s.choices),
+            dict(s.extra),
+            members={k: dict(v) for k, v in s.members.items()},
+        )
 
     return run
 
 
 def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> RunFn:
-    """HF ``generate``: greedy, as :func:`selfspec._engine.contract.reference.reference_generate` configures it,
-    or sampling (``do_sample=True`` with the temperature, top-k and top-p of ``sampling``, HF's
-    RNG seeded with its seed before every call).
+    """HF ``generate``: greedy, as :func:`selfspec._engine.contract.reference.reference_generate`
+    configures it, or sampling (``do_sample=True`` with the temperature, top-k and top-p of
+    ``sampling``, HF's RNG seeded with its seed before every call).
 
     Full-model forwards are counted by a hook on the last decoder layer (draft passes of the
     peers never reach it), so tau = new tokens / forwards, prefill forward included: HF's
@@ -178,14 +231,28 @@ def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> 
     gen_kwargs = {"assistant_model": assistant} if assistant is not None else {}
 
     sample = sampling is not None and not sampling.greedy
-    how = (dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
-           if sample else dict(do_sample=False))
+    how = (
+        dict(
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+        )
+        if sample
+        else dict(do_sample=False)
+    )
 
     def run(prompt_ids: list[int], max_new_tokens: int, eos: set[int]) -> Run:
         eos_list = sorted(eos)
-        cfg = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=0,
-                               eos_token_id=eos_list or None, pad_token_id=eos_list[0] if eos_list else 0,
-                               num_beams=1, **how, **extra)
+        cfg = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0,
+            eos_token_id=eos_list or None,
+            pad_token_id=eos_list[0] if eos_list else 0,
+            num_beams=1,
+            **how,
+            **extra,
+        )
         if sample:
             torch.manual_seed(sampling.seed)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
@@ -197,31 +264,43 @@ def _hf_runner(method: Method, model: torch.nn.Module, sampling: Any = None) -> 
                 _sync(model)
                 first_done.append(time.perf_counter())
             pos = kwargs.get("position_ids")
-            starts.append(int(pos.reshape(-1)[0]) if isinstance(pos, torch.Tensor) and pos.numel() else None)
+            starts.append(
+                int(pos.reshape(-1)[0]) if isinstance(pos, torch.Tensor) and pos.numel() else None
+            )
 
         handle = layer.register_forward_hook(hook, with_kwargs=True)
         try:
             with torch.inference_mode():
                 _sync(model)
                 t0 = time.perf_counter()
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=cfg, **gen_kwargs)
+                out = model.generate(
+                    ids, attention_mask=torch.ones_like(ids), generation_config=cfg, **gen_kwargs
+                )
                 _sync(model)
                 wall = time.perf_counter() - t0
         finally:
             handle.remove()
-        new = out[0, ids.shape[1]:].tolist()
+        new = out[0, ids.shape[1] :].tolist()
         for i, t in enumerate(new):  # batch 1: nothing after EOS
             if t in eos:
                 new = new[: i + 1]
                 break
         prefill = first_done[0] - t0 if first_done and method.kind == "hf" else None
-        return Run(new, wall, float(len(starts)), accept_lengths=accept_lengths_from_starts(starts, len(prompt_ids), len(new)),
-                   prefill_s=prefill, prefill_new_tokens=1 if prefill is not None else 0)
+        return Run(
+            new,
+            wall,
+            float(len(starts)),
+            accept_lengths=accept_lengths_from_starts(starts, len(prompt_ids), len(new)),
+            prefill_s=prefill,
+            prefill_new_tokens=1 if prefill is not None else 0,
+        )
 
     return run
 
 
-def accept_lengths_from_starts(starts: Sequence[int | None], prompt_len: int, new_tokens: int) -> list[int] | None:
+def accept_lengths_from_starts(
+    starts: Sequence[int | None], prompt_len: int, new_tokens: int
+) -> list[int] | None:
     """The tokens each full-model forward of an HF decode committed, from the first position of
     every forward: forward ``k > 0`` starts at the last committed token (not yet cached), so
     ``starts[k] + 1 - prompt_len`` tokens were committed before it; the last forward committed the
@@ -322,7 +401,11 @@ def run_bench(
                         bar.set_postfix_str(f"{sample.task} · {m.name} {tps:.1f} tok/s")
                         bar.update(1)
                     if run.error is not None:
-                        _warn(f"ERROR {m.name} on {sample.task}/{sample.id} turn {turn + 1}: {run.error}", bar)
+                        _warn(
+                            f"ERROR {m.name} on {sample.task}/{sample.id} turn {turn + 1}: "
+                            f"{run.error}",
+                            bar,
+                        )
                         if bar is not None:
                             bar.update(n_turns[i] - turn - 1)
                         break
@@ -334,21 +417,38 @@ def run_bench(
                 for turn, (ids, run) in enumerate(runs[m.name]):
                     cmp, against = None, None
                     if checked and m.name != reference and run.error is None:
-                        ref = _reference_output(runs[reference], turn, ids, runners[reference], max_new_tokens, eos)
+                        ref = _reference_output(
+                            runs[reference], turn, ids, runners[reference], max_new_tokens, eos
+                        )
                         if ref is not None:
                             against = "shared" if ref[1] else "own-prompt"
                             cmp = compare(model, ids, run.output_ids, ref[0], sampling=sampling)
                     ok = checked and (m.name == reference or cmp is not None)
-                    rec = make_record(sample, m, run, ids, cmp, loaded.tokenizer, i, position[m.name], ok, turn + 1)
+                    rec = make_record(
+                        sample,
+                        m,
+                        run,
+                        ids,
+                        cmp,
+                        loaded.tokenizer,
+                        i,
+                        position[m.name],
+                        ok,
+                        turn + 1,
+                    )
                     rec["reference_prompt"] = against
                     records.append(rec)
                     sample_records.append(rec)
                     if on_record is not None:
                         on_record(rec)
                     if rec["lossless"] is False and not rec["near_tie"]:
-                        _warn(f"DIVERGENCE {m.name} on {sample.task}/{sample.id} turn {turn + 1}: differs from "
-                              f"{reference} at new token {rec['diverged_at']} (top-1/top-2 margin {rec['margin']}, "
-                              f"above the near-tie bound {rec['bound']})", bar)
+                        _warn(
+                            f"DIVERGENCE {m.name} on {sample.task}/{sample.id} turn {turn + 1}: "
+                            f"differs from {reference} at new token {rec['diverged_at']} "
+                            f"(top-1/top-2 margin {rec['margin']}, "
+                            f"above the near-tie bound {rec['bound']})",
+                            bar,
+                        )
             if on_sample is not None:
                 on_sample(sample, sample_records)
     finally:
@@ -357,8 +457,14 @@ def run_bench(
     return records
 
 
-def _reference_output(ref_runs: list[tuple[list[int], Run]], turn: int, ids: list[int], ref_fn: RunFn,
-                      max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool] | None:
+def _reference_output(
+    ref_runs: list[tuple[list[int], Run]],
+    turn: int,
+    ids: list[int],
+    ref_fn: RunFn,
+    max_new_tokens: int,
+    eos: set[int],
+) -> tuple[list[int], bool] | None:
     """The reference's output for a turn whose prompt is ``ids``, and whether it is the timed run
     of the same prompt (``False``: the reference run afresh, untimed, on a prompt of the method's
     own, after an earlier answer differed). ``None`` when the reference failed."""

@@ -35,23 +35,53 @@ def method_spec(method: Any, weight_layout: str = "auto") -> dict[str, Any] | No
     in memory)."""
     if method.plugin_object is not None:
         return None
-    spec = {"name": method.name, "kind": method.kind, "plugin": method.plugin, "options": method.options,
-            "extra": method.extra, "weight_layout": weight_layout}
+    spec = {
+        "name": method.name,
+        "kind": method.kind,
+        "plugin": method.plugin,
+        "options": method.options,
+        "extra": method.extra,
+        "weight_layout": weight_layout,
+    }
     if method.assistant is not None:
         spec["assistant"] = method.assistant.name
     return spec
 
 
-def measure(spec: dict[str, Any], *, model: str | None, dtype: str, device: str, threads: int,
-            prompt_ids: list[int], tokens: int = MEASURE_TOKENS, timeout: float = 1800,
-            placement: dict[str, Any] | None = None) -> dict[str, Any]:
+def measure(
+    spec: dict[str, Any],
+    *,
+    model: str | None,
+    dtype: str,
+    device: str,
+    threads: int,
+    prompt_ids: list[int],
+    tokens: int = MEASURE_TOKENS,
+    timeout: float = 1800,
+    placement: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run the child for one method; its JSON record, or ``{"error": ...}``. ``placement``:
     ``load()``'s device_map/max_memory/offload_folder, so the child places the model the same."""
-    cmd = [sys.executable, "-m", "selfspec.app._bench.memory", json.dumps({
-        "spec": spec, "model": model, "dtype": dtype, "device": device, "threads": threads,
-        "prompt_ids": prompt_ids, "tokens": tokens,
-        "placement": {k: ({str(d): n for d, n in v.items()} if k == "max_memory" and v else v)
-                      for k, v in (placement or {}).items()}})]
+    cmd = [
+        sys.executable,
+        "-m",
+        "selfspec.app._bench.memory",
+        json.dumps(
+            {
+                "spec": spec,
+                "model": model,
+                "dtype": dtype,
+                "device": device,
+                "threads": threads,
+                "prompt_ids": prompt_ids,
+                "tokens": tokens,
+                "placement": {
+                    k: ({str(d): n for d, n in v.items()} if k == "max_memory" and v else v)
+                    for k, v in (placement or {}).items()
+                },
+            }
+        ),
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -87,31 +117,53 @@ def _child(args: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(int(args["threads"]))
     spec = args["spec"]
     t0 = time.perf_counter()
-    loaded = load(args["model"], device=args["device"], dtype=args["dtype"], **args.get("placement", {}))
+    loaded = load(
+        args["model"], device=args["device"], dtype=args["dtype"], **args.get("placement", {})
+    )
     load_s = time.perf_counter() - t0
-    weights = sum(t.numel() * t.element_size() for t in [*loaded.model.parameters(), *loaded.model.buffers()])
+    weights = sum(
+        t.numel() * t.element_size() for t in [*loaded.model.parameters(), *loaded.model.buffers()]
+    )
     rss_loaded = _peak_rss()
     eos = set(loaded.eos_token_ids)
     t0 = time.perf_counter()
     if spec["kind"] == "plugin":
-        dec = Decoder(loaded.model, spec["plugin"], spec["options"], tokenizer=loaded.tokenizer, adopt_weights=True,
-                      weight_layout=spec.get("weight_layout", "auto"))
+        dec = Decoder(
+            loaded.model,
+            spec["plugin"],
+            spec["options"],
+            tokenizer=loaded.tokenizer,
+            adopt_weights=True,
+            weight_layout=spec.get("weight_layout", "auto"),
+        )
 
         def run(ids: list[int], n: int, eos: set[int]) -> Run:
             res = dec.generate(ids, max_new_tokens=n, eos_token_ids=eos)
             return Run(res.output_ids, 0.0, res.stats.forwards)
     else:
-        assistant = load(spec["assistant"], device=args["device"], dtype=args["dtype"]) if spec.get("assistant") else None
+        assistant = (
+            load(spec["assistant"], device=args["device"], dtype=args["dtype"])
+            if spec.get("assistant")
+            else None
+        )
         method = Method(spec["name"], spec["kind"], extra=spec["extra"], assistant=assistant)
         run = make_runner(method, loaded.model, loaded.tokenizer)
     setup_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = run(list(args["prompt_ids"]), int(args["tokens"]), eos)
     decode_s = time.perf_counter() - t0
-    return {"method": spec["name"], "weights_bytes": weights, "load_s": load_s, "setup_s": setup_s,
-            "decode_s": decode_s, "new_tokens": len(out.output_ids), "rss_after_load_bytes": rss_loaded,
-            "draft_weights_bytes": built_nbytes(loaded.model),
-            "peak_rss_bytes": _peak_rss(), "pid": os.getpid()}
+    return {
+        "method": spec["name"],
+        "weights_bytes": weights,
+        "load_s": load_s,
+        "setup_s": setup_s,
+        "decode_s": decode_s,
+        "new_tokens": len(out.output_ids),
+        "rss_after_load_bytes": rss_loaded,
+        "draft_weights_bytes": built_nbytes(loaded.model),
+        "peak_rss_bytes": _peak_rss(),
+        "pid": os.getpid(),
+    }
 
 
 if __name__ == "__main__":

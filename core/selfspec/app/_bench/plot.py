@@ -33,7 +33,9 @@ def speedup_bars(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
     methods = list(dict.fromkeys(r["method"] for r in rows))
     by = {(r["task"], r["method"]): r for r in rows}
     width = 0.8 / max(1, len(methods))
-    fig, ax = plt.subplots(figsize=(min(14.0, max(7.0, 0.35 * len(tasks) * max(1, len(methods)) + 2)), 5.0))
+    fig, ax = plt.subplots(
+        figsize=(min(14.0, max(7.0, 0.35 * len(tasks) * max(1, len(methods)) + 2)), 5.0)
+    )
     styles = bar_styles(len(methods))
     for j, m in enumerate(methods):
         xs, ys = [], []
@@ -45,12 +47,24 @@ def speedup_bars(summary: dict[str, Any], path: str | os.PathLike[str]) -> None:
         color, hatch = styles[j]
         bars = ax.bar(xs, ys, width, label=m, color=color, hatch=hatch)
         for b, y in zip(bars, ys):
-            ax.annotate(f"{y:.2f}", (b.get_x() + b.get_width() / 2, y), ha="center", va="bottom", fontsize=7,
-                        xytext=(0, 1), textcoords="offset points")
+            ax.annotate(
+                f"{y:.2f}",
+                (b.get_x() + b.get_width() / 2, y),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 1),
+                textcoords="offset points",
+            )
         for i, t in enumerate(tasks):  # mark divergences in red above the bar
             r = by.get((t, m))
             if r is not None and r["divergences"]:
-                ax.annotate("✗", (i - 0.4 + width * (j + 0.5), (r["speedup"] or 0) + 0.08), ha="center", color="red")
+                ax.annotate(
+                    "✗",
+                    (i - 0.4 + width * (j + 0.5), (r["speedup"] or 0) + 0.08),
+                    ha="center",
+                    color="red",
+                )
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xticks(range(len(tasks)), tasks)
     ax.set_ylabel(f"speedup over {summary.get('baseline', 'hf')} (×)")
@@ -75,7 +89,9 @@ def sweep_plot(sweep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     plt = _plt()
     axes = sweep["axes"]
     cells = {tuple(c["point"]): c for c in sweep["cells"]}
-    title = plot_title(sweep, f"Sweep of {sweep['plugin']}, speedup over {sweep.get('baseline', 'vanilla')}")
+    title = plot_title(
+        sweep, f"Sweep of {sweep['plugin']}, speedup over {sweep.get('baseline', 'vanilla')}"
+    )
     if len(axes) == 2:
         (n1, v1), (n2, v2) = axes
         grid = [[(cells.get((a, b)) or {}).get("speedup") or float("nan") for b in v2] for a in v1]
@@ -91,8 +107,15 @@ def sweep_plot(sweep: dict[str, Any], path: str | os.PathLike[str]) -> None:
             for j, x in enumerate(row):
                 if x == x:
                     bad = (cells.get((v1[i], v2[j])) or {}).get("divergences")
-                    ax.text(j, i, f"{x:.2f}" + (" ✗" if bad else ""), ha="center", va="center", fontsize=8,
-                            color="black" if x > mid else "white")
+                    ax.text(
+                        j,
+                        i,
+                        f"{x:.2f}" + (" ✗" if bad else ""),
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="black" if x > mid else "white",
+                    )
         fig.colorbar(im, ax=ax, label="speedup (×)")
     else:
         name, values = axes[0] if axes else ("config", [()])
@@ -125,10 +148,15 @@ def scaling_plot(table: dict[str, Any], path: str | os.PathLike[str]) -> None:
         for ax, key in ((left, "speedup"), (right, "tau")):
             pts = [(e["params"], e[key]) for e in entries if e[key] is not None]
             if pts:
-                ax.plot(*zip(*pts), marker=markers[j % len(markers)], color=color, ls=ls, label=label)
+                ax.plot(
+                    *zip(*pts), marker=markers[j % len(markers)], color=color, ls=ls, label=label
+                )
     left.axhline(1.0, color="black", lw=0.8, ls="--")
     ticks = [m["params"] for m in models]
-    for ax, ylabel in ((left, "geo-mean speedup over HF greedy (×)"), (right, "τ (tokens per full-model forward)")):
+    for ax, ylabel in (
+        (left, "geo-mean speedup over HF greedy (×)"),
+        (right, "τ (tokens per full-model forward)"),
+    ):
         ax.set_xscale("log")
         ax.set_xticks(ticks, [format_params(x) for x in ticks])
         ax.minorticks_off()
@@ -136,8 +164,11 @@ def scaling_plot(table: dict[str, Any], path: str | os.PathLike[str]) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     big = models[-1]
-    fig.suptitle(f"Scaling across model sizes: {', '.join(m['name'] for m in models)}\n"
-                 f"{big['cpu']}, {big['dtype']}, max {big['max_new_tokens']} new tokens", fontsize=9)
+    fig.suptitle(
+        f"Scaling across model sizes: {', '.join(m['name'] for m in models)}\n"
+        f"{big['cpu']}, {big['dtype']}, max {big['max_new_tokens']} new tokens",
+        fontsize=9,
+    )
     right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -147,6 +178,10 @@ def scaling_plot(table: dict[str, Any], path: str | os.PathLike[str]) -> None:
 def plot_title(summary: dict[str, Any], what: str) -> str:
     cfg, mach = summary.get("config", {}), summary.get("machine", {})
     model = Path(str(cfg.get("model", "?"))).name or str(cfg.get("model"))
-    return (f"{what}: {model}, {cfg.get('dtype', '?')}, max {cfg.get('max_new_tokens', '?')} new tokens\n"
-            f"{mach.get('cpu', '?')}{capability_note(mach)}, {plural(mach.get('torch_threads', '?'), 'thread')}, "
-            f"{mach.get('date', '?')}")
+    return (
+        f"{what}: {model}, {cfg.get('dtype', '?')}, "
+        f"max {cfg.get('max_new_tokens', '?')} new tokens\n"
+        f"{mach.get('cpu', '?')}{capability_note(mach)}, "
+        f"{plural(mach.get('torch_threads', '?'), 'thread')}, "
+        f"{mach.get('date', '?')}"
+    )

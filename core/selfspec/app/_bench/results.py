@@ -30,8 +30,19 @@ TABLE = "results.md"
 PLOT = "speedup.png"
 SPEC_BENCH = "spec-bench"
 
-REQUIRED_FIELDS = ("question_id", "task", "method", "new_tokens", "wall_time", "accept_lengths",
-                   "tokens_per_s", "tau", "lossless", "near_tie", "margin")
+REQUIRED_FIELDS = (
+    "question_id",
+    "task",
+    "method",
+    "new_tokens",
+    "wall_time",
+    "accept_lengths",
+    "tokens_per_s",
+    "tau",
+    "lossless",
+    "near_tie",
+    "margin",
+)
 
 
 # --------------------------------------------------------------------------- files
@@ -52,8 +63,9 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def machine_info() -> dict[str, Any]:
-    """:func:`selfspec._engine.tuning.machine.machine_info` (CPU model and capability, threads, versions, the
-    date) plus the load average: other processes on the machine skew every timing."""
+    """:func:`selfspec._engine.tuning.machine.machine_info` (CPU model and capability, threads,
+    versions, the date) plus the load average: other processes on the machine skew every
+    timing."""
     from selfspec._engine.tuning.machine import machine_info as info
 
     return {**info(), "load_avg": load_avg()}
@@ -72,7 +84,9 @@ def summarize(records: Sequence[dict[str, Any]], baseline: str = "hf") -> list[d
     """One row per (task, method), then one per method over all tasks (``task == "all"``)."""
     methods = list(dict.fromkeys(r["method"] for r in records))
     tasks = list(dict.fromkeys(r["task"] for r in records))
-    base_time = {_pair(r): r["wall_time"] for r in records if r["method"] == baseline and not r.get("error")}
+    base_time = {
+        _pair(r): r["wall_time"] for r in records if r["method"] == baseline and not r.get("error")
+    }
     rows = []
     for task in [*tasks, "all"]:
         for m in methods:
@@ -86,7 +100,12 @@ def _pair(r: dict[str, Any]) -> tuple[str, str, int]:
     return r["task"], r["question_id"], r.get("turn", 1)
 
 
-def _row(task: str, method: str, every: list[dict[str, Any]], base_time: dict[tuple[str, str, int], float]) -> dict[str, Any]:
+def _row(
+    task: str,
+    method: str,
+    every: list[dict[str, Any]],
+    base_time: dict[tuple[str, str, int], float],
+) -> dict[str, Any]:
     rs = [r for r in every if not r.get("error")]
     tokens = sum(r["new_tokens"] for r in rs)
     wall = sum(r["wall_time"] for r in rs)
@@ -104,7 +123,9 @@ def _row(task: str, method: str, every: list[dict[str, Any]], base_time: dict[tu
         for k, v in (r.get("extra") or {}).items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 extra[k] = extra.get(k, 0) + v
-    members: dict[str, dict[str, int]] = {}  # a composition's members' counters (Stats.members), summed
+    members: dict[
+        str, dict[str, int]
+    ] = {}  # a composition's members' counters (Stats.members), summed
     for r in rs:
         for name, counts in (r.get("members") or {}).items():
             into = members.setdefault(name, {})
@@ -125,14 +146,21 @@ def _row(task: str, method: str, every: list[dict[str, Any]], base_time: dict[tu
         "phase_s": phases,
         "extra": extra,
         **({"members": members} if members else {}),
-        "lossless": sum(1 for r in rs if r["lossless"]) if any(r["lossless"] is not None for r in rs) else None,
+        "lossless": sum(1 for r in rs if r["lossless"])
+        if any(r["lossless"] is not None for r in rs)
+        else None,
         "near_ties": sum(1 for r in rs if r["near_tie"]),
         "divergences": sum(1 for r in rs if r["lossless"] is False and not r["near_tie"]),
     }
 
 
-def build_summary(records: Sequence[dict[str, Any]], *, baseline: str, config: dict[str, Any],
-                  machine: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_summary(
+    records: Sequence[dict[str, Any]],
+    *,
+    baseline: str,
+    config: dict[str, Any],
+    machine: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     summary = {
         "baseline": baseline,
         "config": config,
@@ -142,7 +170,9 @@ def build_summary(records: Sequence[dict[str, Any]], *, baseline: str, config: d
     if config.get("suite") == SPEC_BENCH:
         from selfspec.app._bench.answers import lines_by_method, speed_report
 
-        summary["spec_bench"] = speed_report(lines_by_method(records, str(config.get("model"))), baseline)
+        summary["spec_bench"] = speed_report(
+            lines_by_method(records, str(config.get("model"))), baseline
+        )
     return summary
 
 
@@ -157,6 +187,7 @@ def _phases(p: dict[str, float]) -> str:
         return "–"
     order = ["propose", "verify", "cache", "update"]
     keys = [k for k in order if k in p] + [k for k in p if k not in order]
+
     def pct(v: float) -> str:
         x = 100 * v / total
         return "<1%" if 0 < x < 0.5 else f"{x:.0f}%"
@@ -168,7 +199,9 @@ def _load(mach: dict[str, Any]) -> str:
     a, b = mach.get("load_avg"), mach.get("load_avg_end")
     if not a:
         return ""
-    return f", 1-min load average {a[0]:.1f}" + (f" at the start, {b[0]:.1f} at the end" if b else "")
+    return f", 1-min load average {a[0]:.1f}" + (
+        f" at the start, {b[0]:.1f} at the end" if b else ""
+    )
 
 
 def geomean_speedups(summary: dict[str, Any]) -> dict[str, float | None]:
@@ -192,29 +225,46 @@ def markdown(summary: dict[str, Any]) -> str:
     by = {(r["task"], r["method"]): r for r in rows}
     lines = [
         f"Model `{cfg.get('model', '?')}` ({cfg.get('dtype', '?')}, {cfg.get('device', '?')}), "
-        f"{cfg.get('samples', '?')} {'questions per family' if cfg.get('suite') == SPEC_BENCH else 'samples per task'}, max {cfg.get('max_new_tokens', '?')} new tokens, "
+        f"{cfg.get('samples', '?')} "
+        f"{'questions per family' if cfg.get('suite') == SPEC_BENCH else 'samples per task'}, "
+        f"max {cfg.get('max_new_tokens', '?')} new tokens, "
         f"seed {cfg.get('seed', '?')}, {plural(mach.get('torch_threads', '?'), 'thread')}; "
-        f"{mach.get('cpu', '?')}{capability_note(mach)} ({plural(mach.get('cores', '?'), 'core')}), "
+        f"{mach.get('cpu', '?')}{capability_note(mach)} "
+        f"({plural(mach.get('cores', '?'), 'core')}), "
         f"torch {mach.get('torch', '?')}, "
         f"transformers {mach.get('transformers', '?')}, {mach.get('date', '?')}{_load(mach)}. "
-        f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same prompts.",
+        f"Speedup = time of `{summary.get('baseline', 'hf')}` / time of the method on the same "
+        "prompts.",
         "",
     ]
     if summary.get("spec_bench"):
         from selfspec.app._bench.answers import leaderboard_markdown
 
         sb = summary["spec_bench"]
-        lines += ["**Spec-Bench** (speedup over `" + sb["baseline"] + "` as Spec-Bench's `evaluation/speed.py` computes it: "
-                  "per family, the mean over questions of tokens/s, turns summed, over the same mean of the baseline; "
-                  "#Mean Accepted Tokens: the mean tokens committed per verification step)", "",
-                  *leaderboard_markdown(sb), ""]
+        lines += [
+            "**Spec-Bench** (speedup over `"
+            + sb["baseline"]
+            + "` as Spec-Bench's `evaluation/speed.py` computes it: "
+            "per family, the mean over questions of tokens/s, turns summed, over the same mean of "
+            "the baseline; #Mean Accepted Tokens: the mean tokens committed per verification step)",
+            "",
+            *leaderboard_markdown(sb),
+            "",
+        ]
     lines += ["**Speedup**", ""]
     geo = geomean_speedups(summary) if sum(t != "all" for t in tasks) >= 2 else None
     head = [*tasks, "geo-mean over tasks"] if geo is not None else tasks
-    lines += ["| method | " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head) + " |"]
+    lines += [
+        "| method | " + " | ".join(head) + " |",
+        "| --- | " + " | ".join("---:" for _ in head) + " |",
+    ]
     for m in methods:
-        cells = [_f(by[(t, m)]["speedup"], ".2f") + "×" if (t, m) in by and by[(t, m)]["speedup"] is not None else "–"
-                 for t in tasks]
+        cells = [
+            _f(by[(t, m)]["speedup"], ".2f") + "×"
+            if (t, m) in by and by[(t, m)]["speedup"] is not None
+            else "–"
+            for t in tasks
+        ]
         if geo is not None:
             cells.append("–" if geo.get(m) is None else f"{geo[m]:.2f}×")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -234,8 +284,9 @@ def markdown(summary: dict[str, Any]) -> str:
         if r.get("errors"):
             ok += f" **{r['errors']} FAILED**"
         lines.append(
-            f"| {r['task']} | {r['method']} | {r['samples']} | {r['new_tokens']} | {_f(r['tokens_per_s'], '.1f')} | "
-            f"{_f(r['speedup'])} | {_f(r['tau'])} | {_f(r['acceptance'])} | {ok} | {_phases(r['phase_s'])} |"
+            f"| {r['task']} | {r['method']} | {r['samples']} | {r['new_tokens']} | "
+            f"{_f(r['tokens_per_s'], '.1f')} | {_f(r['speedup'])} | {_f(r['tau'])} | "
+            f"{_f(r['acceptance'])} | {ok} | {_phases(r['phase_s'])} |"
         )
     from selfspec.app._bench.roofline import markdown as roofline_markdown
 
@@ -252,16 +303,24 @@ def members_markdown(summary: dict[str, Any]) -> list[str]:
     rows = [r for r in summary["rows"] if r.get("members")]
     if not rows:
         return []
-    lines = ["", "**Composition members** (summed over the samples: steps a member proposed in, steps the "
-             "cheap-first rule skipped it, nodes it drafted into the verified tree, tokens its own draft "
-             "had accepted, steps its accepted path was the longest)", "",
-             "| task | method | member | proposed | skipped | drafted | accepted | longest | accepted per step proposed |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "",
+        "**Composition members** (summed over the samples: steps a member proposed in, steps the "
+        "cheap-first rule skipped it, nodes it drafted into the verified tree, tokens its own "
+        "draft had accepted, steps its accepted path was the longest)",
+        "",
+        "| task | method | member | proposed | skipped | drafted | accepted | longest "
+        "| accepted per step proposed |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         for name, c in r["members"].items():
             per = c.get("accepted", 0) / c["proposed"] if c.get("proposed") else None
-            lines.append(f"| {r['task']} | {r['method']} | {name} | {c.get('proposed', 0)} | {c.get('skipped', 0)} | "
-                         f"{c.get('drafted', 0)} | {c.get('accepted', 0)} | {c.get('longest', 0)} | {_f(per)} |")
+            lines.append(
+                f"| {r['task']} | {r['method']} | {name} | {c.get('proposed', 0)} | "
+                f"{c.get('skipped', 0)} | {c.get('drafted', 0)} | {c.get('accepted', 0)} | "
+                f"{c.get('longest', 0)} | {_f(per)} |"
+            )
     return lines
 
 
@@ -272,7 +331,12 @@ def choices_markdown(summary: dict[str, Any]) -> list[str]:
         return []
     from selfspec._engine.tuning.calibration import Choice
 
-    return ["", "**Measured choices**", "", *(f"- {Choice.from_dict(c).note()}" for c in choices.values())]
+    return [
+        "",
+        "**Measured choices**",
+        "",
+        *(f"- {Choice.from_dict(c).note()}" for c in choices.values()),
+    ]
 
 
 def memory_markdown(summary: dict[str, Any]) -> list[str]:
@@ -280,10 +344,14 @@ def memory_markdown(summary: dict[str, Any]) -> list[str]:
     mem = summary.get("memory")
     if not mem:
         return []
-    lines = ["", "**Memory and load time** (each method alone in a fresh process, as `specdec` runs it; "
-             "peak RSS includes the Python runtime and libraries)", "",
-             "| method | peak RSS GB | × weights | draft weights GB | model load s | method setup s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "",
+        "**Memory and load time** (each method alone in a fresh process, as `specdec` runs it; "
+        "peak RSS includes the Python runtime and libraries)",
+        "",
+        "| method | peak RSS GB | × weights | draft weights GB | model load s | method setup s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, m in mem.items():
         if "error" in m:
             lines.append(f"| {name} | – | – | – | – | – ({m['error']}) |")
@@ -291,8 +359,10 @@ def memory_markdown(summary: dict[str, Any]) -> list[str]:
         gb = m["peak_rss_bytes"] / 1e9
         dw = m.get("draft_weights_bytes")  # absent in records from before it was measured
         dw_gb = "–" if dw is None else f"{dw / 1e9:.2f}"
-        lines.append(f"| {name} | {gb:.2f} | {m['peak_rss_bytes'] / m['weights_bytes']:.2f} | {dw_gb} | "
-                     f"{m['load_s']:.1f} | {m['setup_s']:.1f} |")
+        lines.append(
+            f"| {name} | {gb:.2f} | {m['peak_rss_bytes'] / m['weights_bytes']:.2f} | {dw_gb} | "
+            f"{m['load_s']:.1f} | {m['setup_s']:.1f} |"
+        )
     return lines
 
 
@@ -301,7 +371,9 @@ def render(out: str | os.PathLike[str], summary: dict[str, Any], plot: bool = Tr
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / SUMMARY, out / TABLE]
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / SUMMARY).write_text(
+        json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     (out / TABLE).write_text(markdown(summary), encoding="utf-8")
     if plot:
         from selfspec.app._bench.plot import speedup_bars

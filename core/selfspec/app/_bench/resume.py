@@ -17,8 +17,22 @@ from pathlib import Path
 from typing import Any
 
 #: What must be equal between the interrupted run and its resumption.
-SAME = ("model", "dtype", "device", "suite", "tasks", "samples", "max_new_tokens", "seed", "split", "sampling",
-        "method_names", "threads", "placement", "weight_layout")
+SAME = (
+    "model",
+    "dtype",
+    "device",
+    "suite",
+    "tasks",
+    "samples",
+    "max_new_tokens",
+    "seed",
+    "split",
+    "sampling",
+    "method_names",
+    "threads",
+    "placement",
+    "weight_layout",
+)
 #: The value of a key a ``run.json`` written without it stands for.
 DEFAULTS = {"weight_layout": "auto"}
 RUN = "run.json"
@@ -34,8 +48,13 @@ def start(outdir: Path, config: dict[str, Any], machine: dict[str, Any]) -> None
     (outdir / RUN).write_text(json.dumps(run, indent=1) + "\n", encoding="utf-8")
 
 
-def resume(outdir: Path, config: dict[str, Any], machine: dict[str, Any], samples: Sequence[Any],
-           methods: Sequence[str]) -> tuple[list[dict[str, Any]], list[Any]]:
+def resume(
+    outdir: Path,
+    config: dict[str, Any],
+    machine: dict[str, Any],
+    samples: Sequence[Any],
+    methods: Sequence[str],
+) -> tuple[list[dict[str, Any]], list[Any]]:
     """``(kept records, samples still to run)`` for a resumed run in ``outdir``; rewrites
     ``results.jsonl`` to the kept records and adds this part to ``run.json``."""
     from selfspec.app._bench.results import RECORDS, read_jsonl
@@ -61,15 +80,20 @@ def resume(outdir: Path, config: dict[str, Any], machine: dict[str, Any], sample
 
 
 def check_folder(outdir: Path) -> None:
-    """:class:`ResumeError` unless ``outdir`` holds a run that started (cheap: before a model loads)."""
+    """:class:`ResumeError` unless ``outdir`` holds a run that started (cheap: before a model
+    loads)."""
     from selfspec.app._bench.results import RECORDS
 
     if not (outdir / RUN).exists() or not (outdir / RECORDS).exists():
-        raise ResumeError(f"{outdir} holds no bench run to resume ({RUN} and {RECORDS} are written when a run "
-                          "starts); run without --resume")
+        raise ResumeError(
+            f"{outdir} holds no bench run to resume ({RUN} and {RECORDS} are written when a run "
+            "starts); run without --resume"
+        )
 
 
-def complete_samples(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> set[tuple[str, str]]:
+def complete_samples(
+    records: Sequence[dict[str, Any]], methods: Sequence[str]
+) -> set[tuple[str, str]]:
     """The ``(task, question_id)`` of every sample each of ``methods`` has a record of."""
     seen: dict[tuple[str, str], set[str]] = {}
     for r in records:
@@ -90,5 +114,9 @@ def _key(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _part(machine: dict[str, Any], samples_kept: int) -> dict[str, Any]:
-    return {"date": machine.get("date"), "load_avg": machine.get("load_avg"), "cpu": machine.get("cpu"),
-            "samples_kept": samples_kept}
+    return {
+        "date": machine.get("date"),
+        "load_avg": machine.get("load_avg"),
+        "cpu": machine.get("cpu"),
+        "samples_kept": samples_kept,
+    }

@@ -31,7 +31,9 @@ BUFFER_BYTES = 1 << 30
 _MV_COLUMNS = 4096
 
 
-def read_bandwidth(nbytes: int = BUFFER_BYTES, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+def read_bandwidth(
+    nbytes: int = BUFFER_BYTES, repeats: int = 5, device: torch.device | str = "cpu"
+) -> float:
     """The streaming read bandwidth of ``device``'s memory in bytes/s: the fastest of
     :func:`read_bandwidths`' kernels. A limit that a product kernel beats is no limit, and
     which read is fastest depends on the machine (on an Intel Xeon host the BLAS matrix-vector
@@ -40,8 +42,9 @@ def read_bandwidth(nbytes: int = BUFFER_BYTES, repeats: int = 5, device: torch.d
     return max(read_bandwidths(nbytes, repeats, device).values())
 
 
-def read_bandwidths(nbytes: int = BUFFER_BYTES, repeats: int = 5,
-                    device: torch.device | str = "cpu") -> dict[str, float]:
+def read_bandwidths(
+    nbytes: int = BUFFER_BYTES, repeats: int = 5, device: torch.device | str = "cpu"
+) -> dict[str, float]:
     """Bytes/s of each way of streaming a float32 buffer of ``nbytes`` on ``device``, the
     fastest of ``repeats`` calls each: ``sum`` (one addition per 4 bytes read) and ``mv`` (the
     buffer as a ``[n, 4096]`` matrix times a vector: the library's matrix-vector kernel, the
@@ -78,8 +81,14 @@ def model_bytes(model: torch.nn.Module) -> int:
     return sum(product_bytes(layer) for layer in adapter.layers) + product_bytes(adapter.lm_head)
 
 
-def roofline(records: Sequence[dict[str, Any]], *, bandwidth: float, full_forward_bytes: int,
-             baseline: str = "vanilla", device: str = "cpu") -> dict[str, Any]:
+def roofline(
+    records: Sequence[dict[str, Any]],
+    *,
+    bandwidth: float,
+    full_forward_bytes: int,
+    baseline: str = "vanilla",
+    device: str = "cpu",
+) -> dict[str, Any]:
     """``{"bandwidth_bytes_per_s", "model_bytes", "device", "prefill_share", "rows": [...]}``
     (:func:`prefill_share` of ``baseline``), a row per method over every
     record: ``bytes_per_token`` (records' ``weight_bytes``; HF's methods read the whole model
@@ -103,16 +112,34 @@ def roofline(records: Sequence[dict[str, Any]], *, bandwidth: float, full_forwar
         per_token = read / tokens
         limit = bandwidth / per_token
         decode = _decode_rate(rs)
-        rows.append({"method": m, "bytes_per_token": per_token, "limit_tokens_per_s": limit,
-                     "tokens_per_s": tokens / wall if wall > 0 else 0.0, "decode_tokens_per_s": decode,
-                     "of_limit": decode / limit if decode is not None else None})
+        rows.append(
+            {
+                "method": m,
+                "bytes_per_token": per_token,
+                "limit_tokens_per_s": limit,
+                "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+                "decode_tokens_per_s": decode,
+                "of_limit": decode / limit if decode is not None else None,
+            }
+        )
     base = next((r for r in rows if r["method"] == baseline), None)
     for r in rows:
         r["limit_vs_vanilla"] = base["bytes_per_token"] / r["bytes_per_token"] if base else None
-        both = base is not None and base["decode_tokens_per_s"] and r["decode_tokens_per_s"] is not None
-        r["decode_vs_vanilla"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"] if both else None
-    return {"bandwidth_bytes_per_s": bandwidth, "model_bytes": full_forward_bytes, "device": device, "rows": rows,
-            "prefill_share": prefill_share(records, baseline)}
+        both = (
+            base is not None
+            and base["decode_tokens_per_s"]
+            and r["decode_tokens_per_s"] is not None
+        )
+        r["decode_vs_vanilla"] = (
+            r["decode_tokens_per_s"] / base["decode_tokens_per_s"] if both else None
+        )
+    return {
+        "bandwidth_bytes_per_s": bandwidth,
+        "model_bytes": full_forward_bytes,
+        "device": device,
+        "rows": rows,
+        "prefill_share": prefill_share(records, baseline),
+    }
 
 
 def prefill_share(records: Sequence[dict[str, Any]], baseline: str = "vanilla") -> float | None:
@@ -142,23 +169,37 @@ def markdown(summary: dict[str, Any]) -> list[str]:
     if not roof:
         return []
     bw = roof["bandwidth_bytes_per_s"] / 1e9
-    lines = ["", f"**Against the machine's limit** (streaming read {bw:.1f} GB/s of the {roof.get('device', 'cpu')}'s memory, the higher of "
-             "the measurements before and after the run; "
-             f"one full forward reads {roof['model_bytes'] / 1e9:.2f} GB of weights; limit = bandwidth / bytes "
-             "of weights read per committed token; the decode's rate, after each prompt's prefill, is held against it; "
-             "–: prefill not separable)", "",
-             "| method | GB per token | limit tok/s | decode tok/s | % of limit | limit vs vanilla | decode vs vanilla |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "",
+        f"**Against the machine's limit** (streaming read {bw:.1f} GB/s of the "
+        f"{roof.get('device', 'cpu')}'s memory, the higher of "
+        "the measurements before and after the run; "
+        f"one full forward reads {roof['model_bytes'] / 1e9:.2f} GB of weights; "
+        "limit = bandwidth / bytes "
+        "of weights read per committed token; the decode's rate, after each prompt's prefill, "
+        "is held against it; "
+        "–: prefill not separable)",
+        "",
+        "| method | GB per token | limit tok/s | decode tok/s | % of limit | limit vs vanilla "
+        "| decode vs vanilla |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in roof["rows"]:
         decode = r.get("decode_tokens_per_s")
-        lines.append(f"| {r['method']} | {r['bytes_per_token'] / 1e9:.3f} | {r['limit_tokens_per_s']:.1f} | "
-                     f"{_fmt(decode, '{:.1f}')} | {_fmt(r['of_limit'], '{:.0%}')} | "
-                     f"{_fmt(r['limit_vs_vanilla'], '{:.2f}×')} | {_fmt(r.get('decode_vs_vanilla'), '{:.2f}×')} |")
+        lines.append(
+            f"| {r['method']} | {r['bytes_per_token'] / 1e9:.3f} | {r['limit_tokens_per_s']:.1f} | "
+            f"{_fmt(decode, '{:.1f}')} | {_fmt(r['of_limit'], '{:.0%}')} | "
+            f"{_fmt(r['limit_vs_vanilla'], '{:.2f}×')} | "
+            f"{_fmt(r.get('decode_vs_vanilla'), '{:.2f}×')} |"
+        )
     share = roof.get("prefill_share")
     if share:
-        lines += ["", f"Prefill took {share:.0%} of `vanilla`'s wall time here. It is compute-bound and the same for every "
-                  f"method of the host, so no method of the host can exceed {1 / share:.1f}× `vanilla`'s tokens/s over this run, "
-                  "however fast it decodes."]
+        lines += [
+            "",
+            f"Prefill took {share:.0%} of `vanilla`'s wall time here. It is compute-bound and the "
+            "same for every method of the host, so no method of the host can exceed "
+            f"{1 / share:.1f}× `vanilla`'s tokens/s over this run, however fast it decodes.",
+        ]
     return lines
 
 
@@ -169,7 +210,9 @@ def _fmt(x: float | None, spec: str) -> str:
 def model_device(model: torch.nn.Module) -> torch.device:
     """The device the model's weights live on (its first parameter's; the CPU for a model with
     none): the memory whose bandwidth bounds its decode."""
-    return next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
+    return next(
+        (p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu")
+    )
 
 
 def _synchronize(device: torch.device):
@@ -179,8 +222,12 @@ def _synchronize(device: torch.device):
     return (lambda: wait(device)) if wait is not None else (lambda: None)
 
 
-def add_limits(summary: dict[str, Any], records: Sequence[dict[str, Any]], model: torch.nn.Module,
-               earlier: Sequence[float] = ()) -> None:
+def add_limits(
+    summary: dict[str, Any],
+    records: Sequence[dict[str, Any]],
+    model: torch.nn.Module,
+    earlier: Sequence[float] = (),
+) -> None:
     """Into a bench ``summary``: the roofline (:func:`roofline`) and how every ``auto`` of the
     run was decided. The bandwidth is measured now, with the run's threads, and taken as the
     highest of that and the ``earlier`` measurements of the run (bytes/s): on a shared machine
@@ -191,8 +238,9 @@ def add_limits(summary: dict[str, Any], records: Sequence[dict[str, Any]], model
     bandwidth = max(runs)
     summary["machine"]["read_bandwidth_gbs"] = round(bandwidth / 1e9, 2)
     summary["machine"]["read_bandwidth_runs_gbs"] = [round(b / 1e9, 2) for b in runs]
-    summary["roofline"] = roofline(records, bandwidth=bandwidth, full_forward_bytes=model_bytes(model),
-                                   device=device.type)
+    summary["roofline"] = roofline(
+        records, bandwidth=bandwidth, full_forward_bytes=model_bytes(model), device=device.type
+    )
     choices: dict[str, Any] = {}
     for r in records:
         for what, c in (r.get("choices") or {}).items():

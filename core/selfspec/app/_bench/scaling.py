@@ -45,21 +45,27 @@ def load_summary(directory: str | os.PathLike[str]) -> dict[str, Any]:
     d = Path(directory)
     path = d / SUMMARY
     if not path.is_file():
-        sweep = " (it holds a sweep: sweep.json; scaling needs `specdec bench` directories)" \
-            if (d / "sweep.json").is_file() else ""
+        sweep = (
+            " (it holds a sweep: sweep.json; scaling needs `specdec bench` directories)"
+            if (d / "sweep.json").is_file()
+            else ""
+        )
         raise ScalingError(f"{d}: no {SUMMARY}{sweep}")
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ScalingError(f"{path}: cannot read it: {exc}") from exc
     if not isinstance(summary, dict) or "cells" in summary or "axes" in summary:
-        raise ScalingError(f"{path} is a sweep's summary; scaling needs `specdec bench` directories")
+        raise ScalingError(
+            f"{path} is a sweep's summary; scaling needs `specdec bench` directories"
+        )
     if "rows" not in summary:
         raise ScalingError(f"{path} has no rows: not a `specdec bench` summary")
     missing = [k for k in _MODEL_KEYS if not isinstance(summary.get("config", {}).get(k), int)]
     if missing:
-        raise ScalingError(f"{path}: config lacks {', '.join(missing)} "
-                           "(re-run the bench with this version)")
+        raise ScalingError(
+            f"{path}: config lacks {', '.join(missing)} (re-run the bench with this version)"
+        )
     return summary
 
 
@@ -85,15 +91,19 @@ def scaling_table(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for s in summaries:
         missing = [k for k in _MODEL_KEYS if not isinstance(s.get("config", {}).get(k), int)]
         if missing:
-            raise ScalingError(f"summary of {s.get('config', {}).get('model', '?')}: config lacks "
-                               f"{', '.join(missing)} (re-run the bench with this version)")
+            raise ScalingError(
+                f"summary of {s.get('config', {}).get('model', '?')}: config lacks "
+                f"{', '.join(missing)} (re-run the bench with this version)"
+            )
     ordered = sorted(summaries, key=lambda s: s["config"]["model_params"])
     names = [str(s["config"].get("model", "?")) for s in ordered]
     params = [s["config"]["model_params"] for s in ordered]
     for j, i in itertools.combinations(range(len(ordered)), 2):
         if names[i] == names[j] or params[i] == params[j]:
-            raise ScalingError(f"two summaries of the same model or size ({names[j]}, {names[i]}: {params[i]} "
-                               "parameters); scaling needs one bench per model size")
+            raise ScalingError(
+                f"two summaries of the same model or size ({names[j]}, {names[i]}: {params[i]} "
+                "parameters); scaling needs one bench per model size"
+            )
     models: list[dict[str, Any]] = []
     methods: dict[str, list[dict[str, Any]]] = {}
     for s, name in zip(ordered, names):
@@ -101,43 +111,60 @@ def scaling_table(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         all_rows = {r["method"]: r for r in s["rows"] if r["task"] == "all"}
         geo = geomean_speedups(s)
         labels = {m: method_label(m) for m in [*geo, *all_rows]}
-        if len(set(labels.values())) < len(labels):  # two early-exit layers in one run: keep both names
+        if len(set(labels.values())) < len(
+            labels
+        ):  # two early-exit layers in one run: keep both names
             labels = {m: m for m in labels}
-        models.append({
-            "name": name, "params": cfg["model_params"], "layers": cfg["model_layers"],
-            "hidden": cfg["model_hidden"], "dtype": cfg.get("dtype"),
-            "cpu": f"{mach.get('cpu', '?')}{capability_note(mach)}", "max_new_tokens": cfg.get("max_new_tokens"),
-            "tasks": [t for t in dict.fromkeys(r["task"] for r in s["rows"]) if t != "all"],
-            "ok": sum(r["lossless"] + r["near_ties"] for r in all_rows.values()),
-            "samples": sum(r["samples"] for r in all_rows.values()),
-        })
+        models.append(
+            {
+                "name": name,
+                "params": cfg["model_params"],
+                "layers": cfg["model_layers"],
+                "hidden": cfg["model_hidden"],
+                "dtype": cfg.get("dtype"),
+                "cpu": f"{mach.get('cpu', '?')}{capability_note(mach)}",
+                "max_new_tokens": cfg.get("max_new_tokens"),
+                "tasks": [t for t in dict.fromkeys(r["task"] for r in s["rows"]) if t != "all"],
+                "ok": sum(r["lossless"] + r["near_ties"] for r in all_rows.values()),
+                "samples": sum(r["samples"] for r in all_rows.values()),
+            }
+        )
         base = geo.get("vanilla")
         for m, label in labels.items():
             row = all_rows.get(m, {})
             speedup = geo.get(m)
             vs = speedup / base if speedup is not None and base else None
             tau = row.get("tau")
-            methods.setdefault(label, []).append({
-                "model": name, "params": cfg["model_params"], "name": m, "speedup": speedup,
-                "speedup_vs_vanilla": vs, "tau": tau, "r": tau / vs if tau is not None and vs else None,
-                "ok": row.get("lossless", 0) + row.get("near_ties", 0) if row else None,
-                "samples": row.get("samples") if row else None, "phase_s": row.get("phase_s") or {},
-            })
+            methods.setdefault(label, []).append(
+                {
+                    "model": name,
+                    "params": cfg["model_params"],
+                    "name": m,
+                    "speedup": speedup,
+                    "speedup_vs_vanilla": vs,
+                    "tau": tau,
+                    "r": tau / vs if tau is not None and vs else None,
+                    "ok": row.get("lossless", 0) + row.get("near_ties", 0) if row else None,
+                    "samples": row.get("samples") if row else None,
+                    "phase_s": row.get("phase_s") or {},
+                }
+            )
     return {"models": models, "methods": methods}
 
 
 # --------------------------------------------------------------------------- projected
 ASSUMPTIONS = (
-    "τ (tokens per full-model forward) and r (the cost of one of the method's steps in vanilla steps, "
-    "measured as r = τ / speedup over vanilla) are extrapolated linearly in log10(parameters) from the "
-    "two largest models that ran the method (held constant when only one did)",
+    "τ (tokens per full-model forward) and r (the cost of one of the method's steps in vanilla "
+    "steps, measured as r = τ / speedup over vanilla) are extrapolated linearly in "
+    "log10(parameters) from the two largest models that ran the method (held constant when only "
+    "one did)",
     f"τ is clamped to [1, {TAU_HEADROOM} × the largest τ the method reached]; r to r ≥ 1",
     "CPU: a step costs what it cost here, so speedup over vanilla = τ / r",
-    "GPU: a decode step is memory-bound, so verifying a block costs about one single-token forward; "
-    "only drafting keeps its relative cost. With p = propose / (propose + verify) seconds of the "
-    "largest model's run (0 without phase timings: drafting then counts as free), drafting costs "
-    "r·p vanilla steps, so r_gpu = 1 + min(r − 1, r·p) (= 1 + (r − 1)·d, d the share of r − 1 that is "
-    "drafting) and speedup over vanilla = τ / r_gpu",
+    "GPU: a decode step is memory-bound, so verifying a block costs about one single-token "
+    "forward; only drafting keeps its relative cost. With p = propose / (propose + verify) "
+    "seconds of the largest model's run (0 without phase timings: drafting then counts as free), "
+    "drafting costs r·p vanilla steps, so r_gpu = 1 + min(r − 1, r·p) (= 1 + (r − 1)·d, d the "
+    "share of r − 1 that is drafting) and speedup over vanilla = τ / r_gpu",
     "nothing else changes with size: the same prompts, dtype and max new tokens as measured",
 )
 
@@ -151,8 +178,12 @@ def _extrapolate(points: list[tuple[float, float]], x: float) -> float:
     return y2 + (y2 - y1) * (math.log10(x) - lx2) / (lx2 - lx1)
 
 
-def projection(table: dict[str, Any], target_params: float = TARGET["params"], target_layers: int = TARGET["layers"],
-               target_hidden: int = TARGET["hidden"]) -> dict[str, Any]:
+def projection(
+    table: dict[str, Any],
+    target_params: float = TARGET["params"],
+    target_layers: int = TARGET["layers"],
+    target_hidden: int = TARGET["hidden"],
+) -> dict[str, Any]:
     """PROJECTION, per method, of τ, r and the speedup over vanilla for a model of
     ``target_params`` parameters, on this kind of CPU and on a GPU. A cost model, not a measurement:
 
@@ -175,8 +206,16 @@ def projection(table: dict[str, Any], target_params: float = TARGET["params"], t
     for label, entries in table["methods"].items():
         pts = [e for e in entries if e["tau"] is not None and e["r"] is not None]
         if not pts:
-            out[label] = {"tau": None, "r_cpu": None, "speedup_cpu": None, "p": None, "r_gpu": None,
-                          "speedup_gpu": None, "from": [], "note": "no τ or no speedup over vanilla measured"}
+            out[label] = {
+                "tau": None,
+                "r_cpu": None,
+                "speedup_cpu": None,
+                "p": None,
+                "r_gpu": None,
+                "speedup_gpu": None,
+                "from": [],
+                "note": "no τ or no speedup over vanilla measured",
+            }
             continue
         tau = _extrapolate([(e["params"], e["tau"]) for e in pts], target_params)
         tau = min(max(tau, 1.0), TAU_HEADROOM * max(e["tau"] for e in pts))
@@ -190,12 +229,26 @@ def projection(table: dict[str, Any], target_params: float = TARGET["params"], t
             notes.append("no phase timings: drafting counted as free on the GPU")
         if len(pts) == 1:
             notes.append("one model: held constant")
-        out[label] = {"tau": tau, "r_cpu": r, "speedup_cpu": tau / r, "p": p, "r_gpu": r_gpu,
-                      "speedup_gpu": tau / r_gpu, "from": [e["model"] for e in pts[-2:]], "note": "; ".join(notes)}
+        out[label] = {
+            "tau": tau,
+            "r_cpu": r,
+            "speedup_cpu": tau / r,
+            "p": p,
+            "r_gpu": r_gpu,
+            "speedup_gpu": tau / r_gpu,
+            "from": [e["model"] for e in pts[-2:]],
+            "note": "; ".join(notes),
+        }
     return {
         "kind": "projection (a cost model, not a measurement)",
-        "target": {"name": TARGET["name"] if target_params == TARGET["params"] else format_params(target_params),
-                   "params": target_params, "layers": target_layers, "hidden": target_hidden},
+        "target": {
+            "name": TARGET["name"]
+            if target_params == TARGET["params"]
+            else format_params(target_params),
+            "params": target_params,
+            "layers": target_layers,
+            "hidden": target_hidden,
+        },
         "assumptions": list(ASSUMPTIONS),
         "methods": out,
     }
@@ -212,13 +265,18 @@ def _differing(models: list[dict[str, Any]]) -> list[str]:
 
 
 def scaling_markdown(table: dict[str, Any], proj: dict[str, Any] | None = None) -> str:
-    """The measured tables (speedup over HF greedy, over vanilla, τ), then the labelled projection."""
+    """The measured tables (speedup over HF greedy, over vanilla, τ), then the labelled
+    projection."""
     models = table["models"]
     big = models[-1]
     lines = [
-        "Models: " + "; ".join(f"`{m['name']}` ({format_params(m['params'])} parameters, {m['layers']} layers, "
-                               f"hidden {m['hidden']}, {m['dtype']}, {m['ok']}/{m['samples']} outputs lossless)"
-                               for m in models) + ".",
+        "Models: "
+        + "; ".join(
+            f"`{m['name']}` ({format_params(m['params'])} parameters, {m['layers']} layers, "
+            f"hidden {m['hidden']}, {m['dtype']}, {m['ok']}/{m['samples']} outputs lossless)"
+            for m in models
+        )
+        + ".",
         f"{big['cpu']}, max {big['max_new_tokens']} new tokens, tasks {', '.join(big['tasks'])}. "
         "Speedups are geometric means of the per-task speedups.",
         "",
@@ -227,23 +285,34 @@ def scaling_markdown(table: dict[str, Any], proj: dict[str, Any] | None = None) 
     if differ:
         lines += [f"**Not like for like**: the runs differ in {', '.join(differ)}.", ""]
     head = [f"{m['name']} ({format_params(m['params'])})" for m in models]
-    tables = (("Speedup over HF greedy (geo-mean over tasks)", "speedup", ".2f", "×"),
-              ("Speedup over vanilla", "speedup_vs_vanilla", ".2f", "×"),
-              ("τ (tokens per full-model forward)", "tau", ".2f", ""),
-              ("r (step cost in vanilla steps = τ / speedup over vanilla)", "r", ".2f", ""))
+    tables = (
+        ("Speedup over HF greedy (geo-mean over tasks)", "speedup", ".2f", "×"),
+        ("Speedup over vanilla", "speedup_vs_vanilla", ".2f", "×"),
+        ("τ (tokens per full-model forward)", "tau", ".2f", ""),
+        ("r (step cost in vanilla steps = τ / speedup over vanilla)", "r", ".2f", ""),
+    )
     for title, key, fmt, suffix in tables:
-        lines += [f"**{title}**", "", "| method | " + " | ".join(head) + " |",
-                  "| --- | " + " | ".join("---:" for _ in head) + " |"]
+        lines += [
+            f"**{title}**",
+            "",
+            "| method | " + " | ".join(head) + " |",
+            "| --- | " + " | ".join("---:" for _ in head) + " |",
+        ]
         for label, entries in table["methods"].items():
             by = {e["model"]: e for e in entries}
-            lines.append(f"| {label} | " + " | ".join(
-                _x(by[m["name"]][key], fmt, suffix) if m["name"] in by else "–" for m in models) + " |")
+            lines.append(
+                f"| {label} | "
+                + " | ".join(
+                    _x(by[m["name"]][key], fmt, suffix) if m["name"] in by else "–" for m in models
+                )
+                + " |"
+            )
         lines.append("")
     if proj is not None:
         t = proj["target"]
         lines += [
-            f"**PROJECTION for a {t['name']} model ({format_params(t['params'])} parameters, {t['layers']} layers, "
-            f"hidden {t['hidden']}): a cost model, not a measurement.**",
+            f"**PROJECTION for a {t['name']} model ({format_params(t['params'])} parameters, "
+            f"{t['layers']} layers, hidden {t['hidden']}): a cost model, not a measurement.**",
             "",
             "Assumptions:",
             "",
@@ -254,19 +323,25 @@ def scaling_markdown(table: dict[str, Any], proj: dict[str, Any] | None = None) 
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
         ]
         for label, e in proj["methods"].items():
-            lines.append(f"| {label} | {_x(e['tau'])} | {_x(e['r_cpu'])} | {_x(e['speedup_cpu'], '.2f', '×')} | "
-                         f"{_x(e['p'])} | {_x(e['r_gpu'])} | {_x(e['speedup_gpu'], '.2f', '×')} | "
-                         f"{', '.join(e['from']) or '–'} | {e['note']} |")
+            lines.append(
+                f"| {label} | {_x(e['tau'])} | {_x(e['r_cpu'])} | "
+                f"{_x(e['speedup_cpu'], '.2f', '×')} | "
+                f"{_x(e['p'])} | {_x(e['r_gpu'])} | {_x(e['speedup_gpu'], '.2f', '×')} | "
+                f"{', '.join(e['from']) or '–'} | {e['note']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
-def render_scaling(out: str | os.PathLike[str], table: dict[str, Any], proj: dict[str, Any],
-                   plot: bool = True) -> list[Path]:
+def render_scaling(
+    out: str | os.PathLike[str], table: dict[str, Any], proj: dict[str, Any], plot: bool = True
+) -> list[Path]:
     """Write ``scaling.json``, ``scaling.md`` and (optionally) ``scaling.png`` into ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / SCALING_JSON).write_text(json.dumps({"measured": table, "projection": proj}, indent=2,
-                                               ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / SCALING_JSON).write_text(
+        json.dumps({"measured": table, "projection": proj}, indent=2, ensure_ascii=False) + "\n",
+        encoding="utf-8",
+    )
     (out / SCALING_TABLE).write_text(scaling_markdown(table, proj), encoding="utf-8")
     written = [out / SCALING_JSON, out / SCALING_TABLE]
     if plot:

@@ -39,14 +39,20 @@ class Run:
     accepted: int | None = None
     accept_lengths: list[int] | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
-    prefill_s: float | None = None  # seconds of the prompt's forward within wall_time (None: not separable)
+    prefill_s: float | None = (
+        None  # seconds of the prompt's forward within wall_time (None: not separable)
+    )
     weight_layout: str | None = None  # the runner's layout (None for HF's own generate)
     weight_bytes: int | None = None  # bytes of weights the decode read (None for HF's own generate)
     choices: dict[str, Any] | None = None  # how the decode's "auto"s were decided
     extra: dict[str, float] = field(default_factory=dict)  # the plugin's own counters (Stats.extra)
-    members: dict[str, dict[str, int]] = field(default_factory=dict)  # a composition's members' counters
+    members: dict[str, dict[str, int]] = field(
+        default_factory=dict
+    )  # a composition's members' counters
     error: str | None = None  # the run raised: what (no output then; see .turns.safe_run)
-    prefill_new_tokens: int = 0  # new tokens that forward already gave (HF's gives the first; the host's none)
+    prefill_new_tokens: int = (
+        0  # new tokens that forward already gave (HF's gives the first; the host's none)
+    )
 
 
 def conversation(sample: Sample, chat: bool) -> list[str]:
@@ -85,8 +91,18 @@ def safe_run(fn: Callable[..., Any], ids: list[int], max_new_tokens: int, eos: s
         return Run([], time.perf_counter() - t0, 0.0, error=f"{type(exc).__name__}: {exc}{where}")
 
 
-def make_record(sample: Sample, method: Any, run: Any, prompt_ids: list[int], cmp: Any, tokenizer: Any,
-                index: int, order: int, checked: bool = True, turn: int = 1) -> dict[str, Any]:
+def make_record(
+    sample: Sample,
+    method: Any,
+    run: Any,
+    prompt_ids: list[int],
+    cmp: Any,
+    tokenizer: Any,
+    index: int,
+    order: int,
+    checked: bool = True,
+    turn: int = 1,
+) -> dict[str, Any]:
     """One JSONL line: Spec-Bench's fields plus ours (see docs/benchmarks.md); ``lossless`` is
     None for an output nothing was compared with (``checked=False``: HF sampling, a failed run
     or a failed reference)."""

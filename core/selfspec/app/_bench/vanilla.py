@@ -3,9 +3,10 @@
 The measurement behind docs/performance.md; ``lab/scripts/vanilla_vs_hf.py`` is its command line.
 
 Method (:func:`run`): warm both paths up, then for every repeat and every prompt time
-``model.generate(do_sample=False)`` (through :func:`selfspec._engine.contract.reference.reference_generate`)
-and ``Decoder(model, "vanilla", weight_layout=L).generate`` for every runner weight layout L
-back to back, rotating which one goes first, so that all see the same machine load.
+``model.generate(do_sample=False)`` (through
+:func:`selfspec._engine.contract.reference.reference_generate`) and
+``Decoder(model, "vanilla", weight_layout=L).generate`` for every runner weight layout L back to
+back, rotating which one goes first, so that all see the same machine load.
 Reported: tokens/s of each (from the median time per prompt), the speed ratio host/HF per
 prompt and its median, and whether every host output equals the HF output token for token (a
 difference is reported with the reference's top-1/top-2 margin there).
@@ -92,7 +93,9 @@ def run(
                 outputs[name][p] = methods[name](ids)
                 times[name][p].append(time.perf_counter() - t0)
             for name in names:
-                equal[name][p] = equal[name][p] and same_output(outputs[name][p], outputs["hf"][p], max_new_tokens)
+                equal[name][p] = equal[name][p] and same_output(
+                    outputs[name][p], outputs["hf"][p], max_new_tokens
+                )
 
     rows = []
     for p, ids in enumerate(prompts):
@@ -112,7 +115,9 @@ def run(
             }
             if not equal[name][p]:
                 c = compare(model, ids, outputs[name][p], outputs["hf"][p])
-                m.update(first_difference=c.index, margin=c.margin, near_tie=c.near_tie, bound=c.bound)
+                m.update(
+                    first_difference=c.index, margin=c.margin, near_tie=c.near_tie, bound=c.bound
+                )
             row[name] = m
         rows.append(row)
     summary = {}
@@ -174,7 +179,10 @@ def format_table(res: dict[str, Any]) -> str:
         return f" {m['tokens_per_s']:>24.2f} {m['ratio']:>6.3f} {eq:>5}"
 
     for r in res["prompts"]:
-        line = f"{r['prompt']:>6} {r['prompt_tokens']:>4} {r['new_tokens']:>4} {r['hf']['tokens_per_s']:>9.2f}"
+        line = (
+            f"{r['prompt']:>6} {r['prompt_tokens']:>4} {r['new_tokens']:>4} "
+            f"{r['hf']['tokens_per_s']:>9.2f}"
+        )
         lines.append(line + "".join(cells(r[n]) for n in hosts))
     s = res["summary"]
     line = f"{'all':>6} {'':>4} {'':>4} {s['hf']['tokens_per_s']:>9.2f}"
@@ -192,7 +200,8 @@ def format_table(res: dict[str, Any]) -> str:
         for n in hosts:
             if not r[n]["equal"]:
                 lines.append(
-                    f"prompt {r['prompt']} {n}: first difference at new token {r[n]['first_difference']}, "
+                    f"prompt {r['prompt']} {n}: first difference at new token "
+                    f"{r[n]['first_difference']}, "
                     f"reference top-2 margin {r[n]['margin']:.3e}"
                 )
     return "\n".join(lines)

@@ -27,13 +27,20 @@ def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, d
         if dot:  # PLUGIN.KEY: that plugin's KEY, and a composition's member option of that name
             takers = [p for p in plugins if p == scope or key in declared[p]]
             if not takers:
-                raise click.ClickException(f"-o {key}=...: plugin {scope!r} is not among --plugin {list(plugins)} "
-                                           "(nor a member of a composition among them)")
+                raise click.ClickException(
+                    f"-o {key}=...: plugin {scope!r} is not among --plugin {list(plugins)} "
+                    "(nor a member of a composition among them)"
+                )
             for p in takers:
                 routed[p][name if p == scope else key] = value
             continue
         # unscoped: every plugin declaring KEY, and every member of a composition declaring it
-        takers = [(p, k) for p in plugins for k in sorted(declared[p]) if k == key or k.endswith(f".{key}")]
+        takers = [
+            (p, k)
+            for p in plugins
+            for k in sorted(declared[p])
+            if k == key or k.endswith(f".{key}")
+        ]
         if not takers:
             raise click.ClickException(f"-o {key}=...: no selected plugin declares option {key!r}")
         for p, k in takers:
@@ -42,7 +49,8 @@ def _plugin_options(plugins: Sequence[str], pairs: Sequence[str]) -> dict[str, d
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
-    """``"lookup[num_draft=10,adaptive=false]"`` -> ``("lookup", {"num_draft": "10", "adaptive": "false"})``.
+    """``"lookup[num_draft=10,adaptive=false]"`` ->
+    ``("lookup", {"num_draft": "10", "adaptive": "false"})``.
 
     A ``--plugin`` value may carry inline options in brackets, so one run can measure several
     configurations of the same plugin side by side (an ablation); a bare name has none.
@@ -51,7 +59,9 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
     name, bracket, rest = spec.partition("[")
     name = name.strip()
     if not name or any(c in name for c in "]=,"):
-        raise click.BadParameter(f"{spec!r} is not NAME or NAME[key=value,...]", param_hint="--plugin")
+        raise click.BadParameter(
+            f"{spec!r} is not NAME or NAME[key=value,...]", param_hint="--plugin"
+        )
     if not bracket:
         return name, {}
     if not rest.endswith("]"):
@@ -74,5 +84,8 @@ def _check_inline(variants: Sequence[tuple[str, str, dict[str, str]]]) -> None:
             declared = declared_options(make_manager(name)[0])
             unknown = sorted(set(inline) - set(declared))
             if unknown:
-                raise click.BadParameter(f"{spec!r}: {name} has no option(s) {unknown} "
-                                         f"(it declares: {', '.join(sorted(declared)) or 'none'})", param_hint="--plugin")
+                raise click.BadParameter(
+                    f"{spec!r}: {name} has no option(s) {unknown} "
+                    f"(it declares: {', '.join(sorted(declared)) or 'none'})",
+                    param_hint="--plugin",
+                )

@@ -28,9 +28,19 @@ from selfspec.app._cli.settings import (
 )
 
 __all__ = [
-    "BUILTIN_COMMANDS", "CHECK_MAX_NEW_TOKENS", "DEFAULT_CHECK_PROMPTS", "RUN_MAX_NEW_TOKENS",
-    "BadInput", "CliError", "Settings", "Streamer", "cli", "main", "plugin_commands",
-    "summary_line", "user_errors",
+    "BUILTIN_COMMANDS",
+    "CHECK_MAX_NEW_TOKENS",
+    "DEFAULT_CHECK_PROMPTS",
+    "RUN_MAX_NEW_TOKENS",
+    "BadInput",
+    "CliError",
+    "Settings",
+    "Streamer",
+    "cli",
+    "main",
+    "plugin_commands",
+    "summary_line",
+    "user_errors",
 ]
 
 

@@ -26,9 +26,9 @@ class CommandContext:
         @click.command("calibrate")
         @click.pass_obj
         def calibrate(command: CommandContext) -> None:
-            loaded = command.load_model()              # the model the user chose, its tokenizer
+            loaded = command.load_model()  # the model the user chose, its tokenizer
             baseline = command.decoder(loaded, "vanilla")
-            mine = command.decoder(loaded)             # the selected plugin with the user's -o options
+            mine = command.decoder(loaded)  # the selected plugin with the user's -o options
 
     ``plugin``: the selected plugin's name; ``weight_layout``: the ``--weight-layout`` asked for
     (``"auto"`` when none). :meth:`load_model` loads the model the user chose (``--model``,
@@ -67,7 +67,9 @@ class CommandContext:
         plugin, not the model). Raises :class:`selfspec.OptionError` on a bad value."""
         return self._settings.validate_plugin()
 
-    def decoder(self, loaded: Loaded, plugin: str | None = None, options: dict[str, Any] | None = None) -> Decoder:
+    def decoder(
+        self, loaded: Loaded, plugin: str | None = None, options: dict[str, Any] | None = None
+    ) -> Decoder:
         """A :class:`selfspec.Decoder` over ``loaded`` with the chosen weight layout: the selected
         plugin with the user's ``-o`` options when ``plugin`` is ``None``, else the named plugin
         (e.g. ``"vanilla"`` for a baseline) with ``options``; always the model's tokenizer."""
@@ -79,8 +81,14 @@ class CommandContext:
             name, obj = self._settings.plugin_object()
         else:
             name, obj = plugin, None
-        return Decoder(loaded.model, name, options or {}, tokenizer=loaded.tokenizer, plugin_object=obj,
-                       weight_layout=self.weight_layout)
+        return Decoder(
+            loaded.model,
+            name,
+            options or {},
+            tokenizer=loaded.tokenizer,
+            plugin_object=obj,
+            weight_layout=self.weight_layout,
+        )
 
     def __repr__(self) -> str:
         return f"CommandContext(plugin={self.plugin!r}, weight_layout={self.weight_layout!r})"

@@ -16,40 +16,92 @@ from selfspec.app._cli.settings import RUN_MAX_NEW_TOKENS, Settings, plugin_comm
 def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         # eager: parsed before --help, so the help lists the plugin's commands
-        click.option("--plugin", "-p", metavar="NAME", default=None, is_eager=True,
-                     help="Method plugin (default: vanilla). See `specdec plugins`."),
-        click.option("--plugin-file", metavar="PATH", default=None, type=click.Path(dir_okay=False), is_eager=True,
-                     help="Load an unpackaged .py module as the plugin."),
-        click.option("--model", "-m", metavar="M", default=None,
-                     help="Model directory, .gguf file, hub id, or embedded alias "
-                          "(smollm2-135m-instruct [default], gemma3-270m, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b; `specdec models`)."),
+        click.option(
+            "--plugin",
+            "-p",
+            metavar="NAME",
+            default=None,
+            is_eager=True,
+            help="Method plugin (default: vanilla). See `specdec plugins`.",
+        ),
+        click.option(
+            "--plugin-file",
+            metavar="PATH",
+            default=None,
+            type=click.Path(dir_okay=False),
+            is_eager=True,
+            help="Load an unpackaged .py module as the plugin.",
+        ),
+        click.option(
+            "--model",
+            "-m",
+            metavar="M",
+            default=None,
+            help="Model directory, .gguf file, hub id, or embedded alias "
+            "(smollm2-135m-instruct [default], gemma3-270m, qwen2.5-coder-1.5b, "
+            "qwen2.5-coder-0.5b; `specdec models`).",
+        ),
         click.option("--device", metavar="D", default=None, help="cpu (default), cuda or cuda:N."),
-        click.option("--dtype", metavar="T", default=None,
-                     help="float32 (default), bf16/bfloat16, fp16/float16, float64."),
-        click.option("--device-map", metavar="MAP", default=None,
-                     help="Place a model bigger than memory with accelerate: auto, balanced, balanced_low_0, "
-                          "sequential, or a JSON object {\"module\": \"cpu\"|\"disk\"|\"cuda:N\"}. "
-                          "See docs/cli.md, 'Models bigger than memory'."),
-        click.option("--max-memory", metavar="DEV=SIZE,...", default=None,
-                     help="What each device may hold, e.g. cpu=6GiB,disk=40GiB (the rest spills to the "
-                          "next device, then to disk); implies --device-map auto."),
-        click.option("--offload-folder", metavar="DIR", default=None,
-                     help="Where weights offloaded to disk are written (a checkpoint that is not safetensors "
-                          "needs one); implies --device-map auto."),
-        click.option("--threads", type=click.IntRange(min=1), default=None,
-                     help="Torch CPU threads (default: physical cores)."),
-        click.option("--weight-layout", type=LayoutChoice(), default=None,
-                     help="How the runner holds the linear weights: auto (default: the fastest of those "
-                          "that run here, measured once per model shape and machine; `specdec plugins` "
-                          "says which), model (bitwise the model's forward), transposed, packed (oneDNN), "
-                          "packed-mkl (MKL's packed sgemm for one row), or any registered layout "
-                          "(`specdec plugins` lists them). See docs/performance.md."),
-        click.option("--exact", is_flag=True, default=None,
-                     help="Exact mode: every forward's rows bitwise equal one-token forwards, so the "
-                          "output equals `vanilla --exact` bit for bit in every dtype (slower; "
-                          "docs/losslessness.md)."),
-        click.option("--option", "-o", "options", metavar="KEY=VALUE", multiple=True,
-                     help="Plugin option (repeatable); see `specdec plugins`."),
+        click.option(
+            "--dtype",
+            metavar="T",
+            default=None,
+            help="float32 (default), bf16/bfloat16, fp16/float16, float64.",
+        ),
+        click.option(
+            "--device-map",
+            metavar="MAP",
+            default=None,
+            help="Place a model bigger than memory with accelerate: auto, balanced, "
+            'balanced_low_0, sequential, or a JSON object {"module": "cpu"|"disk"|"cuda:N"}. '
+            "See docs/cli.md, 'Models bigger than memory'.",
+        ),
+        click.option(
+            "--max-memory",
+            metavar="DEV=SIZE,...",
+            default=None,
+            help="What each device may hold, e.g. cpu=6GiB,disk=40GiB (the rest spills to the "
+            "next device, then to disk); implies --device-map auto.",
+        ),
+        click.option(
+            "--offload-folder",
+            metavar="DIR",
+            default=None,
+            help="Where weights offloaded to disk are written (a checkpoint that is not "
+            "safetensors needs one); implies --device-map auto.",
+        ),
+        click.option(
+            "--threads",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Torch CPU threads (default: physical cores).",
+        ),
+        click.option(
+            "--weight-layout",
+            type=LayoutChoice(),
+            default=None,
+            help="How the runner holds the linear weights: auto (default: the fastest of those "
+            "that run here, measured once per model shape and machine; `specdec plugins` "
+            "says which), model (bitwise the model's forward), transposed, packed (oneDNN), "
+            "packed-mkl (MKL's packed sgemm for one row), or any registered layout "
+            "(`specdec plugins` lists them). See docs/performance.md.",
+        ),
+        click.option(
+            "--exact",
+            is_flag=True,
+            default=None,
+            help="Exact mode: every forward's rows bitwise equal one-token forwards, so the "
+            "output equals `vanilla --exact` bit for bit in every dtype (slower; "
+            "docs/losslessness.md).",
+        ),
+        click.option(
+            "--option",
+            "-o",
+            "options",
+            metavar="KEY=VALUE",
+            multiple=True,
+            help="Plugin option (repeatable); see `specdec plugins`.",
+        ),
     ]
     for d in reversed(decorators):
         f = d(f)
@@ -70,19 +122,38 @@ class LayoutChoice(click.ParamType):
 
         names = format_names("layout")
         if value not in names:
-            self.fail(f"{value!r} is not a registered weight layout; choose one of {', '.join(names)}", param, ctx)
+            self.fail(
+                f"{value!r} is not a registered weight layout; choose one of {', '.join(names)}",
+                param,
+                ctx,
+            )
         return value
 
 
 def _generation_options(f: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
-        click.option("--max-new-tokens", "-n", type=click.IntRange(min=0), default=None,
-                     help=f"Token budget (default {RUN_MAX_NEW_TOKENS})."),
-        click.option("--json", "json", is_flag=True, default=False,
-                     help="Print one JSON object (ids, text, stats) instead of streaming."),
-        click.option("--no-stream", is_flag=True, default=False, help="Print the answer at the end."),
-        click.option("--chat/--no-chat", default=None,
-                     help="Apply the chat template (default: when the model is an instruct model)."),
+        click.option(
+            "--max-new-tokens",
+            "-n",
+            type=click.IntRange(min=0),
+            default=None,
+            help=f"Token budget (default {RUN_MAX_NEW_TOKENS}).",
+        ),
+        click.option(
+            "--json",
+            "json",
+            is_flag=True,
+            default=False,
+            help="Print one JSON object (ids, text, stats) instead of streaming.",
+        ),
+        click.option(
+            "--no-stream", is_flag=True, default=False, help="Print the answer at the end."
+        ),
+        click.option(
+            "--chat/--no-chat",
+            default=None,
+            help="Apply the chat template (default: when the model is an instruct model).",
+        ),
     ]
     for d in reversed(decorators):
         f = d(f)
@@ -91,15 +162,33 @@ def _generation_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _sampling_options(f: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
-        click.option("--temperature", "-t", type=click.FloatRange(min=0.0), default=None,
-                     help="Sample at this temperature (default 0: greedy decoding). Lossless: every plugin "
-                          "gives the tokens vanilla sampling gives with the same seed (docs/losslessness.md)."),
-        click.option("--top-k", type=click.IntRange(min=0), default=None,
-                     help="Sample among the k most likely tokens (default 0: all)."),
-        click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None,
-                     help="Sample among the smallest set of tokens whose probability reaches p (default 1: all)."),
-        click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=None,
-                     help="Seed of the sampling noise (default 0); with the position it fixes every token."),
+        click.option(
+            "--temperature",
+            "-t",
+            type=click.FloatRange(min=0.0),
+            default=None,
+            help="Sample at this temperature (default 0: greedy decoding). Lossless: every plugin "
+            "gives the tokens vanilla sampling gives with the same seed (docs/losslessness.md).",
+        ),
+        click.option(
+            "--top-k",
+            type=click.IntRange(min=0),
+            default=None,
+            help="Sample among the k most likely tokens (default 0: all).",
+        ),
+        click.option(
+            "--top-p",
+            type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+            default=None,
+            help="Sample among the smallest set of tokens whose probability reaches p "
+            "(default 1: all).",
+        ),
+        click.option(
+            "--seed",
+            type=click.IntRange(min=0, max=2**64 - 1),
+            default=None,
+            help="Seed of the sampling noise (default 0); with the position it fixes every token.",
+        ),
     ]
     for d in reversed(decorators):
         f = d(f)
@@ -124,7 +213,9 @@ class SpecdecGroup(click.Group):
             pass
         return names
 
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
         if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
             return "run", self.commands["run"], args
         return super().resolve_command(ctx, args)
@@ -141,7 +232,9 @@ def _plugin_commands(ctx: click.Context) -> dict[str, click.Command]:
     return plugin_commands(_root_settings(ctx.find_root()))
 
 
-def _with_command_context(ctx: click.Context, command: click.Command | None) -> click.Command | None:
+def _with_command_context(
+    ctx: click.Context, command: click.Command | None
+) -> click.Command | None:
     """A copy of a plugin's ``command`` whose ``ctx.obj`` is a :class:`CommandContext` (the
     plugin's narrow view of the command line), not the CLI's own settings."""
     if command is None:
@@ -149,13 +242,19 @@ def _with_command_context(ctx: click.Context, command: click.Command | None) -> 
     from selfspec.app._cli.context import CommandContext
 
     command = copy.copy(command)  # the plugin's object is shared; its copy carries this invocation
-    command.context_settings = {**command.context_settings,
-                                "obj": CommandContext(_root_settings(ctx.find_root()))}
+    command.context_settings = {
+        **command.context_settings,
+        "obj": CommandContext(_root_settings(ctx.find_root())),
+    }
     return command
 
 
-@click.group(cls=SpecdecGroup, invoke_without_command=True, no_args_is_help=True,
-             context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=SpecdecGroup,
+    invoke_without_command=True,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @_model_options
 @_generation_options
 @_sampling_options
@@ -181,7 +280,9 @@ def cli(ctx: click.Context, **params: Any) -> None:
     plugin_commands(ctx.obj)  # a plugin whose command names clash fails whatever the command
     _route_group_options(ctx)
     if ctx.invoked_subcommand is None:
-        raise click.UsageError('missing prompt: specdec [OPTIONS] "prompt" (or a command, see --help)')
+        raise click.UsageError(
+            'missing prompt: specdec [OPTIONS] "prompt" (or a command, see --help)'
+        )
 
 
 def _route_group_options(ctx: click.Context) -> None:
@@ -207,11 +308,22 @@ def _route_group_options(ctx: click.Context) -> None:
             continue
         if param.name not in routes:
             flag = max(param.opts, key=len) if isinstance(param, click.Option) else param.name
-            raise click.UsageError(f"{flag} is not used by `specdec {name}`: give the command's own options "
-                                   f"after it (specdec {name} --help)")
+            raise click.UsageError(
+                f"{flag} is not used by `specdec {name}`: give the command's own options "
+                f"after it (specdec {name} --help)"
+            )
         target = routes[param.name or ""]
         if target:
             multiple = getattr(own.get(target), "multiple", False)
-            defaults[target] = tuple(value) if isinstance(value, (tuple, list)) else (value,) if multiple else value
+            defaults[target] = (
+                tuple(value)
+                if isinstance(value, (tuple, list))
+                else (value,)
+                if multiple
+                else value
+            )
     if defaults:
-        ctx.default_map = {**(ctx.default_map or {}), name: {**(ctx.default_map or {}).get(name, {}), **defaults}}
+        ctx.default_map = {
+            **(ctx.default_map or {}),
+            name: {**(ctx.default_map or {}).get(name, {}), **defaults},
+        }

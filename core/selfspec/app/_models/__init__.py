@@ -36,7 +36,21 @@ from selfspec.app._models.embedded import (
 from selfspec.app._models.load import eos_token_ids, format_conversation, format_prompt, load
 
 __all__ = [
-    "ALIASES", "CACHE_ENV", "DEFAULT_MODEL", "DTYPES", "EMBEDDED", "Loaded", "ModelLoadError",
-    "_Embedded", "_smollm2_gguf", "cache_dir", "embedded_available", "eos_token_ids", "format_conversation",
-    "format_prompt", "load", "parse_device", "parse_dtype",
+    "ALIASES",
+    "CACHE_ENV",
+    "DEFAULT_MODEL",
+    "DTYPES",
+    "EMBEDDED",
+    "Loaded",
+    "ModelLoadError",
+    "_Embedded",
+    "_smollm2_gguf",
+    "cache_dir",
+    "embedded_available",
+    "eos_token_ids",
+    "format_conversation",
+    "format_prompt",
+    "load",
+    "parse_device",
+    "parse_dtype",
 ]

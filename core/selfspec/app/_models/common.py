@@ -90,9 +90,13 @@ def parse_device(device: str | torch.device) -> torch.device:
         raise ModelLoadError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from exc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here; use --device cpu")
+            raise ModelLoadError(
+                f"device {device!r} asked for, but CUDA is not available here; use --device cpu"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+            raise ModelLoadError(
+                f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here"
+            )
     elif dev.type == "mps":
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
             raise ModelLoadError("device 'mps' is not available here; use --device cpu")

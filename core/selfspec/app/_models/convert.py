@@ -82,14 +82,21 @@ def _converted(gguf: Path, dtype: torch.dtype = torch.float32) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _say(f"first use of {gguf.name}: dequantizing the GGUF to {str(save_dtype).removeprefix('torch.')} "
-         f"(this takes a while, once); the converted copy goes to {target}")
+    _say(
+        f"first use of {gguf.name}: dequantizing the GGUF to "
+        f"{str(save_dtype).removeprefix('torch.')} "
+        f"(this takes a while, once); the converted copy goes to {target}"
+    )
     t0 = time.perf_counter()
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=save_dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=save_dtype
+        )
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as exc:
-        raise ModelLoadError(f"transformers could not read the GGUF file {str(gguf)!r}: {exc}") from exc
+        raise ModelLoadError(
+            f"transformers could not read the GGUF file {str(gguf)!r}: {exc}"
+        ) from exc
     _check_runner(model, str(gguf))
     # The weights are plain floats now: drop the GGUF quantizer so they are saved as they are.
     model.hf_quantizer = None
@@ -120,5 +127,9 @@ def converted_copies(gguf: Path) -> list[str]:
     root = cache_dir() / "models"
     key = _cache_key(gguf)
     found = ["float32"] if (root / key / _MARKER).is_file() else []
-    found += [suffix for suffix in _LOW_PRECISION.values() if (root / f"{key}-{suffix}" / _MARKER).is_file()]
+    found += [
+        suffix
+        for suffix in _LOW_PRECISION.values()
+        if (root / f"{key}-{suffix}" / _MARKER).is_file()
+    ]
     return found

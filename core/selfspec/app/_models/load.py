@@ -39,11 +39,11 @@ def load(
     ``specdec sweep`` use it.
 
     ``model``: None (the embedded default), an embedded alias (``smollm2-135m-instruct``,
-    ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``; see ``specdec models``), a Hugging Face model directory, a ``.gguf`` file, or a hub id already in
-    the local hub cache. ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (ignored when a
-    placement is asked for). ``dtype``: ``float32``, ``bf16``/``bfloat16``, ``fp16``/``float16``
-    or ``float64``. ``chat``: apply the chat template to prompts (default: for instruct models
-    that have one).
+    ``gemma3-270m``, ``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``; see ``specdec models``), a
+    Hugging Face model directory, a ``.gguf`` file, or a hub id already in the local hub cache.
+    ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (ignored when a placement is asked for).
+    ``dtype``: ``float32``, ``bf16``/``bfloat16``, ``fp16``/``float16`` or ``float64``. ``chat``:
+    apply the chat template to prompts (default: for instruct models that have one).
 
     A model bigger than memory (accelerate places it, :mod:`.placement`): ``device_map``
     (``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``, a ``{module: device}``
@@ -85,11 +85,17 @@ def load(
         if path.suffix.lower() == ".gguf":
             if not path.is_file():
                 raise ModelLoadError(f"GGUF file {str(path)!r} does not exist")
-            directory, source, default_chat = _converted(path.resolve(), torch_dtype), str(path), None
+            directory, source, default_chat = (
+                _converted(path.resolve(), torch_dtype),
+                str(path),
+                None,
+            )
         elif path.is_dir():
             directory, source, default_chat = _model_dir(path, torch_dtype), str(path), None
         elif path.exists():
-            raise ModelLoadError(f"{spec!r} is a file but not a .gguf file; give a model directory or a .gguf file")
+            raise ModelLoadError(
+                f"{spec!r} is a file but not a .gguf file; give a model directory or a .gguf file"
+            )
         elif _looks_like_hub_id(spec):
             directory, source, default_chat = spec, spec, None
         else:
@@ -105,15 +111,19 @@ def load(
         unknown = [k for k in request.device_map if k and k not in names]
         if unknown:
             top = [name for name in names if name.count(".") <= 1 and name] + ["model.layers.N"]
-            raise ModelLoadError(f"--device-map names modules model {spec!r} does not have: {', '.join(unknown)} "
-                                 f"(its modules include {', '.join(sorted(set(top)))})")
+            raise ModelLoadError(
+                f"--device-map names modules model {spec!r} does not have: {', '.join(unknown)} "
+                f"(its modules include {', '.join(sorted(set(top)))})"
+            )
     if dev is not None:
         model_obj.to(dev)
     model_obj.eval()
     _check_runner(model_obj, spec)
 
     has_template = getattr(tokenizer, "chat_template", None) is not None
-    use_chat = has_template and (chat if chat is not None else default_chat if default_chat is not None else True)
+    use_chat = has_template and (
+        chat if chat is not None else default_chat if default_chat is not None else True
+    )
     if chat and not has_template:
         raise ModelLoadError(f"model {spec!r} has no chat template; run without chat")
     name = spec if spec in EMBEDDED else str(model)
@@ -138,7 +148,10 @@ def format_conversation(loaded: Loaded, user_turns: list[str], answers: list[str
     generation prompt. Other models: the turns and answers joined by blank lines, plainly encoded.
     """
     if len(answers) != len(user_turns) - 1:
-        raise ValueError(f"{len(user_turns)} user turn(s) need {len(user_turns) - 1} answer(s), not {len(answers)}")
+        raise ValueError(
+            f"{len(user_turns)} user turn(s) need {len(user_turns) - 1} answer(s), "
+            f"not {len(answers)}"
+        )
     if any(not t or not t.strip() for t in user_turns):
         raise ValueError("the prompt is empty")
     tok = loaded.tokenizer
@@ -148,7 +161,9 @@ def format_conversation(loaded: Loaded, user_turns: list[str], answers: list[str
             messages.append({"role": "user", "content": turn})
             if i < len(answers):
                 messages.append({"role": "assistant", "content": answers[i]})
-        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tok.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         ids = list(ids)
@@ -173,7 +188,9 @@ def _model_dir(path: Path, dtype: torch.dtype = torch.float32) -> Path | str:
         return _converted(ggufs[0].resolve(), dtype)
     if ggufs:
         raise ModelLoadError(f"{str(path)!r} holds several .gguf files; give the one to load")
-    raise ModelLoadError(f"{str(path)!r} is not a model directory (no config.json or .gguf file in it)")
+    raise ModelLoadError(
+        f"{str(path)!r} is not a model directory (no config.json or .gguf file in it)"
+    )
 
 
 def _snapshot(repo: Path) -> Path:
@@ -181,7 +198,9 @@ def _snapshot(repo: Path) -> Path:
     ref = repo / "refs" / "main"
     if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
         return repo / "snapshots" / ref.read_text().strip()
-    snaps = sorted((p for p in (repo / "snapshots").iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    snaps = sorted(
+        (p for p in (repo / "snapshots").iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime
+    )
     if not snaps:
         raise ModelLoadError(f"{str(repo)!r} is a hub cache entry with no snapshot in it")
     return snaps[-1]
@@ -201,7 +220,9 @@ def _check_architecture(directory: Path | str, spec: str) -> None:
     try:
         config = AutoConfig.from_pretrained(str(directory))
     except Exception as exc:
-        raise ModelLoadError(f"cannot read the configuration of {spec!r}: {_first_line(exc)}") from exc
+        raise ModelLoadError(
+            f"cannot read the configuration of {spec!r}: {_first_line(exc)}"
+        ) from exc
     model_type = getattr(config, "model_type", None)
     text = getattr(config, "get_text_config", lambda: config)()
     types = {model_type, getattr(text, "model_type", None)}
@@ -212,8 +233,9 @@ def _check_architecture(directory: Path | str, spec: str) -> None:
         )
 
 
-def _from_pretrained(directory: Path | str, spec: str, dtype: torch.dtype,
-                     placement: dict[str, Any]) -> tuple[Any, Any]:
+def _from_pretrained(
+    directory: Path | str, spec: str, dtype: torch.dtype, placement: dict[str, Any]
+) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -230,5 +252,7 @@ def _from_pretrained(directory: Path | str, spec: str, dtype: torch.dtype,
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory))
     except Exception as exc:
-        raise ModelLoadError(f"could not load the tokenizer of {spec!r}: {_first_line(exc)}") from exc
+        raise ModelLoadError(
+            f"could not load the tokenizer of {spec!r}: {_first_line(exc)}"
+        ) from exc
     return model, tokenizer

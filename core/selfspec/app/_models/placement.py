@@ -21,8 +21,18 @@ from typing import Any
 from selfspec.app._models.common import ModelLoadError
 
 STRATEGIES: tuple[str, ...] = ("auto", "balanced", "balanced_low_0", "sequential")
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b)?\s*$", re.IGNORECASE)
 
 
@@ -56,8 +66,11 @@ class PlacementRequest:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, as ``--json`` and bench summaries record the request."""
-        return {"device_map": self.device_map, "max_memory": {str(k): v for k, v in self.max_memory.items()},
-                "offload_folder": self.offload_folder}
+        return {
+            "device_map": self.device_map,
+            "max_memory": {str(k): v for k, v in self.max_memory.items()},
+            "offload_folder": self.offload_folder,
+        }
 
 
 def parse_device_map(spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -71,12 +84,16 @@ def parse_device_map(spec: str | dict[str, Any] | None) -> str | dict[str, Any] 
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ModelLoadError(f"--device-map is not valid JSON ({exc.msg} at character {exc.pos})") from None
+            raise ModelLoadError(
+                f"--device-map is not valid JSON ({exc.msg} at character {exc.pos})"
+            ) from None
         if not isinstance(value, dict):
             raise ModelLoadError("--device-map JSON must be an object of {module name: device}")
         return _check_map(value)
-    raise ModelLoadError(f"unknown device map {text!r}: use one of {', '.join(STRATEGIES)} or a JSON object "
-                         '{"module name": "cpu" | "disk" | "cuda:N" | N}')
+    raise ModelLoadError(
+        f"unknown device map {text!r}: use one of {', '.join(STRATEGIES)} or a JSON object "
+        '{"module name": "cpu" | "disk" | "cuda:N" | N}'
+    )
 
 
 def _check_map(value: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +135,8 @@ def parse_size(text: str, where: str = "--max-memory") -> int:
 
 
 def parse_max_memory(spec: str | dict[Any, Any] | None) -> dict[Any, int]:
-    """``"cpu=6GiB,disk=40GiB,0=20GiB"`` (or such a dict) -> ``{"cpu": bytes, "disk": bytes, 0: bytes}``."""
+    """``"cpu=6GiB,disk=40GiB,0=20GiB"`` (or such a dict) ->
+    ``{"cpu": bytes, "disk": bytes, 0: bytes}``."""
     if spec is None:
         return {}
     items: list[tuple[Any, Any]]
@@ -130,7 +148,9 @@ def parse_max_memory(spec: str | dict[Any, Any] | None) -> dict[Any, int]:
             if not part.strip():
                 continue
             if "=" not in part:
-                raise ModelLoadError(f"--max-memory: {part.strip()!r} is not DEVICE=SIZE (e.g. cpu=6GiB,disk=40GiB)")
+                raise ModelLoadError(
+                    f"--max-memory: {part.strip()!r} is not DEVICE=SIZE (e.g. cpu=6GiB,disk=40GiB)"
+                )
             key, _, size = part.partition("=")
             items.append((key.strip(), size.strip()))
     if not items:
@@ -140,12 +160,17 @@ def parse_max_memory(spec: str | dict[Any, Any] | None) -> dict[Any, int]:
         dev = _device(key, "--max-memory")
         if dev in out:
             raise ModelLoadError(f"--max-memory names {key!r} twice")
-        out[dev] = size if isinstance(size, int) and not isinstance(size, bool) else parse_size(size)
+        out[dev] = (
+            size if isinstance(size, int) and not isinstance(size, bool) else parse_size(size)
+        )
     return out
 
 
-def placement_request(device_map: str | dict[str, Any] | None = None, max_memory: str | dict[Any, Any] | None = None,
-                      offload_folder: str | Path | None = None) -> PlacementRequest:
+def placement_request(
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[Any, Any] | None = None,
+    offload_folder: str | Path | None = None,
+) -> PlacementRequest:
     """Check the three together. A ``max_memory`` or ``offload_folder`` alone means
     ``device_map="auto"``; the offload folder is created (an existing file there is an error)."""
     dm = parse_device_map(device_map)
@@ -158,7 +183,9 @@ def placement_request(device_map: str | dict[str, Any] | None = None, max_memory
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ModelLoadError(f"--offload-folder {str(path)!r} cannot be created: {exc.strerror}") from None
+            raise ModelLoadError(
+                f"--offload-folder {str(path)!r} cannot be created: {exc.strerror}"
+            ) from None
         folder = str(path)
     if dm is None and (mm or folder is not None):
         dm = "auto"
@@ -169,7 +196,10 @@ def placement_line(loaded: Any) -> str:
     """``placement: layers 0-13 cpu, 14-27 disk; ... (max_memory cpu=3.0GiB)`` for stderr."""
     from selfspec._engine.runner.placement import summary  # noqa: PLC0415 (torch: on use only)
 
-    line = summary(loaded.model) or "placement: the whole model in memory on one device (nothing offloaded)"
+    line = (
+        summary(loaded.model)
+        or "placement: the whole model in memory on one device (nothing offloaded)"
+    )
     request = loaded.request
     if request is not None and request.max_memory:
         budget = ",".join(f"{k}={v / 2**30:.2f}GiB" for k, v in request.max_memory.items())

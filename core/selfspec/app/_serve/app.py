@@ -43,9 +43,17 @@ from selfspec.app._serve.worker import Job, Outcome, Worker
 DISCONNECT_POLL_S = 0.25
 
 
-def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str | None = None, *,
-              allowed_hosts: Iterable[str] | None = None, cors_origins: Iterable[str] = (),
-              specials_as_text: bool = True, log: Callable[[str], None] | None = None) -> Guard:
+def build_app(
+    worker: Worker,
+    limits: Limits,
+    defaults: Defaults,
+    api_key: str | None = None,
+    *,
+    allowed_hosts: Iterable[str] | None = None,
+    cors_origins: Iterable[str] = (),
+    specials_as_text: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> Guard:
     """The app serving ``worker``'s model with these bounds and sampling defaults, behind its
     :class:`Guard` (``allowed_hosts`` None: any ``Host``)."""
     created = int(time.time())
@@ -53,8 +61,15 @@ def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str |
 
     def encoder() -> PromptEncoder:
         if not encoders:
-            encoders.append(PromptEncoder(worker.loaded.tokenizer, worker.decoder.runner.vocab_size, limits,
-                                          specials_as_text, _model_id(worker)))
+            encoders.append(
+                PromptEncoder(
+                    worker.loaded.tokenizer,
+                    worker.decoder.runner.vocab_size,
+                    limits,
+                    specials_as_text,
+                    _model_id(worker),
+                )
+            )
         return encoders[0]
 
     async def health(request: HttpRequest) -> Response:
@@ -64,9 +79,23 @@ def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str |
     async def models(request: HttpRequest) -> Response:
         if worker.state != "ready":
             raise worker.unavailable()
-        return JSONResponse({"object": "list", "data": [
-            {"id": _model_id(worker), "object": "model", "created": created, "owned_by": "selfspec",
-             "selfspec": {"plugin": _plugin(worker), "options": _jsonable(worker.decoder.options)}}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": _model_id(worker),
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "selfspec",
+                        "selfspec": {
+                            "plugin": _plugin(worker),
+                            "options": _jsonable(worker.decoder.options),
+                        },
+                    }
+                ],
+            }
+        )
 
     async def completions(request: HttpRequest) -> Response:
         return await _answer(request, parse_completion)
@@ -79,14 +108,26 @@ def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str |
         if worker.state != "ready":
             raise worker.unavailable()
         if req.model != _model_id(worker):
-            raise ApiError(404, f"the model {req.model!r} does not exist: this server serves {_model_id(worker)!r} "
-                           "(GET /v1/models)", "model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"the model {req.model!r} does not exist: this server serves {_model_id(worker)!r} "
+                "(GET /v1/models)",
+                "model",
+                code="model_not_found",
+            )
         prompt_ids = await encoder().encode(req)
         from selfspec._engine.contract.sampling import Sampling
 
         loop = asyncio.get_running_loop()
-        job = Job(prompt_ids, req.max_tokens, Sampling(req.temperature, req.top_k, req.top_p, req.seed), req.stop,
-                  loop, asyncio.Queue(), kind=req.kind)
+        job = Job(
+            prompt_ids,
+            req.max_tokens,
+            Sampling(req.temperature, req.top_k, req.top_p, req.seed),
+            req.stop,
+            loop,
+            asyncio.Queue(),
+            kind=req.kind,
+        )
         worker.submit(job)
         handed_over = False
         try:
@@ -100,8 +141,11 @@ def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str |
                     raise payload
                 if kind == "started" and req.stream:
                     handed_over = True
-                    return StreamingResponse(_sse(job, req, _model_id(worker)), media_type="text/event-stream",
-                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                    return StreamingResponse(
+                        _sse(job, req, _model_id(worker)),
+                        media_type="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                    )
                 if kind == "done":
                     handed_over = True
                     return JSONResponse(_full(req, job.id, _model_id(worker), payload))
@@ -117,8 +161,15 @@ def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str |
         assert isinstance(exc, HTTPException)
         status = exc.status_code
         message = f"{request.method} {request.url.path}: " + (
-            "no such route" if status == 404 else "method not allowed" if status == 405 else str(exc.detail))
-        return JSONResponse(ApiError(status, message).body(), status_code=status, headers=exc.headers)
+            "no such route"
+            if status == 404
+            else "method not allowed"
+            if status == 405
+            else str(exc.detail)
+        )
+        return JSONResponse(
+            ApiError(status, message).body(), status_code=status, headers=exc.headers
+        )
 
     async def unexpected(request: HttpRequest, exc: Exception) -> Response:  # the Guard logs it
         return JSONResponse(internal_error().body(), status_code=500)
@@ -129,21 +180,32 @@ def build_app(worker: Worker, limits: Limits, defaults: Defaults, api_key: str |
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error,
-                                                       Exception: unexpected})
-    return Guard(app, api_key=api_key, allowed_hosts=allowed_hosts, cors_origins=cors_origins, log=log)
+    app = Starlette(
+        routes=routes,
+        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: unexpected},
+    )
+    return Guard(
+        app, api_key=api_key, allowed_hosts=allowed_hosts, cors_origins=cors_origins, log=log
+    )
 
 
-# ---------------------------------------------------------------------------------------------- requests
+# ----------------------------------------------------------------------------------------- requests
 async def _body(request: HttpRequest, bound: int) -> bytes:
     """The body of a JSON POST, at most ``bound`` bytes: 415 for another media type, 413 when
     ``Content-Length`` says more or the body turns out longer while it is read."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "application/json":
-        raise ApiError(415, f"the request body must be JSON, sent with Content-Type: application/json "
-                       f"(not {media or 'none'!r})", code="unsupported_media_type")
-    too_long = ApiError(413, f"the request body is longer than this server takes ({bound} bytes, "
-                        "--max-body-bytes)", code="request_too_large")
+        raise ApiError(
+            415,
+            f"the request body must be JSON, sent with Content-Type: application/json "
+            f"(not {media or 'none'!r})",
+            code="unsupported_media_type",
+        )
+    too_long = ApiError(
+        413,
+        f"the request body is longer than this server takes ({bound} bytes, --max-body-bytes)",
+        code="request_too_large",
+    )
     length = request.headers.get("content-length")
     if length is not None:
         if not length.strip().isdigit():
@@ -170,16 +232,23 @@ async def _next_event(job: Job, request: HttpRequest) -> tuple[str, Any] | None:
                 return None
 
 
-# ---------------------------------------------------------------------------------------------- answers
+# ------------------------------------------------------------------------------------------ answers
 def _full(req: Request, job_id: str, model: str, out: Outcome) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason, "logprobs": None}
     if req.kind == "chat":
         choice["message"] = {"role": "assistant", "content": out.text}
     else:
         choice["text"] = out.text
-    return {"id": _response_id(req, job_id), "object": "chat.completion" if req.kind == "chat" else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice], "usage": _usage(out),
-            "system_fingerprint": None, "selfspec": out.stats}
+    return {
+        "id": _response_id(req, job_id),
+        "object": "chat.completion" if req.kind == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(out),
+        "system_fingerprint": None,
+        "selfspec": out.stats,
+    }
 
 
 async def _sse(job: Job, req: Request, model: str) -> AsyncIterator[str]:
@@ -189,17 +258,42 @@ async def _sse(job: Job, req: Request, model: str) -> AsyncIterator[str]:
 
     def chunk(delta: str | None, finish: str | None = None, **extra: Any) -> str:
         if req.kind == "chat":
-            choice: dict[str, Any] = {"index": 0, "delta": {} if delta is None else {"content": delta},
-                                      "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": {} if delta is None else {"content": delta},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
         else:
             choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
-        body = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], **extra}
+        body = {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            **extra,
+        }
         return f"data: {json.dumps(body)}\n\n"
 
     done = False
     try:
         if req.kind == "chat":  # OpenAI's first chunk names the role
-            yield (f"data: {json.dumps({'id': rid, 'object': obj, 'created': created, 'model': model, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'logprobs': None, 'finish_reason': None}]})}\n\n")
+            first = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            yield f"data: {json.dumps(first)}\n\n"
         while True:
             kind, payload = await job.events.get()
             if kind == "delta":
@@ -212,19 +306,30 @@ async def _sse(job: Job, req: Request, model: str) -> AsyncIterator[str]:
                 done = True
                 yield chunk(None, payload.finish_reason, selfspec=payload.stats)
                 if req.include_usage:
-                    body = {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                            "usage": _usage(payload)}
+                    body = {
+                        "id": rid,
+                        "object": obj,
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": _usage(payload),
+                    }
                     yield f"data: {json.dumps(body)}\n\n"
                 break
         yield "data: [DONE]\n\n"
     finally:
-        if not done:  # the client went away (or the server is stopping): end the decode at its next step
+        if (
+            not done
+        ):  # the client went away (or the server is stopping): end the decode at its next step
             job.cancel("client disconnected")
 
 
 def _usage(out: Outcome) -> dict[str, int]:
-    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-            "total_tokens": out.prompt_tokens + out.completion_tokens}
+    return {
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": out.completion_tokens,
+        "total_tokens": out.prompt_tokens + out.completion_tokens,
+    }
 
 
 def _response_id(req: Request, job_id: str) -> str:

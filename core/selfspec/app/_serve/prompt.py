@@ -24,8 +24,14 @@ class PromptEncoder:
     """Encodes a :class:`Request`'s prompt (``encode``, awaited on the event loop) with
     ``tokenizer``; ``specials_as_text``: special tokens in message content are text."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, limits: Limits, specials_as_text: bool = True,
-                 model_id: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        limits: Limits,
+        specials_as_text: bool = True,
+        model_id: str | None = None,
+    ) -> None:
         self._source = tokenizer
         self.vocab_size = vocab_size
         self.limits = limits
@@ -59,7 +65,9 @@ class PromptEncoder:
             ids = list(req.prompt or [])
             self._bound_count(len(ids), param)
             if any(not 0 <= t < self.vocab_size for t in ids):
-                raise ApiError(400, f"prompt token ids must lie in [0, {self.vocab_size})", "prompt")
+                raise ApiError(
+                    400, f"prompt token ids must lie in [0, {self.vocab_size})", "prompt"
+                )
         ids = [int(i) for i in ids]
         if not ids:
             raise ApiError(400, "the prompt encodes to no tokens", param)
@@ -69,12 +77,18 @@ class PromptEncoder:
     def _prepare(self) -> None:
         if self._tok is not None:
             return
-        tok = copy.deepcopy(self._source)  # the decode thread's tokenizer is never shared with this one
+        tok = copy.deepcopy(
+            self._source
+        )  # the decode thread's tokenizer is never shared with this one
         # every token covers at most its vocabulary string's UTF-8 bytes (a byte-level or
         # SentencePiece symbol stands for one byte and takes at least one)
-        self.max_token_bytes = max((len(t.encode("utf-8")) for t in tok.get_vocab()), default=1) or 1
+        self.max_token_bytes = (
+            max((len(t.encode("utf-8")) for t in tok.get_vocab()), default=1) or 1
+        )
         decoder = getattr(tok, "added_tokens_decoder", {}) or {}
-        specials = {t.content for t in decoder.values() if getattr(t, "special", False) and t.content}
+        specials = {
+            t.content for t in decoder.values() if getattr(t, "special", False) and t.content
+        }
         self._specials = sorted(specials, key=len, reverse=True)
         if self._specials:
             self._special_re = re.compile("|".join(re.escape(s) for s in self._specials))
@@ -84,26 +98,48 @@ class PromptEncoder:
         """A 400 when ``texts`` cannot fit in ``max_prompt_tokens`` tokens, measured without
         tokenizing (characters first: a character is at least one UTF-8 byte)."""
         bound = self.limits.max_prompt_tokens * self.max_token_bytes
-        if sum(len(t) for t in texts) > bound or sum(len(t.encode("utf-8", "replace")) for t in texts) > bound:
-            raise ApiError(400, f"the prompt is too long: this server takes at most {self.limits.max_prompt_tokens} "
-                           f"tokens, and its text is longer than that many tokens can be ({bound} UTF-8 bytes)",
-                           param, code="context_length_exceeded")
+        if (
+            sum(len(t) for t in texts) > bound
+            or sum(len(t.encode("utf-8", "replace")) for t in texts) > bound
+        ):
+            raise ApiError(
+                400,
+                "the prompt is too long: this server takes at most "
+                f"{self.limits.max_prompt_tokens} tokens, and its text is longer than that many "
+                f"tokens can be ({bound} UTF-8 bytes)",
+                param,
+                code="context_length_exceeded",
+            )
 
     def _bound_count(self, n: int, param: str) -> None:
         if n > self.limits.max_prompt_tokens:
-            raise ApiError(400, f"the prompt is {n} tokens; this server takes at most {self.limits.max_prompt_tokens}",
-                           param, code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"the prompt is {n} tokens; this server takes at most "
+                f"{self.limits.max_prompt_tokens}",
+                param,
+                code="context_length_exceeded",
+            )
 
     def _chat(self, messages: list[dict[str, str]]) -> list[int]:
         tok = self._tok
         if not getattr(tok, "chat_template", None):
-            raise ApiError(400, f"the model {self.model_id!r} has no chat template: use /v1/completions", "messages")
+            raise ApiError(
+                400,
+                f"the model {self.model_id!r} has no chat template: use /v1/completions",
+                "messages",
+            )
         pattern = self._special_re
-        forged = (self.specials_as_text and pattern is not None
-                  and any(pattern.search(m["content"]) for m in messages))
+        forged = (
+            self.specials_as_text
+            and pattern is not None
+            and any(pattern.search(m["content"]) for m in messages)
+        )
         try:
             if not forged:
-                ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+                ids = tok.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
                 if hasattr(ids, "keys"):
                     ids = ids["input_ids"]
                 ids = list(ids)
@@ -112,7 +148,9 @@ class PromptEncoder:
         except ApiError:
             raise
         except Exception as exc:  # noqa: BLE001  (a template that rejects the conversation)
-            raise ApiError(400, f"the chat template rejects these messages: {_one_line(exc)}", "messages") from None
+            raise ApiError(
+                400, f"the chat template rejects these messages: {_one_line(exc)}", "messages"
+            ) from None
 
     def _chat_specials_as_text(self, messages: list[dict[str, str]]) -> list[int]:
         """The template's special tokens as tokens, those typed into content as text.
@@ -133,8 +171,11 @@ class PromptEncoder:
             hidden[key] = m[0]
             return key
 
-        rendered = tok.apply_chat_template([{**m, "content": pattern.sub(hide, m["content"])} for m in messages],
-                                           add_generation_prompt=True, tokenize=False)
+        rendered = tok.apply_chat_template(
+            [{**m, "content": pattern.sub(hide, m["content"])} for m in messages],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
         placeholder = re.compile(f"\ue000{nonce}:\\d+\ue001")
         ids: list[int] = []
         for i, piece in enumerate(_split_keep(pattern, rendered)):
@@ -142,7 +183,9 @@ class PromptEncoder:
                 ids.append(int(tok.convert_tokens_to_ids(piece)))
             elif piece:
                 text = placeholder.sub(lambda m: hidden[m[0]], piece)
-                ids.extend(tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+                ids.extend(
+                    tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+                )
         return ids
 
 
@@ -150,7 +193,7 @@ def _split_keep(pattern: re.Pattern[str], text: str) -> list[str]:
     """``text`` cut at ``pattern``'s matches: text, match, text, ..., text."""
     out, at = [], 0
     for m in pattern.finditer(text):
-        out += [text[at:m.start()], m[0]]
+        out += [text[at : m.start()], m[0]]
         at = m.end()
     out.append(text[at:])
     return out

@@ -35,9 +35,15 @@ class ApiError(Exception):
     """An OpenAI-style error answer: ``status``, and the body's ``message``, ``type``,
     ``param`` (the offending field, or None) and ``code``."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -47,7 +53,14 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 @dataclass(frozen=True)
@@ -63,8 +76,11 @@ class Limits:
 
     @property
     def body_bytes(self) -> int:
-        return self.max_body_bytes if self.max_body_bytes is not None else default_max_body_bytes(
-            self.max_prompt_tokens)
+        return (
+            self.max_body_bytes
+            if self.max_body_bytes is not None
+            else default_max_body_bytes(self.max_prompt_tokens)
+        )
 
 
 @dataclass(frozen=True)
@@ -97,11 +113,35 @@ class Request:
 
 
 # ------------------------------------------------------------------------------------------ fields
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
-           "n", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "user"}
+_COMMON = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+}
 _COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
-_CHAT = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "functions", "function_call",
-                   "parallel_tool_calls", "response_format"}
+_CHAT = _COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+}
 _ROLES = {"system", "developer", "user", "assistant"}
 
 
@@ -110,9 +150,15 @@ def parse_json(raw: bytes) -> Any:
     try:
         return json.loads(raw, parse_constant=_no_constant)
     except RecursionError:
-        raise ApiError(400, "the request body is not valid JSON: it nests arrays or objects too deep") from None
+        raise ApiError(
+            400, "the request body is not valid JSON: it nests arrays or objects too deep"
+        ) from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer too long to convert
-        why = "it holds an integer with too many digits" if "integer string conversion" in str(exc) else str(exc)
+        why = (
+            "it holds an integer with too many digits"
+            if "integer string conversion" in str(exc)
+            else str(exc)
+        )
         raise ApiError(400, f"the request body is not valid JSON: {_short(why)}") from None
 
 
@@ -149,15 +195,19 @@ def parse_chat(body: Any, limits: Limits, defaults: Defaults) -> Request:
     for name in ("tool_choice", "function_call"):
         if body.get(name) not in (None, "none"):
             raise _unsupported(name, f"{name} is not supported (no tools)")
-    if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
+    if body.get("parallel_tool_calls") is not None and not isinstance(
+        body["parallel_tool_calls"], bool
+    ):
         raise _type("parallel_tool_calls", "a boolean")
     if body.get("logprobs") not in (None, False):
         raise _unsupported("logprobs", "logprobs are not supported")
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
-        raise _unsupported("response_format", "only response_format {\"type\": \"text\"} is supported")
+        raise _unsupported("response_format", 'only response_format {"type": "text"} is supported')
     if "max_tokens" in body and "max_completion_tokens" in body:
-        raise ApiError(400, "give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
+        raise ApiError(
+            400, "give max_tokens or max_completion_tokens, not both", "max_completion_tokens"
+        )
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     req = _common(body, "chat", limits, defaults, body.get(name), name)
     req.messages = _messages(body.get("messages"))
@@ -174,11 +224,21 @@ def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
     return body
 
 
-def _common(body: dict[str, Any], kind: str, limits: Limits, defaults: Defaults, max_tokens: Any,
-            max_name: str) -> Request:
+def _common(
+    body: dict[str, Any],
+    kind: str,
+    limits: Limits,
+    defaults: Defaults,
+    max_tokens: Any,
+    max_name: str,
+) -> Request:
     model = body.get("model")
     if not isinstance(model, str):
-        raise _type("model", "a string") if "model" in body else ApiError(400, "model is required", "model")
+        raise (
+            _type("model", "a string")
+            if "model" in body
+            else ApiError(400, "model is required", "model")
+        )
     _text(model, "model")
     if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
         raise _unsupported("n", "n must be 1 (one choice per request)")
@@ -187,7 +247,9 @@ def _common(body: dict[str, Any], kind: str, limits: Limits, defaults: Defaults,
     for name in ("presence_penalty", "frequency_penalty"):
         value = _number(body, name, -2.0, 2.0)
         if value not in (None, 0.0):
-            raise _unsupported(name, f"{name} is not supported (it would change the model's distribution)")
+            raise _unsupported(
+                name, f"{name} is not supported (it would change the model's distribution)"
+            )
     if body.get("logit_bias") not in (None, {}):
         raise _unsupported("logit_bias", "logit_bias is not supported")
     if body.get("user") is not None and not isinstance(body["user"], str):
@@ -201,7 +263,9 @@ def _common(body: dict[str, Any], kind: str, limits: Limits, defaults: Defaults,
     options = body.get("stream_options")
     if options is not None:
         if not stream:
-            raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
+            raise ApiError(
+                400, "stream_options is only allowed when stream is true", "stream_options"
+            )
         if not isinstance(options, dict) or set(options) - {"include_usage"}:
             raise _type("stream_options", "an object with include_usage only")
         include_usage = options.get("include_usage", False)
@@ -212,8 +276,12 @@ def _common(body: dict[str, Any], kind: str, limits: Limits, defaults: Defaults,
     elif not _is_int(max_tokens):
         raise _type(max_name, "an integer")
     if not 1 <= max_tokens <= limits.max_tokens_limit:
-        raise ApiError(400, f"{max_name} must lie in [1, {limits.max_tokens_limit}] on this server, got {max_tokens}",
-                       max_name)
+        raise ApiError(
+            400,
+            f"{max_name} must lie in [1, {limits.max_tokens_limit}] on this server, "
+            f"got {max_tokens}",
+            max_name,
+        )
     temperature = _number(body, "temperature", 0.0, 2.0)
     top_p = _number(body, "top_p", 0.0, 1.0)
     if top_p == 0.0:
@@ -225,12 +293,16 @@ def _common(body: dict[str, Any], kind: str, limits: Limits, defaults: Defaults,
     if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**64):
         raise ApiError(400, "seed must be an integer in [0, 2**64)", "seed")
     return Request(
-        kind=kind, model=model, max_tokens=int(max_tokens),
+        kind=kind,
+        model=model,
+        max_tokens=int(max_tokens),
         temperature=defaults.temperature if temperature is None else temperature,
         top_k=defaults.top_k if top_k is None else int(top_k),
         top_p=defaults.top_p if top_p is None else top_p,
         seed=defaults.seed if seed is None else int(seed),
-        stop=_stop(body.get("stop")), stream=bool(stream), include_usage=include_usage,
+        stop=_stop(body.get("stop")),
+        stream=bool(stream),
+        include_usage=include_usage,
     )
 
 
@@ -245,7 +317,11 @@ def _prompt(prompt: Any) -> str | list[int]:
         return _text(prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         return [int(t) for t in prompt]
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+    if (
+        isinstance(prompt, list)
+        and len(prompt) > 1
+        and all(isinstance(p, (str, list)) for p in prompt)
+    ):
         raise _unsupported("prompt", "one prompt per request (a batch of several is not supported)")
     raise _type("prompt", "a non-empty string or a non-empty list of token ids")
 
@@ -267,8 +343,15 @@ def _messages(messages: Any) -> list[dict[str, str]]:
         if role == "tool":
             raise _unsupported(f"{where}.role", "tool messages are not supported (no tools)")
         if role not in _ROLES:
-            raise ApiError(400, f"{where}.role must be one of {', '.join(sorted(_ROLES))}", f"{where}.role")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), where)})
+            raise ApiError(
+                400, f"{where}.role must be one of {', '.join(sorted(_ROLES))}", f"{where}.role"
+            )
+        out.append(
+            {
+                "role": "system" if role == "developer" else role,
+                "content": _content(m.get("content"), where),
+            }
+        )
     return out
 
 
@@ -278,7 +361,11 @@ def _content(content: Any, where: str) -> str:
     if isinstance(content, list):  # content parts: text only
         texts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 raise _unsupported(f"{where}.content[{j}]", "only text content parts are supported")
             texts.append(_text(part["text"], f"{where}.content[{j}].text"))
         return "".join(texts)
@@ -306,8 +393,12 @@ def _text(text: str, param: str) -> str:
     if not text.isascii():
         m = _SURROGATE.search(text)
         if m:
-            raise ApiError(400, f"{param} is not valid Unicode text: it holds a lone surrogate "
-                           f"(\\u{ord(m[0]):04x}) at character {m.start()}", param)
+            raise ApiError(
+                400,
+                f"{param} is not valid Unicode text: it holds a lone surrogate "
+                f"(\\u{ord(m[0]):04x}) at character {m.start()}",
+                param,
+            )
     return text
 
 
@@ -327,8 +418,13 @@ def _is_int(value: Any) -> bool:
 
 
 def _json_type(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number")
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+    }.get(type(value), "a number")
 
 
 def _type(param: str, expected: str) -> ApiError:
@@ -336,4 +432,9 @@ def _type(param: str, expected: str) -> ApiError:
 
 
 def _unsupported(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{message}: selfspec serves one exact decode per request", param, code="unsupported_parameter")
+    return ApiError(
+        400,
+        f"{message}: selfspec serves one exact decode per request",
+        param,
+        code="unsupported_parameter",
+    )

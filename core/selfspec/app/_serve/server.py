@@ -33,10 +33,20 @@ TAIL_S = 10
 PREFIX = "specdec serve: "
 
 
-def serve(settings: Any, sock: socket.socket, *, api_key: str | None, queue_size: int, limits: Limits,
-          defaults: Defaults, allowed_hosts: list[str] | None = None, cors_origins: tuple[str, ...] = (),
-          specials_as_text: bool = True, grace_s: float = GRACE_S,
-          log: Callable[[str], None] | None = None) -> int:
+def serve(
+    settings: Any,
+    sock: socket.socket,
+    *,
+    api_key: str | None,
+    queue_size: int,
+    limits: Limits,
+    defaults: Defaults,
+    allowed_hosts: list[str] | None = None,
+    cors_origins: tuple[str, ...] = (),
+    specials_as_text: bool = True,
+    grace_s: float = GRACE_S,
+    log: Callable[[str], None] | None = None,
+) -> int:
     """Serve ``settings``' model and plugin on the listening ``sock`` (:func:`bind`) until
     stopped; the exit status (0, or 1 when the model could not be loaded). ``allowed_hosts``
     None: :func:`default_allowed_hosts`."""
@@ -44,8 +54,11 @@ def serve(settings: Any, sock: socket.socket, *, api_key: str | None, queue_size
 
     say = log or (lambda line: print(PREFIX + line, file=sys.stderr, flush=True))
     url = _url(sock)
-    where = ("this machine only; --host 0.0.0.0 serves other machines" if _loopback(sock)
-             else "reachable from other machines")
+    where = (
+        "this machine only; --host 0.0.0.0 serves other machines"
+        if _loopback(sock)
+        else "reachable from other machines"
+    )
     say(f"listening on {url} ({where}); /health answers 200 once the model is ready")
     if api_key is None and not _loopback(sock):
         say("warning: no --api-key: anyone who can reach this address can use the model")
@@ -55,13 +68,27 @@ def serve(settings: Any, sock: socket.socket, *, api_key: str | None, queue_size
         say("the Host header is not checked (--allowed-hosts names the host names clients use)")
 
     holder: dict[str, Any] = {}
-    worker = Worker(lambda progress: _load(settings, progress), queue_size, say,
-                    on_failure=lambda: setattr(holder["server"], "should_exit", True),
-                    ready_line=f"ready: {settings.plugin_name} on POST {url}/v1/chat/completions and /v1/completions")
-    app = build_app(worker, limits, defaults, api_key, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
-                    specials_as_text=specials_as_text, log=say)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=TAIL_S,
-                            lifespan="off")
+    worker = Worker(
+        lambda progress: _load(settings, progress),
+        queue_size,
+        say,
+        on_failure=lambda: setattr(holder["server"], "should_exit", True),
+        ready_line=f"ready: {settings.plugin_name} on POST {url}/v1/chat/completions "
+        "and /v1/completions",
+    )
+    app = build_app(
+        worker,
+        limits,
+        defaults,
+        api_key,
+        allowed_hosts=allowed_hosts,
+        cors_origins=cors_origins,
+        specials_as_text=specials_as_text,
+        log=say,
+    )
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, timeout_graceful_shutdown=TAIL_S, lifespan="off"
+    )
     server = _Server(config, worker, app, grace_s, say)
     holder["server"] = server
     worker.start()
@@ -109,7 +136,9 @@ class _Server:
     is cancelled after ``grace_s``, and uvicorn is told to exit once no answer is in flight.
     It exits with status 0 after a signal (uvicorn re-raises it by default)."""
 
-    def __new__(cls, config: Any, worker: Worker, app: Any, grace_s: float, say: Callable[[str], None]) -> Any:
+    def __new__(
+        cls, config: Any, worker: Worker, app: Any, grace_s: float, say: Callable[[str], None]
+    ) -> Any:
         import uvicorn
 
         def idle() -> bool:
@@ -145,7 +174,7 @@ class _Server:
         return Server(config)
 
 
-# ---------------------------------------------------------------------------------------------- loading
+# ------------------------------------------------------------------------------------------ loading
 def _load(settings: Any, progress: Callable[[str], None]) -> tuple[Any, Any]:
     """On the worker thread: the model, the decoder (the plugin's setup) and one warm-up decode."""
     from selfspec.app._cli.settings import user_errors
@@ -155,13 +184,21 @@ def _load(settings: Any, progress: Callable[[str], None]) -> tuple[Any, Any]:
     with user_errors():
         loaded = settings.load_model()
         t1 = time.perf_counter()
-        progress(f"model {loaded.name} loaded in {t1 - t0:.1f} s ({str(loaded.dtype).removeprefix('torch.')}, "
-                 f"{loaded.device}, {settings.thread_choice.threads} threads)")
-        progress(f"setting up the {settings.plugin_name} decoder (weight layout, draft weights, artefacts) ...")
+        progress(
+            f"model {loaded.name} loaded in {t1 - t0:.1f} s "
+            f"({str(loaded.dtype).removeprefix('torch.')}, "
+            f"{loaded.device}, {settings.thread_choice.threads} threads)"
+        )
+        progress(
+            f"setting up the {settings.plugin_name} decoder (weight layout, draft weights, "
+            "artefacts) ..."
+        )
         decoder = settings.decoder(loaded, adopt_weights=True)
     t2 = time.perf_counter()
-    progress(f"decoder ready in {t2 - t1:.1f} s (weight layout {decoder.runner.weight_layout}, "
-             f"options {decoder.options})")
+    progress(
+        f"decoder ready in {t2 - t1:.1f} s (weight layout {decoder.runner.weight_layout}, "
+        f"options {decoder.options})"
+    )
     ids = loaded.tokenizer.encode("Hello") or [0]
     decoder.generate(ids, 4, loaded.eos_token_ids)
     progress(f"warm-up decode done in {time.perf_counter() - t2:.1f} s")

@@ -67,7 +67,7 @@ class TextAssembler:
             common = len(_common_prefix(upto, self.text))
             delta = upto[common:]
         else:
-            delta = upto[len(self.text):]
+            delta = upto[len(self.text) :]
         if len(upto) >= len(self.text):
             self.text = upto
         return delta

@@ -76,9 +76,14 @@ class Worker:
     failed; ``ready_line`` is logged once the model is ready.
     """
 
-    def __init__(self, load: Callable[[Callable[[str], None]], tuple[Any, Any]], queue_size: int,
-                 log: Callable[[str], None] | None = None, on_failure: Callable[[], None] | None = None,
-                 ready_line: str = "ready") -> None:
+    def __init__(
+        self,
+        load: Callable[[Callable[[str], None]], tuple[Any, Any]],
+        queue_size: int,
+        log: Callable[[str], None] | None = None,
+        on_failure: Callable[[], None] | None = None,
+        ready_line: str = "ready",
+    ) -> None:
         self.ready_line = ready_line
         self._load = load
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
@@ -105,25 +110,46 @@ class Worker:
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            raise ApiError(503, f"the server is busy: {self.queue_size} requests already wait behind the "
-                           "running one; retry later", type="server_busy", code="queue_full",
-                           headers={"Retry-After": str(1 + self.queue_size)}) from None
+            raise ApiError(
+                503,
+                f"the server is busy: {self.queue_size} requests already wait behind the "
+                "running one; retry later",
+                type="server_busy",
+                code="queue_full",
+                headers={"Retry-After": str(1 + self.queue_size)},
+            ) from None
 
     def unavailable(self) -> ApiError:
         if self.state == "loading":
-            return ApiError(503, "the model is loading; retry when /health answers 200", type="server_busy",
-                            code="loading", headers={"Retry-After": "5"})
+            return ApiError(
+                503,
+                "the model is loading; retry when /health answers 200",
+                type="server_busy",
+                code="loading",
+                headers={"Retry-After": "5"},
+            )
         if self.state == "failed":
-            return ApiError(503, f"the model could not be loaded: {self.error}", type="server_error", code="failed")
-        return ApiError(503, "the server is shutting down", type="server_busy", code="shutting_down")
+            return ApiError(
+                503,
+                f"the model could not be loaded: {self.error}",
+                type="server_error",
+                code="failed",
+            )
+        return ApiError(
+            503, "the server is shutting down", type="server_busy", code="shutting_down"
+        )
 
     def busy(self) -> bool:
         """Whether a decode runs or waits."""
         return self.running is not None or not self._queue.empty()
 
     def health(self) -> dict[str, Any]:
-        return {"status": {"ready": "ok"}.get(self.state, self.state), "queued": self._queue.qsize(),
-                "running": self.running is not None, **self.counts}
+        return {
+            "status": {"ready": "ok"}.get(self.state, self.state),
+            "queued": self._queue.qsize(),
+            "running": self.running is not None,
+            **self.counts,
+        }
 
     def begin_stop(self) -> None:
         """Refuse new jobs and answer the queued ones 503; the running one goes on."""
@@ -176,7 +202,10 @@ class Worker:
             except BaseException as exc:  # noqa: BLE001  (one request's failure is its answer, not the server's end)
                 self.counts["failed"] += 1
                 self.log(f"{job.id} failed: {_one_line(exc)}")
-                job.emit("error", ApiError(500, f"the decode failed: {_one_line(exc)}", type="server_error"))
+                job.emit(
+                    "error",
+                    ApiError(500, f"the decode failed: {_one_line(exc)}", type="server_error"),
+                )
             finally:
                 self.running = None
 
@@ -189,14 +218,21 @@ class Worker:
                 job.emit("delta", delta)
             return stopped or job.cancelled.is_set()
 
-        result = self.decoder.generate(job.prompt_ids, job.max_tokens, self.loaded.eos_token_ids, stream=stream,
-                                       sampling=job.sampling)
+        result = self.decoder.generate(
+            job.prompt_ids,
+            job.max_tokens,
+            self.loaded.eos_token_ids,
+            stream=stream,
+            sampling=job.sampling,
+        )
         tail = assembler.finish()
         if tail:
             job.emit("delta", tail)
         if assembler.respaced:
-            self.log(f"{job.id}: the tokenizer re-spaced text already streamed; "
-                     "the streamed text differs from the final text")
+            self.log(
+                f"{job.id}: the tokenizer re-spaced text already streamed; "
+                "the streamed text differs from the final text"
+            )
         out = result.output_ids
         if job.cancelled.is_set() and not assembler.stopped:
             reason = "cancelled"
@@ -208,9 +244,16 @@ class Worker:
         outcome = Outcome(assembler.text, reason, len(result.prompt_ids), len(out), stats)
         self._count(job, "cancelled" if reason == "cancelled" else "completed", outcome)
         if reason == "cancelled" and job.cancel_reason == SHUTDOWN:
-            job.emit("error", ApiError(503, f"the server stopped before this decode finished (after "
-                                       f"{outcome.completion_tokens} of {job.max_tokens} tokens)",
-                                       type="server_error", code="shutting_down"))
+            job.emit(
+                "error",
+                ApiError(
+                    503,
+                    f"the server stopped before this decode finished (after "
+                    f"{outcome.completion_tokens} of {job.max_tokens} tokens)",
+                    type="server_error",
+                    code="shutting_down",
+                ),
+            )
             return
         job.emit("done", outcome)
 
@@ -219,13 +262,18 @@ class Worker:
         if outcome is None:
             self.log(f"{job.id} cancelled before it started ({job.cancel_reason})")
         elif what == "cancelled":
-            self.log(f"{job.id} cancelled ({job.cancel_reason}) after {outcome.completion_tokens} "
-                     f"of {job.max_tokens} tokens")
+            self.log(
+                f"{job.id} cancelled ({job.cancel_reason}) after {outcome.completion_tokens} "
+                f"of {job.max_tokens} tokens"
+            )
         else:
             s = outcome.stats
-            self.log(f"{job.id} {job.kind}: {outcome.prompt_tokens} prompt + "
-                     f"{outcome.completion_tokens} tokens in {s['wall_time_s']:.2f} s ({s['tokens_per_s']:.1f} tok/s, "
-                     f"tau {s['tau']:.2f}), finish {outcome.finish_reason}")
+            self.log(
+                f"{job.id} {job.kind}: {outcome.prompt_tokens} prompt + "
+                f"{outcome.completion_tokens} tokens in {s['wall_time_s']:.2f} s "
+                f"({s['tokens_per_s']:.1f} tok/s, "
+                f"tau {s['tau']:.2f}), finish {outcome.finish_reason}"
+            )
 
 
 def _stats(stats: Any) -> dict[str, Any]:
@@ -238,4 +286,3 @@ def _stats(stats: Any) -> dict[str, Any]:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-

@@ -26,11 +26,31 @@ from typing import Any
 from selfspec.app._data import DataError, Sample
 from selfspec.app._specbench.questions import QUESTIONS, data_file, questions, texts
 
-__all__ = ["FAMILIES", "LABELS", "MT_BENCH_CATEGORIES", "QUESTIONS", "SUITE", "data_file", "family_of", "load_suite",
-           "questions", "texts", "to_sample"]
+__all__ = [
+    "FAMILIES",
+    "LABELS",
+    "MT_BENCH_CATEGORIES",
+    "QUESTIONS",
+    "SUITE",
+    "data_file",
+    "family_of",
+    "load_suite",
+    "questions",
+    "texts",
+    "to_sample",
+]
 
 SUITE = "spec-bench"
-MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+MT_BENCH_CATEGORIES = (
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+)
 FAMILIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 #: The leaderboard's column titles.
 LABELS = {
@@ -57,18 +77,32 @@ def to_sample(q: dict[str, Any]) -> Sample:
     (``meta["conversation"]``: the bench runs them all), the category, the id and the reference
     (if any) in ``meta``."""
     qid = q["question_id"]
-    return Sample(family_of(q["category"]), str(qid), q["turns"][0], f"{SUITE}:{qid}",
-                  meta={"suite": SUITE, "question_id": qid, "category": q["category"],
-                        "conversation": list(q["turns"]), "reference": q.get("reference")})
+    return Sample(
+        family_of(q["category"]),
+        str(qid),
+        q["turns"][0],
+        f"{SUITE}:{qid}",
+        meta={
+            "suite": SUITE,
+            "question_id": qid,
+            "category": q["category"],
+            "conversation": list(q["turns"]),
+            "reference": q.get("reference"),
+        },
+    )
 
 
-def load_suite(n: int | None = None, seed: int = 0, families: Sequence[str] = FAMILIES) -> list[Sample]:
+def load_suite(
+    n: int | None = None, seed: int = 0, families: Sequence[str] = FAMILIES
+) -> list[Sample]:
     """``n`` questions per family (all without ``n``), family by family in :data:`FAMILIES`
     order; see the module docstring for the draw."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
-        raise DataError(f"unknown Spec-Bench famil{'y' if len(unknown) == 1 else 'ies'} {unknown} "
-                        f"(known: {', '.join(FAMILIES)})")
+        raise DataError(
+            f"unknown Spec-Bench famil{'y' if len(unknown) == 1 else 'ies'} {unknown} "
+            f"(known: {', '.join(FAMILIES)})"
+        )
     by_category: dict[str, list[dict[str, Any]]] = {}
     for q in questions():
         by_category.setdefault(q["category"], []).append(q)

@@ -17,7 +17,9 @@ def data_file(name: str = QUESTIONS) -> Any:
     """A file of the shipped data (``question.jsonl``, ``LICENSE``, ``SOURCE.md``)."""
     f = resources.files(PACKAGE).joinpath("data", name)
     if not f.is_file():
-        raise FileNotFoundError(f"the Spec-Bench file {name} is missing from the selfspec package; reinstall selfspec")
+        raise FileNotFoundError(
+            f"the Spec-Bench file {name} is missing from the selfspec package; reinstall selfspec"
+        )
     return f
 
 

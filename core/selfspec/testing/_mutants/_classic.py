@@ -94,8 +94,15 @@ class StaleKVLate(Echo):
 
     def verify(self, state, draft):
         base, c = state.length - 1, state.cache
-        self._stale = [(k[:, :, base + 1 : base + 1 + len(draft)].clone(), v[:, :, base + 1 : base + 1 + len(draft)].clone())
-                       if k is not None else None for k, v in zip(c.keys, c.values)]
+        self._stale = [
+            (
+                k[:, :, base + 1 : base + 1 + len(draft)].clone(),
+                v[:, :, base + 1 : base + 1 + len(draft)].clone(),
+            )
+            if k is not None
+            else None
+            for k, v in zip(c.keys, c.values)
+        ]
         return verify_greedy(state, draft)
 
     def cache(self, state, verdict):
@@ -115,7 +122,11 @@ class SkipsCheckLongPrompt(Echo):
     at = 128
 
     def verify(self, state, draft):
-        return _accept_all(state, draft) if state.prompt_length >= self.at else verify_greedy(state, draft)
+        return (
+            _accept_all(state, draft)
+            if state.prompt_length >= self.at
+            else verify_greedy(state, draft)
+        )
 
 
 class SkipsCheckDeep(Echo):
@@ -133,7 +144,9 @@ class SkipsCheckLate(Echo):
     at = 64
 
     def verify(self, state, draft):
-        return _accept_all(state, draft) if state.generated >= self.at else verify_greedy(state, draft)
+        return (
+            _accept_all(state, draft) if state.generated >= self.at else verify_greedy(state, draft)
+        )
 
 
 class StepKeyedNoise(Echo):

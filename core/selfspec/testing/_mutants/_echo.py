@@ -13,7 +13,8 @@ from selfspec._engine.contract.types import DecodeState, Draft, Verdict
 
 
 class Echo:
-    """Correct: drafts the ``k`` tokens that followed the pending token's last earlier occurrence."""
+    """Correct: drafts the ``k`` tokens that followed the pending token's last earlier
+    occurrence."""
 
     bug: ClassVar[str] = "none (the correct control)"
     trigger: ClassVar[str] = "-"

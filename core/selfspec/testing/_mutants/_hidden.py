@@ -29,7 +29,9 @@ class ForgetsTopK(Echo):
         ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
         out = state.runner.forward(ids, cache=state.cache, start=base)
         at = torch.arange(len(draft) + 1) + base + 1  # the right positions
-        pred = sample_tokens(out.logits, at, replace(state.sampler.sampling, top_k=0))  # wrong: no top-k
+        pred = sample_tokens(
+            out.logits, at, replace(state.sampler.sampling, top_k=0)
+        )  # wrong: no top-k
         a = accepted_length(pred, draft.tokens)
         return Verdict(tuple(draft.tokens[:a].tolist()), int(pred[a]), tuple(range(a)))
 
@@ -49,7 +51,10 @@ class EosAlias(Echo):
 
 
 class AcceptsOtherEos(Echo):
-    bug = "accepts a drafted EOS id where the model predicts another EOS id (the decode stops either way)"
+    bug = (
+        "accepts a drafted EOS id where the model predicts another EOS id (the decode stops "
+        "either way)"
+    )
     trigger = "two or more EOS ids, a draft holding one where the model's next token is another"
     hook = "selfspec_verify"
 
@@ -91,7 +96,9 @@ class AcceptsNearTies(Echo):
     trigger = "a draft token near-tied with the model's top-1 (margin below 1e-3)"
     hook = "selfspec_verify"
     tolerance = 1e-3
-    float64_only = "a wrong token within 1e-3 of the top-1 is within bf16's near-tie bound: a near-tie there"
+    float64_only = (
+        "a wrong token within 1e-3 of the top-1 is within bf16's near-tie bound: a near-tie there"
+    )
 
     def verify(self, state, draft):
         if state.sampling_on or draft.parents is not None:
@@ -111,7 +118,9 @@ class AcceptsNearTies(Echo):
             if t != int(best[i]):
                 self.fault(state)
             a += 1
-        return Verdict(tuple(draft.tokens[:a].tolist()), int(best[a]), tuple(range(a)), logits=out.logits)
+        return Verdict(
+            tuple(draft.tokens[:a].tolist()), int(best[a]), tuple(range(a)), logits=out.logits
+        )
 
 
 class SiblingMaskRowDeep(Echo):
@@ -146,10 +155,18 @@ class SiblingMaskRowDeep(Echo):
             return path, [tokens[n] for n in path] + [pred[path[-1] + 1 if path else 0]]
 
         if wrong_rows:  # note the step when the wrong rows change what is committed, or are kept
-            ok = state.runner.forward(ids, cache=state.cache, start=base, positions=positions,
-                                      block_mask=right, write=False)
+            ok = state.runner.forward(
+                ids,
+                cache=state.cache,
+                start=base,
+                positions=positions,
+                block_mask=right,
+                write=False,
+            )
             _, ok_committed = committed(state.pick(ok.logits, at).tolist())
-        out = state.runner.forward(ids, cache=state.cache, start=base, positions=positions, block_mask=block)
+        out = state.runner.forward(
+            ids, cache=state.cache, start=base, positions=positions, block_mask=block
+        )
         pred = state.pick(out.logits, at).tolist()
         path, mine = committed(pred)
         if wrong_rows and (set(path) & wrong_rows or mine != ok_committed):
@@ -171,6 +188,8 @@ class ClampsPositions(Echo):
 
         self.fault(state)
         ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
-        positions = torch.arange(base, base + len(ids)).clamp(max=self.at)  # wrong: past it, one position
+        positions = torch.arange(base, base + len(ids)).clamp(
+            max=self.at
+        )  # wrong: past it, one position
         out = state.runner.forward(ids, cache=state.cache, start=base, positions=positions)
         return chain_verdict(draft, out.logits, state=state)
