@@ -234,10 +234,8 @@ class Decoder:
             # 6. update policy: thresholds, layer sets, statistics
             self._call("selfspec_update_policy", state=state, verdict=verdict, kept=kept)
             self._observe(observers, "updated", state)
-            del (
-                draft,
-                verdict,
-            )  # the step is over: free the verify block's logits before the next forward
+            # the step is over: free the verify block's logits before the next forward
+            del draft, verdict
 
         self._sync()
         stats.wall_time_s = time.perf_counter() - t_start
