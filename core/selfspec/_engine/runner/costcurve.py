@@ -170,7 +170,7 @@ def cost_curve(
 ) -> CostCurve:
     """This model shape's cost curve on this machine: from the process, else from the store
     (``<cache dir>/drafttree/costcurve-<key>.json``, with its raw timings and machine), else
-    measured now (:func:`measure_cost_curve`: 36 forwards, a few seconds at 1.5B) and saved.
+    measured now (36 forwards, a few seconds at 1.5B) and saved.
     The key names the architecture, depth, width, vocabulary, dtype, weight layout and a hash of
     the CPU model, instruction-set level, threads, device and torch's version, so a new torch's
     kernels are measured again. ``refresh=True`` measures again (do it on a quiet machine: the
