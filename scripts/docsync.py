@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(
-    r"(<!-- include: (?P<src>[^#\s]+)(?:#(?P<region>[\w-]+))? -->\n```(?P<lang>\w*)\n)(?P<body>.*?)(```\n<!-- /include -->)",
+    r"(<!-- include: (?P<src>[^#\s]+)(?:#(?P<region>[\w-]+))? -->\n```(?P<lang>\w*)\n)"
+    r"(?P<body>.*?)(```\n<!-- /include -->)",
     re.S,
 )
 

@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    folders = sorted(p for p in (ROOT / "plugins").glob("selfspec-*") if (p / "pyproject.toml").is_file())
+    folders = sorted(
+        p for p in (ROOT / "plugins").glob("selfspec-*") if (p / "pyproject.toml").is_file()
+    )
     args = [arg for f in folders for arg in ("-e", str(f))]
     if not args:
         return 0

@@ -41,7 +41,7 @@ option value each plugin ran with (``resolved_options`` in the summary's ``confi
 and a row whose values differ from what the installed plugin resolves the same options to
 today (a default changed since) is refused, naming the option; re-run the bench, or leave the
 row out with ``rows=``. Summaries written before the bench recorded them are not checked.
-"""
+"""  # noqa: E501 (the markers above are quoted whole: one line each, as they stand in a README)
 
 from __future__ import annotations
 
@@ -55,7 +55,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 GEO_TASKS = ("humaneval", "gsm8k", "mtbench", "sharegpt")
-BLOCK = re.compile(r"(<!-- (bench-table|bench-compare|spec-bench-table): ([^>]*?) -->\n)(.*?)(<!-- /\2 -->)", re.S)
+BLOCK = re.compile(
+    r"(<!-- (bench-table|bench-compare|spec-bench-table): ([^>]*?) -->\n)(.*?)(<!-- /\2 -->)", re.S
+)
 
 
 class StaleRow(ValueError):
@@ -81,7 +83,9 @@ def _geo(values: list[float | None]) -> float | None:
 class Run:
     """One bench run's ``summary.json``, indexed for table-making."""
 
-    def __init__(self, path: Path, geo: tuple[str, ...] | None = None, keep: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self, path: Path, geo: tuple[str, ...] | None = None, keep: tuple[str, ...] | None = None
+    ) -> None:
         self.path = path
         self.summary: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         rows = self.summary["rows"]
@@ -89,7 +93,11 @@ class Run:
         self.tasks = [t for t in dict.fromkeys(r["task"] for r in rows) if t != "all"]
         methods = list(dict.fromkeys(r["method"] for r in rows))
         # rows=: a bare name keeps the method and its variants, a name with [...] that row only
-        self.methods = methods if keep is None else [m for m in methods if m in keep or m.split("[", 1)[0] in keep]
+        self.methods = (
+            methods
+            if keep is None
+            else [m for m in methods if m in keep or m.split("[", 1)[0] in keep]
+        )
         if not self.methods:
             raise ValueError(f"{path}: no method among {list(keep or ())}")
         self.configs = {m["name"]: m for m in self.summary.get("config", {}).get("methods", [])}
@@ -113,7 +121,11 @@ class Run:
             return []
         except ValueError as exc:  # an option it ran with is gone or invalid now
             return [str(exc)]
-        return [f"{k}={recorded[k]!r} (today {today[k]!r})" for k in recorded if k in today and recorded[k] != today[k]]
+        return [
+            f"{k}={recorded[k]!r} (today {today[k]!r})"
+            for k in recorded
+            if k in today and recorded[k] != today[k]
+        ]
 
     def speedup(self, task: str, method: str) -> float | None:
         row = self.by.get((task, method))
@@ -136,33 +148,60 @@ class Run:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "| --- | " + " | ".join("---:" for _ in head[1:]) + " |",
+    ]
     return "\n".join([*lines, *("| " + " | ".join(cells) + " |" for cells in rows)]) + "\n"
 
 
 def _checked_all_row(run: Run, method: str) -> dict[str, Any]:
-    """``method``'s row over all samples, refusing a row measured at other option values than today's."""
+    """``method``'s row over all samples, refusing a row measured at other option values than
+    today's."""
     if stale := run.stale(method):
-        raise StaleRow(f"{run.path}: `{method}` was measured with other option values than today's: "
-                       f"{', '.join(stale)}; re-run the bench or leave the row out (rows=)")
+        raise StaleRow(
+            f"{run.path}: `{method}` was measured with other option values than today's: "
+            f"{', '.join(stale)}; re-run the bench or leave the row out (rows=)"
+        )
     return run.all_row(method)
 
 
 def _lossless(a: dict[str, Any]) -> str:
     if a["lossless"] is None:
         return "–"
-    return f"{a['lossless']}/{a['samples']}" + (f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else "")
+    return f"{a['lossless']}/{a['samples']}" + (
+        f" (+{a['near_ties']} near-tie)" if a.get("near_ties") else ""
+    )
 
 
 def bench_table(run: Run) -> str:
     geo_head = f"geo-mean ({', '.join(run.geo_tasks)})"
-    head = ["method", *run.tasks, "all", geo_head, "vs vanilla (geo-mean)", "τ", "acceptance", "lossless"]
+    head = [
+        "method",
+        *run.tasks,
+        "all",
+        geo_head,
+        "vs vanilla (geo-mean)",
+        "τ",
+        "acceptance",
+        "lossless",
+    ]
     rows = []
     for m in run.methods:
         a = _checked_all_row(run, m)
         acc = "–" if a.get("acceptance") is None else f"{a['acceptance']:.2f}"
-        rows.append([_label(m, run.sampled), *(_x(run.speedup(t, m)) for t in run.tasks), _x(a.get("speedup")),
-                     _x(run.geo(m)), _x(run.vs_vanilla(m)), f"{a['tau']:.2f}", acc, _lossless(a)])
+        rows.append(
+            [
+                _label(m, run.sampled),
+                *(_x(run.speedup(t, m)) for t in run.tasks),
+                _x(a.get("speedup")),
+                _x(run.geo(m)),
+                _x(run.vs_vanilla(m)),
+                f"{a['tau']:.2f}",
+                acc,
+                _lossless(a),
+            ]
+        )
     return _table(head, rows)
 
 
@@ -173,8 +212,14 @@ def spec_bench_table(run: Run) -> str:
     from selfspec.app._specbench import FAMILIES, LABELS  # the leaderboard's columns, in its order
 
     by = report["methods"]
-    head = ["method", *(LABELS[f] for f in FAMILIES), "Overall", "vs vanilla (overall)",
-            "#Mean Accepted Tokens", "lossless"]
+    head = [
+        "method",
+        *(LABELS[f] for f in FAMILIES),
+        "Overall",
+        "vs vanilla (overall)",
+        "#Mean Accepted Tokens",
+        "lossless",
+    ]
     base = (by.get("vanilla") or {}).get("overall", {}).get("speedup")
     rows = []
     for m in run.methods:
@@ -182,9 +227,16 @@ def spec_bench_table(run: Run) -> str:
         fam = by.get(m, {})
         overall = fam.get("overall", {}).get("speedup")
         mat = fam.get("overall", {}).get("mean_accepted")
-        rows.append([_label(m), *(_x(fam.get(f, {}).get("speedup")) for f in FAMILIES), _x(overall),
-                     _x(overall / base if base and overall else None), "–" if mat is None else f"{mat:.2f}",
-                     _lossless(a)])
+        rows.append(
+            [
+                _label(m),
+                *(_x(fam.get(f, {}).get("speedup")) for f in FAMILIES),
+                _x(overall),
+                _x(overall / base if base and overall else None),
+                "–" if mat is None else f"{mat:.2f}",
+                _lossless(a),
+            ]
+        )
     return _table(head, rows)
 
 
@@ -193,12 +245,17 @@ def bench_compare(runs: list[tuple[str, Run]], common: bool = False) -> str:
     for label, run in runs:
         hf = "HF sampling" if run.sampled else "HF greedy"
         head += [f"{label}: vs {hf}", f"{label}: vs vanilla", f"{label}: τ"]
-    lines = ["| " + " | ".join(head) + " |", "| --- | " + " | ".join("---:" for _ in head[1:]) + " |"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "| --- | " + " | ".join("---:" for _ in head[1:]) + " |",
+    ]
     methods = list(dict.fromkeys(m for _, run in runs for m in run.methods))
     if common:  # only the methods every run measured
         methods = [m for m in methods if all(m in run.methods for _, run in runs)]
     for m in methods:
-        cells = ["HF `generate`" if m == "hf" and any(run.sampled for _, run in runs) else _label(m)]
+        cells = [
+            "HF `generate`" if m == "hf" and any(run.sampled for _, run in runs) else _label(m)
+        ]
         for _, run in runs:
             if m not in run.methods:
                 cells += ["–", "–", "–"]
@@ -220,7 +277,8 @@ def _parse_args(
         elif item.startswith("geo="):
             geo = tuple(item[4:].split(","))
         elif item.startswith("rows="):
-            keep = tuple(re.findall(r"[^,\[]+(?:\[[^\]]*\])?", item[5:]))  # a comma inside [...] stays
+            # a comma inside [...] stays
+            keep = tuple(re.findall(r"[^,\[]+(?:\[[^\]]*\])?", item[5:]))
         elif "=" in item:
             label, path = item.split("=", 1)
             sources.append((label, ROOT / path))
@@ -239,7 +297,9 @@ def render_block(kind: str, spec: str) -> str:
         if len(sources) != 1:
             raise ValueError(f"spec-bench-table takes one summary.json, not {spec!r}")
         return spec_bench_table(Run(sources[0][1], geo, keep))
-    return bench_compare([(label or path.parent.name, Run(path, geo, keep)) for label, path in sources], common)
+    return bench_compare(
+        [(label or path.parent.name, Run(path, geo, keep)) for label, path in sources], common
+    )
 
 
 def render(text: str) -> str:
@@ -252,7 +312,9 @@ def documents() -> list[Path]:
     skip = {".venv", ".tox", "node_modules", ".git"}
     found = []
     for path in sorted(ROOT.rglob("*.md")):
-        if skip & set(path.relative_to(ROOT).parts) or any(p.startswith(".venv") for p in path.parts):
+        if skip & set(path.relative_to(ROOT).parts) or any(
+            p.startswith(".venv") for p in path.parts
+        ):
             continue
         if BLOCK.search(path.read_text(encoding="utf-8")):
             found.append(path)
@@ -261,7 +323,9 @@ def documents() -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table is stale")
+    ap.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if a table is stale"
+    )
     args = ap.parse_args(argv)
     stale = []
     for path in documents():
@@ -276,8 +340,11 @@ def main(argv: list[str] | None = None) -> int:
             if not args.check:
                 path.write_text(new, encoding="utf-8")
     if args.check and stale:
-        print("stale results tables (run python scripts/readme_tables.py): " + ", ".join(map(str, stale)),
-              file=sys.stderr)
+        print(
+            "stale results tables (run python scripts/readme_tables.py): "
+            + ", ".join(map(str, stale)),
+            file=sys.stderr,
+        )
         return 1
     for p in stale:
         print(f"rewrote {p}")

@@ -28,8 +28,11 @@ def block(namespace: str) -> str:
     ``lazy_namespace`` call gives (read from the source: the block itself may be stale)."""
     text = path_of(namespace).read_text(encoding="utf-8")
     tree = ast.parse(text.replace(BEGIN, "if TYPE_CHECKING:\n    pass\n"))
-    api = next(ast.literal_eval(node.value) for node in tree.body
-               if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_API")
+    api = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_API"
+    )
     prefix = next((p for p in PREFIXES if f'f"{p}{{module}}"' in text), "")
     lines = [BEGIN]
     for name, (module, attr) in sorted(api.items(), key=lambda kv: (prefix + kv[1][0], kv[0])):
@@ -66,7 +69,10 @@ def main() -> int:
             if not args.check:
                 path.write_text(new, encoding="utf-8")
     if args.check and stale:
-        print(f"stale TYPE_CHECKING blocks: {', '.join(stale)}; run python scripts/typed_face.py", file=sys.stderr)
+        print(
+            f"stale TYPE_CHECKING blocks: {', '.join(stale)}; run python scripts/typed_face.py",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

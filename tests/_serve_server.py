@@ -34,9 +34,14 @@ class ServerProcess:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self, timeout: float = 180.0) -> ServerProcess:
-        self.proc = subprocess.Popen([sys.executable, "-m", "selfspec", "serve", "--port", "0", *self.args],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "selfspec", "serve", "--port", "0", *self.args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -92,8 +97,13 @@ class ServerProcess:
 
 def specdec_json(*args: str) -> dict[str, Any]:
     """``specdec ARGS --json``'s one JSON object."""
-    out = subprocess.run([sys.executable, "-m", "selfspec", *args, "--json"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "selfspec", *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -109,18 +119,35 @@ loaded = settings.load_model()
 decoder = settings.decoder(loaded, adopt_weights=True)
 out = []
 for case in json.loads(sys.stdin.read()):
-    ids = format_prompt(loaded, case["prompt"]) if case["chat"] else loaded.tokenizer.encode(case["prompt"])
-    sampling = Sampling(case.get("temperature", 0.0), case.get("top_k", 0), case.get("top_p", 1.0), case.get("seed", 0))
+    ids = (
+        format_prompt(loaded, case["prompt"])
+        if case["chat"]
+        else loaded.tokenizer.encode(case["prompt"])
+    )
+    sampling = Sampling(
+        case.get("temperature", 0.0),
+        case.get("top_k", 0),
+        case.get("top_p", 1.0),
+        case.get("seed", 0),
+    )
     r = decoder.generate(ids, case["max_tokens"], loaded.eos_token_ids, sampling=sampling)
     out.append({"text": r.text, "output_ids": r.output_ids, "prompt_ids": r.prompt_ids})
 print(json.dumps(out))
 """
 
 
-def reference_decodes(cases: list[dict[str, Any]], plugin: str, threads: int) -> list[dict[str, Any]]:
+def reference_decodes(
+    cases: list[dict[str, Any]], plugin: str, threads: int
+) -> list[dict[str, Any]]:
     """Each case (``chat``, ``prompt``, ``max_tokens``, sampling fields) decoded as ``specdec``
     decodes it, all in one subprocess: ``text``, ``output_ids``, ``prompt_ids``."""
-    out = subprocess.run([sys.executable, "-c", _REFERENCE, plugin, str(threads)], input=json.dumps(cases),
-                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", _REFERENCE, plugin, str(threads)],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)

@@ -24,21 +24,33 @@ def word_tokenizer(chat_template: str | None = None):
     vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(WORDS)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>"
+    )
     if chat_template is not None:
         fast.chat_template = chat_template
     return fast
 
 
-def save_tiny_llama(path: Path, *, seed: int = 0, chat_template: str | None = None, layers: int = 2) -> Path:
+def save_tiny_llama(
+    path: Path, *, seed: int = 0, chat_template: str | None = None, layers: int = 2
+) -> Path:
     """A random 2-layer Llama and its tokenizer saved to ``path`` (float32 weights)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = word_tokenizer(chat_template)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=EOS_ID, pad_token_id=0, tie_word_embeddings=False,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=EOS_ID,
+        pad_token_id=0,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
@@ -53,15 +65,25 @@ def save_tiny_gpt2(path: Path) -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = word_tokenizer()
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, n_positions=64))
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=1, n_head=2, n_positions=64)
+    )
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
 
-def write_tiny_gguf(path: Path, *, layers: int = 2, hidden: int = 16, inter: int = 32, heads: int = 4,
-                    kv_heads: int = 2, seed: int = 0) -> Path:
+def write_tiny_gguf(
+    path: Path,
+    *,
+    layers: int = 2,
+    hidden: int = 16,
+    inter: int = 32,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+) -> Path:
     """A random float32 Llama GGUF file with a byte-level (gpt2-style) character vocabulary."""
     import gguf
 
@@ -123,8 +145,14 @@ def chat_word_tokenizer(words):
     vocab = {t: i for i, t in enumerate(special + sorted(set(words)))}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>",
-                                  additional_special_tokens=["<|user|>", "<|assistant|>"])
-    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        unk_token="<unk>",
+        eos_token="<eos>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
+    tok.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     return tok

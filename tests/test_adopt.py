@@ -12,8 +12,15 @@ from selfspec._engine.runner.layout import PackedLinear, adopt_layout, choose_la
 from selfspec.testing import tiny_model
 
 needs_packing = pytest.mark.skipif(
-    choose_layout("auto", "cpu", torch.float32, __import__("selfspec._engine.tuning.machine", fromlist=["x"]).cpu_capability())
-    != "packed", reason="oneDNN cannot prepack float32 here")
+    choose_layout(
+        "auto",
+        "cpu",
+        torch.float32,
+        __import__("selfspec._engine.tuning.machine", fromlist=["x"]).cpu_capability(),
+    )
+    != "packed",
+    reason="oneDNN cannot prepack float32 here",
+)
 
 
 def _linears(model: nn.Module) -> list[nn.Module]:
@@ -61,7 +68,9 @@ def test_transposed_adoption_keeps_parameters_and_values():
     with torch.no_grad():
         before = model(ids).logits
     Runner(model, weight_layout="transposed", adopt=True)
-    layer_linears = [m for layer in model.model.layers for m in layer.modules() if isinstance(m, nn.Linear)]
+    layer_linears = [
+        m for layer in model.model.layers for m in layer.modules() if isinstance(m, nn.Linear)
+    ]
     assert layer_linears and all(is_transposed(m.weight) for m in layer_linears)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, before, rtol=1e-12, atol=1e-12)
@@ -80,13 +89,16 @@ def test_an_adopting_decoder_decodes_like_a_copying_one():
     b = tiny_model("qwen2", dtype=torch.float32, seed=3)
     prompt = [5, 9, 2, 7, 7, 1]
     ref = Decoder(a, "lookup").generate(prompt, max_new_tokens=24, eos_token_ids=[])
-    got = Decoder(b, "lookup", adopt_weights=True, weight_layout="packed").generate(prompt, max_new_tokens=24,
-                                                                                   eos_token_ids=[])
+    got = Decoder(b, "lookup", adopt_weights=True, weight_layout="packed").generate(
+        prompt, max_new_tokens=24, eos_token_ids=[]
+    )
     assert got.output_ids == ref.output_ids
     assert got.stats.weight_layout == "packed"
 
 
-@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc/self/maps")
+@pytest.mark.skipif(
+    not __import__("sys").platform.startswith("linux"), reason="reads /proc/self/maps"
+)
 def test_adopting_copies_the_tensors_left_on_a_mapped_file_so_its_mapping_is_released(tmp_path):
     from selfspec._engine.runner.residency import _file_mappings
 
@@ -94,23 +106,30 @@ def test_adopting_copies_the_tensors_left_on_a_mapped_file_so_its_mapping_is_rel
     emb = model.model.embed_tokens.weight
     path = tmp_path / "weights.bin"
     emb.detach().numpy().tofile(path)
-    mapped = torch.from_file(str(path), shared=True, size=emb.numel(), dtype=torch.float32).view_as(emb)
-    model.model.embed_tokens.weight = torch.nn.Parameter(mapped, requires_grad=False)  # a view of the file
+    mapped = torch.from_file(str(path), shared=True, size=emb.numel(), dtype=torch.float32).view_as(
+        emb
+    )
+    # a view of the file
+    model.model.embed_tokens.weight = torch.nn.Parameter(mapped, requires_grad=False)
     want = mapped.clone()
     inside = lambda t: any(lo <= t.untyped_storage().data_ptr() < hi for lo, hi in _file_mappings())  # noqa: E731
     assert inside(model.model.embed_tokens.weight)
     Decoder(model, "vanilla", adopt_weights=True, weight_layout="transposed")
     owned = model.model.embed_tokens.weight
-    assert not inside(owned) and torch.equal(owned, want)  # the values kept, in the process's own memory
+    # the values kept, in the process's own memory
+    assert not inside(owned) and torch.equal(owned, want)
 
 
-@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc/self/maps")
+@pytest.mark.skipif(
+    not __import__("sys").platform.startswith("linux"), reason="reads /proc/self/maps"
+)
 def test_a_weight_on_a_mapped_file_is_read_from_the_file_not_through_the_mapping(tmp_path):
     from selfspec._engine.runner.residency import _file_mappings, unmapped_copy
 
     w = torch.randn(48, 40)
     path = tmp_path / "w.bin"
-    torch.cat([torch.zeros(1024), w.reshape(-1)]).numpy().tofile(path)  # at an offset inside the file
+    # at an offset inside the file
+    torch.cat([torch.zeros(1024), w.reshape(-1)]).numpy().tofile(path)
     whole = torch.from_file(str(path), shared=True, size=1024 + w.numel(), dtype=torch.float32)
     view = whole[1024:].view(48, 40)
     inside = lambda t: any(lo <= t.data_ptr() < hi for lo, hi in _file_mappings())  # noqa: E731

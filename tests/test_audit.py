@@ -24,13 +24,21 @@ class UnwrittenSlots:
     @selfspec.hookimpl
     def selfspec_verify(self, state, draft):
         v = verify_greedy(state, draft)
-        return Verdict(v.accepted, v.bonus, v.accepted_nodes, kv_slots=(len(draft) + 3,)) if not v.accepted else v
+        return (
+            Verdict(v.accepted, v.bonus, v.accepted_nodes, kv_slots=(len(draft) + 3,))
+            if not v.accepted
+            else v
+        )
 
 
 def test_kv_slots_never_written_are_blamed_on_the_verifier(tiny_model_factory):
     # a) before: "selfspec_cache raised CacheError", for a plugin without a cache hook
-    with pytest.raises(PluginError, match=r"selfspec_verify returned kv_slots \[\d+\]: .* slots its forward wrote"):
-        Decoder(tiny_model_factory("llama"), "unwritten", plugin_object=UnwrittenSlots).generate(PROMPT, 4)
+    with pytest.raises(
+        PluginError, match=r"selfspec_verify returned kv_slots \[\d+\]: .* slots its forward wrote"
+    ):
+        Decoder(tiny_model_factory("llama"), "unwritten", plugin_object=UnwrittenSlots).generate(
+            PROMPT, 4
+        )
 
 
 def test_audit_is_off_unless_asked(tiny_model_factory, monkeypatch):
@@ -43,7 +51,9 @@ def test_audit_is_off_unless_asked(tiny_model_factory, monkeypatch):
     dec = Decoder(model, "echo", plugin_object=Echo)
     dec.generate(PROMPT, 8)
     assert dec.auditor is not None
-    assert [s.generated for s in dec.auditor.steps][:1] == [0] and dec.auditor.steps[-1].generated < 8
+    assert [s.generated for s in dec.auditor.steps][:1] == [0] and dec.auditor.steps[
+        -1
+    ].generated < 8
 
 
 def test_audit_names_the_hook_step_and_slot(tiny_model_factory):
@@ -52,7 +62,9 @@ def test_audit_names_the_hook_step_and_slot(tiny_model_factory):
         at = 0
 
     model = tiny_model_factory("gemma3")  # its greedy output loops: drafts get accepted
-    with pytest.raises(AuditError, match=r"selfspec_verify or selfspec_cache left the KV cache wrong at step \d+"):
+    with pytest.raises(
+        AuditError, match=r"selfspec_verify or selfspec_cache left the KV cache wrong at step \d+"
+    ):
         Decoder(model, "stale", plugin_object=StaleEarly, audit=True).generate([1, 2] * 32, 64)
 
 
@@ -69,13 +81,25 @@ def test_coverage_buckets_of_one_example():
     from selfspec._engine.contract.types import Result, Stats
 
     class Log:
-        steps = [StepRecord(130, 0, 5, 5, False, 2, (7, 8, 9)), StepRecord(133, 70, 3, 3, True, 0, (9,))]
+        steps = [
+            StepRecord(130, 0, 5, 5, False, 2, (7, 8, 9)),
+            StepRecord(133, 70, 3, 3, True, 0, (9,)),
+        ]
 
     cov = Coverage("x")
     res = Result([1] * 130, [7] * 129 + [9], Stats())
     got = set(cov.record("llama", 130, res, Log, window=None, eos=(8,)))
-    assert {"prompt:129-256", "output:129-256", "depth>=4", "accepted>=1", "late>=64", "chain", "tree",
-            "eos-mid-draft", "arch:llama"} <= got
+    assert {
+        "prompt:129-256",
+        "output:129-256",
+        "depth>=4",
+        "accepted>=1",
+        "late>=64",
+        "chain",
+        "tree",
+        "eos-mid-draft",
+        "arch:llama",
+    } <= got
     assert "window-edge" not in got and "accepted>=4" not in got
 
 
@@ -91,8 +115,10 @@ def test_the_coverage_check_fails_a_suite_that_missed_a_bucket():
     with pytest.raises(pytest.skip.Exception):  # d) not every test_lossless ran: nothing to judge
         suite.test_lossless_coverage()
     cov.done.update(_Suite.archs)
-    cov.counts.update([b.format(arch=a) for a in _Suite.archs for b in REQUIRED_PER_ARCH]
-                      + [b for b in REQUIRED if b != "accepted>=1"])
+    cov.counts.update(
+        [b.format(arch=a) for a in _Suite.archs for b in REQUIRED_PER_ARCH]
+        + [b for b in REQUIRED if b != "accepted>=1"]
+    )
     with pytest.raises(AssertionError, match=r"never exercised \['accepted>=1'\]"):
         suite.test_lossless_coverage()
     _Suite.coverage_exempt = {"accepted>=1": "a test of the exemption"}

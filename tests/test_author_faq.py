@@ -42,7 +42,8 @@ def test_forward_returns_hidden_and_logits(model):
     assert runner.forward(ids, logits="last").logits.shape == (1, runner.vocab_size)
     assert runner.forward(ids, logits=torch.tensor([0, 3])).logits.shape == (2, runner.vocab_size)
     assert runner.forward(ids, logits=None).logits is None  # skip the LM head (prefill)
-    half = runner.forward(ids, layers=(0, 1))  # stop after layer 0: no logits, whatever logits= says
+    # stop after layer 0: no logits, whatever logits= says
+    half = runner.forward(ids, layers=(0, 1))
     assert half.logits is None
     early = runner.head(half.hidden[0])  # an early exit: [q, V] from a mid-model state
     # [end:forward]
@@ -81,7 +82,7 @@ class Depth:
     @selfspec.hookimpl
     def selfspec_setup(self, runner, options):
         self.k = options["k"] if options["k"] is not None else max(1, runner.n_layers // 4)
-    # [end:option-none]
+        # [end:option-none]
 
     @selfspec.hookimpl
     def selfspec_propose(self, state):
@@ -91,7 +92,9 @@ class Depth:
 
 def test_float_options_take_ints_and_strings():
     opt = Option("threshold", float, 0.5, "a float option", min=0.0, max=1.0)
-    assert opt.convert("0.25") == 0.25 and opt.convert(1) == 1.0 and isinstance(opt.convert(1), float)
+    assert (
+        opt.convert("0.25") == 0.25 and opt.convert(1) == 1.0 and isinstance(opt.convert(1), float)
+    )
     with pytest.raises(OptionError, match="above the maximum"):
         opt.convert("1.5")
 
@@ -151,26 +154,41 @@ def test_hooks_of_a_decode_run_under_inference_mode(model):
     rec = Recorder()
     Decoder(model, "recorder", plugin_object=rec).generate(PROMPT, 4)
     # setup runs when the Decoder is built, outside generate: no inference mode there
-    assert rec.seen == {"setup": False, "start": True, "propose": True, "verify": True, "cache": True,
-                        "update_policy": True, "end": True}
+    assert rec.seen == {
+        "setup": False,
+        "start": True,
+        "propose": True,
+        "verify": True,
+        "cache": True,
+        "update_policy": True,
+        "end": True,
+    }
 
 
 # --------------------------------------------------------------------------- naming and objects
 def test_plugin_file_is_named_after_its_module(tmp_path: Path):
     path = tmp_path / "my_guess.py"
-    path.write_text("from selfspec import Draft\n\n"
-                    "def selfspec_propose(state):\n    return Draft.empty(state.runner.device)\n")
+    path.write_text(
+        "from selfspec import Draft\n\n"
+        "def selfspec_propose(state):\n    return Draft.empty(state.runner.device)\n"
+    )
     # [start:plugin-file]
     assert selfspec.app.Settings(plugin_file=str(path)).plugin_name == "my_guess"  # the file's stem
-    assert selfspec.app.Settings(plugin="mine", plugin_file=str(path)).plugin_name == "mine"  # --plugin wins
+    # --plugin wins
+    assert selfspec.app.Settings(plugin="mine", plugin_file=str(path)).plugin_name == "mine"
     # [end:plugin-file]
 
 
 def test_plugin_object_takes_a_class_an_instance_or_a_module(model):
     # [start:plugin-object]
-    a = Decoder(model, "depth", {"k": 2}, plugin_object=Depth)  # a class: one new instance per Decoder
+    # a class: one new instance per Decoder
+    a = Decoder(model, "depth", {"k": 2}, plugin_object=Depth)
     b = Decoder(model, "depth", {"k": 3}, plugin_object=Depth)
-    assert isinstance(a.plugin, Depth) and a.plugin is not b.plugin and (a.plugin.k, b.plugin.k) == (2, 3)
+    assert (
+        isinstance(a.plugin, Depth)
+        and a.plugin is not b.plugin
+        and (a.plugin.k, b.plugin.k) == (2, 3)
+    )
     mine = Depth()
     c = Decoder(model, "depth", {"k": 2}, plugin_object=mine)  # an instance: used as it is (shared)
     assert c.plugin is mine

@@ -60,8 +60,10 @@ class Learner:
         device = state.runner.device
         if not self.tree:
             return Draft.chain(tokens, device)
-        return Draft(torch.tensor(tokens, dtype=torch.long, device=device),
-                     torch.tensor(parents, dtype=torch.long, device=device))
+        return Draft(
+            torch.tensor(tokens, dtype=torch.long, device=device),
+            torch.tensor(parents, dtype=torch.long, device=device),
+        )
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state, verdict):
@@ -70,7 +72,7 @@ class Learner:
             return  # a verifier that gives no logits: nothing to learn this step
         for token, best in zip(self.rows, top[1].tolist()):
             self.table[token] = tuple(best)  # what the model predicted after `token`
-# [end:learner]
+            # [end:learner]
 
 
 class TestLearner(PluginSuite):
@@ -131,7 +133,8 @@ class Probe:
 
         def recording(*args, **kwargs):  # the logits block of every forward, as made
             out = forward(*args, **kwargs)
-            self.blocks.append((kwargs.get("cache"), out.logits))  # the audit's forwards use its own cache
+            # the audit's forwards use its own cache
+            self.blocks.append((kwargs.get("cache"), out.logits))
             return out
 
         runner.forward = recording
@@ -173,20 +176,34 @@ def _from_layer_0(state, draft):
     return selfspec.verify_from_layer(state, draft, list(state.runner.embed(ids)[0]), 0)
 
 
-@pytest.mark.parametrize("verifier, tree", [(None, False), (None, True), (verify_greedy, False),
-                                            (lambda s, d: selfspec.verify_tree(s, d)[0], True),
-                                            (_from_layer_0, False)],
-                         ids=["builtin-chain", "builtin-tree", "verify_greedy", "verify_tree", "verify_from_layer"])
-def test_every_host_verifier_hands_over_its_logits_and_they_die_with_the_step(model, verifier, tree):
+@pytest.mark.parametrize(
+    "verifier, tree",
+    [
+        (None, False),
+        (None, True),
+        (verify_greedy, False),
+        (lambda s, d: selfspec.verify_tree(s, d)[0], True),
+        (_from_layer_0, False),
+    ],
+    ids=["builtin-chain", "builtin-tree", "verify_greedy", "verify_tree", "verify_from_layer"],
+)
+def test_every_host_verifier_hands_over_its_logits_and_they_die_with_the_step(
+    model, verifier, tree
+):
     probe = Probe(verifier, tree)
     assert_lossless(model, "probe", PROMPT, 12, plugin_object=probe)
     assert probe.steps >= 4
-    assert len(probe.freed) == probe.steps - 1 and all(probe.freed)  # never alive into the next step
+    # never alive into the next step
+    assert len(probe.freed) == probe.steps - 1 and all(probe.freed)
 
 
 def test_verify_tree_hands_over_the_tree_rows_only(model):
-    extra = selfspec.ExtraBlock(torch.tensor([9, 8]), torch.tensor([0, 1]), torch.ones(2, 2, dtype=torch.bool).tril(),
-                                torch.tensor([1]))
+    extra = selfspec.ExtraBlock(
+        torch.tensor([9, 8]),
+        torch.tensor([0, 1]),
+        torch.ones(2, 2, dtype=torch.bool).tril(),
+        torch.tensor([1]),
+    )
 
     def with_extra(state, draft):
         base = state.length - 1
@@ -194,7 +211,8 @@ def test_verify_tree_hands_over_the_tree_rows_only(model):
         return selfspec.verify_tree(state, draft, block)[0]
 
     probe = Probe(with_extra, tree=True)
-    assert_lossless(model, "probe", PROMPT, 8, plugin_object=probe)  # shape [1 + 3, V] checked inside
+    # shape [1 + 3, V] checked inside
+    assert_lossless(model, "probe", PROMPT, 8, plugin_object=probe)
     assert probe.steps >= 3
 
 
@@ -227,23 +245,36 @@ def test_a_tree_is_verified_in_one_forward_with_an_ancestor_mask(model):
     a, c, b = top2[0], top2[1], 3  # a: the model's choice after p; c: its second; b: a guess
     # [start:tree]
     # the pending token p, then two branches: p -> a -> b and p -> c
-    draft = Draft(torch.tensor([a, b, c]), parents=torch.tensor([-1, 0, -1]))  # parents[i] < i; -1: p
+    # parents[i] < i; -1: p
+    draft = Draft(torch.tensor([a, b, c]), parents=torch.tensor([-1, 0, -1]))
     assert draft.is_tree and draft.depths() == [1, 2, 1]
     # what verify_greedy(state, draft) runs for it: one forward over [p, a, b, c] at slot base
-    block_mask = torch.tensor([[1, 0, 0, 0],  # p sees itself (and, like every row, the cached prefix)
-                               [1, 1, 0, 0],  # a sees p and itself
-                               [1, 1, 1, 0],  # b sees p, a and itself
-                               [1, 0, 0, 1]],  # c sees p and itself, never the branch beside it
-                              dtype=torch.bool)  # [1 + k, 1 + k]: may row r attend to column c
+    block_mask = torch.tensor(
+        [
+            [1, 0, 0, 0],  # p sees itself (and, like every row, the cached prefix)
+            [1, 1, 0, 0],  # a sees p and itself
+            [1, 1, 1, 0],  # b sees p, a and itself
+            [1, 0, 0, 1],  # c sees p and itself, never the branch beside it
+        ],
+        dtype=torch.bool,
+    )  # [1 + k, 1 + k]: may row r attend to column c
     positions = base + torch.tensor([0, 1, 2, 1])  # p's position + each node's depth
-    out = runner.forward(torch.tensor([p, a, b, c]), cache=cache, start=base, positions=positions,
-                         block_mask=block_mask)  # keys/values of node n at slot base + 1 + n
-    pred = greedy(out.logits).tolist()  # pred[0]: after p; pred[n + 1]: after node n on its own path
-    path = tree_path(draft.parents.tolist(), draft.tokens.tolist(), pred)  # accepted nodes, root first
+    out = runner.forward(
+        torch.tensor([p, a, b, c]),
+        cache=cache,
+        start=base,
+        positions=positions,
+        block_mask=block_mask,
+    )  # keys/values of node n at slot base + 1 + n
+    # pred[0]: after p; pred[n + 1]: after node n on its own path
+    pred = greedy(out.logits).tolist()
+    # accepted nodes, root first
+    path = tree_path(draft.parents.tolist(), draft.tokens.tolist(), pred)
     kv_slots = (0, *(n + 1 for n in path))  # Verdict.kv_slots: p's slot and the accepted nodes'
     # [end:tree]
     assert path[:1] == [0] and kv_slots[:2] == (0, 1)  # a is the model's own choice
-    chain_ab = runner.forward(torch.tensor([*PROMPT, a, b])).logits[-3:]  # each branch as a plain chain
+    # each branch as a plain chain
+    chain_ab = runner.forward(torch.tensor([*PROMPT, a, b])).logits[-3:]
     chain_c = runner.forward(torch.tensor([*PROMPT, c])).logits[-1]
     torch.testing.assert_close(out.logits[:3], chain_ab, rtol=0, atol=1e-10)
     torch.testing.assert_close(out.logits[3], chain_c, rtol=0, atol=1e-10)

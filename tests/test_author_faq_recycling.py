@@ -52,7 +52,7 @@ class DepthFirst:
         for i, node in enumerate(kept):
             self.seen.append((node, verdict.logits[i + 1].clone()))
         self.kept = kept
-# [end:kept]
+        # [end:kept]
 
 
 def path_tokens(tree, node):
@@ -91,14 +91,18 @@ def test_verdict_draft_and_choose_size_are_built_like_this(model):
     device = "cpu"
     # a chain, or a tree with parents (-1 = the pending token) and optional acceptance probs
     chain = Draft.chain([11, 12, 13], device)
-    tree = Draft(torch.tensor([11, 12, 21]), torch.tensor([-1, 0, -1]), probs=torch.tensor([0.6, 0.3, 0.2]))
+    tree = Draft(
+        torch.tensor([11, 12, 21]), torch.tensor([-1, 0, -1]), probs=torch.tensor([0.6, 0.3, 0.2])
+    )
     assert tree.depths() == [1, 2, 1] and tree.best_path() == [11, 12]
     # a verdict: the accepted path's tokens and node ids, the model's next token (the bonus)
     verdict = Verdict(accepted=(11, 12), bonus=40, accepted_nodes=(0, 1), kv_slots=(0, 1, 2))
     assert verdict.committed == (11, 12, 40) and verdict.logit_rows == (0, 1, 2)
     # the tree size that maximises expected tokens per unit of cost: probs sorted high to low,
     # cost(w) the cost of a verifying block of w tokens, draft_cost what drafting spent
-    n, expected, cost = choose_size([0.9, 0.5, 0.2, 0.05], cost=lambda w: 1 + 0.1 * (w - 1), draft_cost=0.0)
+    n, expected, cost = choose_size(
+        [0.9, 0.5, 0.2, 0.05], cost=lambda w: 1 + 0.1 * (w - 1), draft_cost=0.0
+    )
     assert (n, round(expected, 2)) == (2, 2.4)  # 2.4 / 1.2 ties 2.6 / 1.3: the smaller tree
     # [end:constructors]
     assert chain.tokens.tolist() == [11, 12, 13] and not chain.is_tree
@@ -111,8 +115,9 @@ def test_a_model_free_drafter_sizes_its_tree_on_the_cost_curve(model, tmp_path):
     runner = selfspec.Runner(model)
     # this machine's cost of a full forward over w tokens, in one-token forwards; widths= are
     # the widths measured (a tree of up to 64 nodes verifies in a block of 65)
-    curve = cost_curve(runner, widths=(1, 2, 4, 8, 16, 32, 64, 65),
-                       store=ArtefactStore("drafttree", root=tmp_path))
+    curve = cost_curve(
+        runner, widths=(1, 2, 4, 8, 16, 32, 64, 65), store=ArtefactStore("drafttree", root=tmp_path)
+    )
     assert curve(1) == 1.0
     # a drafter without draft probabilities values each node by its own running rate: how
     # often a node at that depth (or that rank among its siblings) was accepted when drafted
@@ -162,18 +167,29 @@ class BrokenSuite(PluginSuite):  # not collected: the name does not start with "
 def test_the_suite_fails_a_broken_copy(tiny_model_factory):
     with pytest.raises(LosslessError, match="selfspec_verify"):  # the audit names the hook
         BrokenSuite().test_lossless("llama", "cpu", tiny_model_factory)
-# [end:suite-fails]
+        # [end:suite-fails]
 
 
 # --------------------------------------------------------------------------- stats via openai
 def test_the_openai_client_keeps_the_selfspec_stats():
     openai = pytest.importorskip("openai")
-    body = {"id": "cmpl-1", "object": "chat.completion", "created": 0, "model": "smollm2-135m-instruct",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "Paris."}}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
-            "selfspec": {"plugin": "lookup", "tau": 1.5, "steps": 2}}
-    response = openai.types.chat.ChatCompletion.model_validate(body)  # what client.chat.completions.create returns
+    body = {
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "smollm2-135m-instruct",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "Paris."},
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
+        "selfspec": {"plugin": "lookup", "tau": 1.5, "steps": 2},
+    }
+    # what client.chat.completions.create returns
+    response = openai.types.chat.ChatCompletion.model_validate(body)
     # [start:openai-stats]
     stats = response.model_dump()["selfspec"]  # or response.model_extra["selfspec"]
     assert stats["plugin"] == "lookup" and stats["tau"] == 1.5
@@ -185,7 +201,9 @@ def test_path_acceptance_compares_a_tree_with_a_chain(model):
     class Chain:
         @selfspec.hookimpl
         def selfspec_propose(self, state):
-            return Draft.chain(selfspec.reference_generate(model, state.committed.tolist(), 3), state.runner.device)
+            return Draft.chain(
+                selfspec.reference_generate(model, state.committed.tolist(), 3), state.runner.device
+            )
 
     class Tree(Chain):  # the same right chain, with a wrong sibling at every depth
         @selfspec.hookimpl
@@ -205,5 +223,6 @@ def test_path_acceptance_compares_a_tree_with_a_chain(model):
     tree = assert_lossless(model, Decoder(model, "tree", plugin_object=Tree), PROMPT, 24).stats
     assert chain.accepted == tree.accepted  # the same right path
     assert tree.acceptance == chain.acceptance / 2  # every sibling counts as drafted
-    assert tree.path_acceptance == chain.path_acceptance == chain.acceptance  # per depth: comparable
+    # per depth: comparable
+    assert tree.path_acceptance == chain.path_acceptance == chain.acceptance
     # [end:path-acceptance]

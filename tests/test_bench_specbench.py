@@ -2,10 +2,11 @@
 MT-bench turns; failed runs; the answer files as Spec-Bench's own scripts read them; and that no
 Spec-Bench text reaches a corpus or a development prompt.
 
-Set-up: a) a 4-layer Llama (every plugin runs on it) with random weights, float64, and a word-level tokenizer with a chat
-template (words it does not know read as ``<unk>``, so every Spec-Bench question encodes), with
-room for prompts of thousands of tokens; b) no timing is asserted: the answer-file test checks
-that Spec-Bench's computation on the files equals the bench's summary, whatever the figures.
+Set-up: a) a 4-layer Llama (every plugin runs on it) with random weights, float64, and a word-level
+tokenizer with a chat template (words it does not know read as ``<unk>``, so every Spec-Bench
+question encodes), with room for prompts of thousands of tokens; b) no timing is asserted: the
+answer-file test checks that Spec-Bench's computation on the files equals the bench's summary,
+whatever the figures.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from selfspec.app._bench.report import report as report_cmd
 from selfspec.app._data import Sample
 from selfspec.app._specbench import leak
 
-WORDS = ("the cat sat on a mat and then dog ran to because it was late write story about tell me more "
-         "translate summarize question answer one two three").split()
+WORDS = (
+    "the cat sat on a mat and then dog ran to because it was late write story about tell me more "
+    "translate summarize question answer one two three"
+).split()
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -45,9 +48,19 @@ def model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-specbench")
     tok = _tokenizer()
     torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=8192, eos_token_id=tok.eos_token_id,
-                      bos_token_id=None, pad_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        pad_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(cfg).eval().save_pretrained(d)
     tok.save_pretrained(d)
     return str(d)
@@ -61,8 +74,16 @@ def loaded(model_dir):
 
 
 def _two_turns(qid: str = "1") -> Sample:
-    return Sample("mt_bench", qid, "write a story about the cat", f"test:{qid}",
-                  meta={"category": "writing", "conversation": ["write a story about the cat", "tell me more about the dog"]})
+    return Sample(
+        "mt_bench",
+        qid,
+        "write a story about the cat",
+        f"test:{qid}",
+        meta={
+            "category": "writing",
+            "conversation": ["write a story about the cat", "tell me more about the dog"],
+        },
+    )
 
 
 # --------------------------------------------------------------------------- the questions
@@ -92,10 +113,13 @@ def test_questions_are_drawn_per_family_reproducibly():
     assert [s.id for s in sb.load_suite(2, seed=0)] == [s.id for s in two]
     assert [s.id for s in sb.load_suite(2, seed=1)] != [s.id for s in two]
     mt = sb.load_suite(8, seed=3, families=["mt_bench"])
-    assert sorted(s.meta["category"] for s in mt) == sorted(sb.MT_BENCH_CATEGORIES)  # the categories in turn
+    # the categories in turn
+    assert sorted(s.meta["category"] for s in mt) == sorted(sb.MT_BENCH_CATEGORIES)
     assert all(len(s.meta["conversation"]) == 2 for s in mt)
     # the draw of one family does not depend on which others are asked for
-    assert [s.id for s in sb.load_suite(3, families=["rag"])] == [s.id for s in sb.load_suite(3) if s.task == "rag"]
+    assert [s.id for s in sb.load_suite(3, families=["rag"])] == [
+        s.id for s in sb.load_suite(3) if s.task == "rag"
+    ]
     assert len(sb.load_suite()) == 480 and len(sb.load_suite(80)) == 480
     with pytest.raises(data.DataError, match="unknown Spec-Bench family"):
         sb.load_suite(1, families=["chat"])
@@ -105,12 +129,15 @@ def test_questions_are_drawn_per_family_reproducibly():
 def test_the_overlap_rule():
     q = next(q for q in sb.questions() if q["category"] == "math_reasoning")
     words = leak.words(q["turns"][0])
-    assert leak.overlaps("Some preamble. " + q["turns"][0].upper() + " and more")  # case and spacing ignored
+    # case and spacing ignored
+    assert leak.overlaps("Some preamble. " + q["turns"][0].upper() + " and more")
     assert leak.overlaps(" ".join(words[3 : 3 + leak.NGRAM]))  # 13 consecutive words suffice
     assert not leak.overlaps(" ".join(words[3 : 3 + leak.NGRAM - 2]))
     short = next(t for t in sb.texts() if leak.MIN_WORDS <= len(leak.words(t)) < leak.NGRAM)
     assert leak.overlaps(f"I was asked: {short} today")
-    assert not leak.overlaps("the cat sat on a mat and then the dog ran to the cat because it was late")
+    assert not leak.overlaps(
+        "the cat sat on a mat and then the dog ran to the cat because it was late"
+    )
 
 
 def _normalized(text: str) -> str:
@@ -133,7 +160,12 @@ def test_no_spec_bench_question_or_reference_is_in_any_corpus_or_dev_text():
     found = [p.strip()[:80] for p in probes if p in haystack]
     assert not found
     # the check can fail: the questions our own tasks share with Spec-Bench are held out of dev
-    held = [s for t in ("mtbench", "gsm8k") for s in data.load_task(t, "all") if s.split == data.HELD_OUT]
+    held = [
+        s
+        for t in ("mtbench", "gsm8k")
+        for s in data.load_task(t, "all")
+        if s.split == data.HELD_OUT
+    ]
     assert held and all(data.split_of(s.key) == "dev" for s in held)
     assert any(_normalized(s.prompt) in probes for s in held)
 
@@ -150,19 +182,39 @@ def test_turn_two_is_the_chat_with_the_method_s_own_first_answer(loaded):
         def run(ids, n, eos):
             calls[name].append(list(ids))
             return real[name](ids, n, eos)
+
         return run
 
-    recs = harness.run_bench(loaded, [_two_turns()], methods, max_new_tokens=6, warmup=0, progress=False,
-                             runners={m.name: observed(m.name) for m in methods})
-    assert [(r["method"], r["turn"]) for r in recs] == [("hf", 1), ("hf", 2), ("vanilla", 1), ("vanilla", 2)]
+    recs = harness.run_bench(
+        loaded,
+        [_two_turns()],
+        methods,
+        max_new_tokens=6,
+        warmup=0,
+        progress=False,
+        runners={m.name: observed(m.name) for m in methods},
+    )
+    assert [(r["method"], r["turn"]) for r in recs] == [
+        ("hf", 1),
+        ("hf", 2),
+        ("vanilla", 1),
+        ("vanilla", 2),
+    ]
     assert all(r["lossless"] and r["error"] is None for r in recs)
     for name in ("hf", "vanilla"):
         first = next(r for r in recs if r["method"] == name and r["turn"] == 1)
         answer = turns.answer_text(loaded.tokenizer, first["output_ids"])
-        expect = format_conversation(loaded, ["write a story about the cat", "tell me more about the dog"], [answer])
+        expect = format_conversation(
+            loaded, ["write a story about the cat", "tell me more about the dog"], [answer]
+        )
         assert calls[name] == [calls[name][0], expect]  # turn 1, then the chat with its own answer
-        assert next(r for r in recs if r["method"] == name and r["turn"] == 2)["prompt_tokens"] == len(expect)
-    assert next(r for r in recs if r["method"] == "vanilla" and r["turn"] == 2)["reference_prompt"] == "shared"
+        assert next(r for r in recs if r["method"] == name and r["turn"] == 2)[
+            "prompt_tokens"
+        ] == len(expect)
+    assert (
+        next(r for r in recs if r["method"] == "vanilla" and r["turn"] == 2)["reference_prompt"]
+        == "shared"
+    )
 
 
 def test_a_first_turn_that_differs_is_not_hidden_in_the_second(loaded):
@@ -172,18 +224,31 @@ def test_a_first_turn_that_differs_is_not_hidden_in_the_second(loaded):
 
     def bad(ids, n, eos):  # HF greedy's output with its first token changed, every turn
         run = hf(ids, n, eos)
-        return harness.Run([(run.output_ids[0] + 1) % 40 + 4, *run.output_ids[1:]], run.wall_time, run.forwards)
+        return harness.Run(
+            [(run.output_ids[0] + 1) % 40 + 4, *run.output_ids[1:]], run.wall_time, run.forwards
+        )
 
     def hf_observed(ids, n, eos):
         calls.append(list(ids))
         return hf(ids, n, eos)
 
-    recs = harness.run_bench(loaded, [_two_turns()], methods, max_new_tokens=5, warmup=0, progress=False,
-                             runners={"hf": hf_observed, "bad": bad})
+    recs = harness.run_bench(
+        loaded,
+        [_two_turns()],
+        methods,
+        max_new_tokens=5,
+        warmup=0,
+        progress=False,
+        runners={"hf": hf_observed, "bad": bad},
+    )
     r1, r2 = (next(r for r in recs if r["method"] == "bad" and r["turn"] == t) for t in (1, 2))
     assert r1["lossless"] is False and r1["diverged_at"] == 0
     # turn 2 ran on its own (different) chat, and was checked against HF greedy on that chat
-    assert r2["reference_prompt"] == "own-prompt" and r2["lossless"] is False and r2["diverged_at"] == 0
+    assert (
+        r2["reference_prompt"] == "own-prompt"
+        and r2["lossless"] is False
+        and r2["diverged_at"] == 0
+    )
     assert len(calls) == 3 and calls[2] != calls[1]
 
 
@@ -196,22 +261,44 @@ def test_a_run_that_raises_is_recorded_and_the_bench_goes_on(loaded, tmp_path, c
             raise RuntimeError("the prompt does not fit")
         return hf(ids, n, eos)
 
-    samples = [_two_turns("1"), Sample("qa", "2", "the cat", "test:2", meta={"category": "qa"}),
-               Sample("rag", "3", " ".join(["the cat sat on a mat"] * 300), "test:3", meta={"category": "rag"})]
+    samples = [
+        _two_turns("1"),
+        Sample("qa", "2", "the cat", "test:2", meta={"category": "qa"}),
+        Sample(
+            "rag", "3", " ".join(["the cat sat on a mat"] * 300), "test:3", meta={"category": "rag"}
+        ),
+    ]
     writer = answers.AnswerWriter(tmp_path, "tiny", ["hf", "short"])
-    recs = harness.run_bench(loaded, samples, methods, max_new_tokens=4, warmup=1, progress=False,
-                             runners={"hf": hf, "short": short}, on_sample=writer)
+    recs = harness.run_bench(
+        loaded,
+        samples,
+        methods,
+        max_new_tokens=4,
+        warmup=1,
+        progress=False,
+        runners={"hf": hf, "short": short},
+        on_sample=writer,
+    )
     failed = [r for r in recs if r["error"]]
-    assert {(r["task"], r["turn"]) for r in failed} == {("mt_bench", 1), ("rag", 1)}  # turn 2 never ran
-    assert all(r["method"] == "short" and r["lossless"] is None and r["new_tokens"] == 0 for r in failed)
+    # turn 2 never ran
+    assert {(r["task"], r["turn"]) for r in failed} == {("mt_bench", 1), ("rag", 1)}
+    assert all(
+        r["method"] == "short" and r["lossless"] is None and r["new_tokens"] == 0 for r in failed
+    )
     assert all("the prompt does not fit" in r["error"] for r in failed)
     assert next(r for r in recs if r["method"] == "short" and r["task"] == "qa")["lossless"] is True
     assert "ERROR short on rag/3" in capsys.readouterr().err
     rows = {(r["task"], r["method"]): r for r in results.summarize(recs)}
     assert rows[("all", "short")]["errors"] == 2 and rows[("qa", "short")]["errors"] == 0
     lines = results.read_jsonl(writer.paths["short"])
-    assert [line["choices"][0]["turns"][0] for line in lines] == ["ERROR", lines[1]["choices"][0]["turns"][0], "ERROR"]
-    assert [len(line["choices"][0]["turns"]) for line in results.read_jsonl(writer.paths["hf"])] == [2, 1, 1]
+    assert [line["choices"][0]["turns"][0] for line in lines] == [
+        "ERROR",
+        lines[1]["choices"][0]["turns"][0],
+        "ERROR",
+    ]
+    assert [
+        len(line["choices"][0]["turns"]) for line in results.read_jsonl(writer.paths["hf"])
+    ] == [2, 1, 1]
     assert "FAILED" in results.markdown({"rows": results.summarize(recs)})
 
 
@@ -220,9 +307,13 @@ def test_hf_accept_lengths_follow_the_positions_of_its_forwards(loaded):
     assert harness.accept_lengths_from_starts([0, 5, 8, 9], 5, 7) == [1, 3, 1, 2]  # drafts accepted
     assert harness.accept_lengths_from_starts([0, 5, None], 5, 3) is None
     assert harness.accept_lengths_from_starts([0, 5, 5], 5, 3) is None  # not all positive
-    ids = data.encode_sample(loaded, Sample("t", "0", "the cat sat on a mat the cat sat on a mat", "k"))
+    ids = data.encode_sample(
+        loaded, Sample("t", "0", "the cat sat on a mat the cat sat on a mat", "k")
+    )
     for kind in ("hf", "hf-pld"):
-        m = harness.Method(kind, kind, extra={"prompt_lookup_num_tokens": 3} if kind == "hf-pld" else {})
+        m = harness.Method(
+            kind, kind, extra={"prompt_lookup_num_tokens": 3} if kind == "hf-pld" else {}
+        )
         run = harness.make_runner(m, loaded.model, loaded.tokenizer)(ids, 10, set())
         assert run.accept_lengths is not None and sum(run.accept_lengths) == len(run.output_ids)
         assert len(run.accept_lengths) == run.forwards
@@ -239,11 +330,18 @@ def test_long_prompts_run_with_every_installed_plugin(loaded):
     text = " ".join(["summarize the story about the cat and the dog because it was late"] * 80)
     sample = Sample("summarization", "long", text, "test:long", meta={"category": "summarization"})
     assert len(data.encode_sample(loaded, sample)) > 1000
-    methods = [harness.Method("hf", "hf"), harness.Method.of_plugin(BUILTIN_METHOD),
-               *(harness.Method.of_plugin(p) for p in available() if p != BUILTIN_METHOD)]
-    recs = harness.run_bench(loaded, [sample], methods, max_new_tokens=1024, warmup=0, progress=False)
+    methods = [
+        harness.Method("hf", "hf"),
+        harness.Method.of_plugin(BUILTIN_METHOD),
+        *(harness.Method.of_plugin(p) for p in available() if p != BUILTIN_METHOD),
+    ]
+    recs = harness.run_bench(
+        loaded, [sample], methods, max_new_tokens=1024, warmup=0, progress=False
+    )
     assert not [(r["method"], r["error"]) for r in recs if r["error"]]
-    assert all(r["lossless"] for r in recs), [(r["method"], r["diverged_at"]) for r in recs if not r["lossless"]]
+    assert all(r["lossless"] for r in recs), [
+        (r["method"], r["diverged_at"]) for r in recs if not r["lossless"]
+    ]
 
 
 # --------------------------------------------------------------------------- answer files
@@ -254,39 +352,80 @@ def spec_bench_speed(path: Path, base_path: Path) -> dict[str, tuple[float, floa
     mt = set(sb.MT_BENCH_CATEGORIES)
 
     def read(p):
-        return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [
+            json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
 
     def group(rows, g):
-        return [r for r in rows if g == "overall" or (r["category"] in mt if g == "mt_bench" else r["category"] == g)]
+        return [
+            r
+            for r in rows
+            if g == "overall" or (r["category"] in mt if g == "mt_bench" else r["category"] == g)
+        ]
 
     out = {}
     for g in [*sb.FAMILIES, "overall"]:
         rows, base = group(read(path), g), group(read(base_path), g)
         if not rows:
             continue
-        speeds = [sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in rows]
-        speeds0 = [sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in base]
+        speeds = [
+            sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in rows
+        ]
+        speeds0 = [
+            sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in base
+        ]
         lengths = [x for r in rows for x in r["choices"][0]["accept_lengths"]]
-        out[g] = ((sum(speeds) / len(speeds)) / (sum(speeds0) / len(speeds0)),
-                  sum(lengths) / len(lengths) if lengths else None)
+        out[g] = (
+            (sum(speeds) / len(speeds)) / (sum(speeds0) / len(speeds0)),
+            sum(lengths) / len(lengths) if lengths else None,
+        )
     return out
 
 
 def test_answer_files_read_as_spec_bench_does_agree_with_the_summary(model_dir, tmp_path):
     out = tmp_path / "sb"
-    args = ["--model", model_dir, "--dtype", "float64", "--threads", "1", "--suite", "spec-bench", "--samples", "1",
-            "--max-new-tokens", "6", "--warmup", "0", "--plugin", "lookup", "--peers", "hf-pld", "--no-plot", "-q",
-            "--out", str(out)]
+    args = [
+        "--model",
+        model_dir,
+        "--dtype",
+        "float64",
+        "--threads",
+        "1",
+        "--suite",
+        "spec-bench",
+        "--samples",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--warmup",
+        "0",
+        "--plugin",
+        "lookup",
+        "--peers",
+        "hf-pld",
+        "--no-plot",
+        "-q",
+        "--out",
+        str(out),
+    ]
     res = CliRunner().invoke(bench, args)
     assert res.exit_code == 0, res.output + str(res.exception)
     summary = json.loads((out / results.SUMMARY).read_text())
-    assert summary["config"]["suite"] == "spec-bench" and summary["config"]["tasks"] == list(sb.FAMILIES)
+    assert summary["config"]["suite"] == "spec-bench" and summary["config"]["tasks"] == list(
+        sb.FAMILIES
+    )
     records = results.read_jsonl(out / results.RECORDS)
-    assert [r["task"] for r in records if r["method"] == "hf"] == ["mt_bench", "mt_bench", *sb.FAMILIES[1:]]
+    assert [r["task"] for r in records if r["method"] == "hf"] == [
+        "mt_bench",
+        "mt_bench",
+        *sb.FAMILIES[1:],
+    ]
     assert all(r["lossless"] for r in records)
     files = {p.name: p for p in (out / answers.MODEL_ANSWERS).iterdir()}
     model = summary["config"]["model"]
-    assert set(files) == {f"{answers.model_id(model, m)}.jsonl" for m in ("hf", "vanilla", "hf-pld", "lookup")}
+    assert set(files) == {
+        f"{answers.model_id(model, m)}.jsonl" for m in ("hf", "vanilla", "hf-pld", "lookup")
+    }
     base = files[f"{answers.model_id(model, 'hf')}.jsonl"]
     report = summary["spec_bench"]
     for method in ("hf", "vanilla", "hf-pld", "lookup"):
@@ -294,13 +433,31 @@ def test_answer_files_read_as_spec_bench_does_agree_with_the_summary(model_dir, 
         lines = results.read_jsonl(path)
         assert len(lines) == 6 and [sb.family_of(x["category"]) for x in lines] == list(sb.FAMILIES)
         for x in lines:  # the fields of SOURCE.md, exactly
-            assert set(x) == {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
+            assert set(x) == {
+                "question_id",
+                "category",
+                "answer_id",
+                "model_id",
+                "choices",
+                "tstamp",
+            }
             assert isinstance(x["question_id"], int) and x["model_id"] == path.stem
             (c,) = x["choices"]
-            assert set(c) == {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
+            assert set(c) == {
+                "index",
+                "turns",
+                "decoding_steps",
+                "new_tokens",
+                "wall_time",
+                "accept_lengths",
+            }
             n = 2 if x["category"] in sb.MT_BENCH_CATEGORIES else 1
-            assert c["index"] == 0 and all(len(c[k]) == n for k in ("turns", "decoding_steps", "new_tokens", "wall_time"))
-            assert sum(c["accept_lengths"]) == sum(c["new_tokens"]) and len(c["accept_lengths"]) == sum(c["decoding_steps"])
+            assert c["index"] == 0 and all(
+                len(c[k]) == n for k in ("turns", "decoding_steps", "new_tokens", "wall_time")
+            )
+            assert sum(c["accept_lengths"]) == sum(c["new_tokens"]) and len(
+                c["accept_lengths"]
+            ) == sum(c["decoding_steps"])
         theirs = spec_bench_speed(path, base)
         assert set(theirs) == {*sb.FAMILIES, "overall"}
         for g, (speedup, tau) in theirs.items():
@@ -313,20 +470,46 @@ def test_answer_files_read_as_spec_bench_does_agree_with_the_summary(model_dir, 
     res = CliRunner().invoke(report_cmd, [str(out), "--no-plot"])
     assert res.exit_code == 0, res.output
     again = json.loads((out / results.SUMMARY).read_text())["spec_bench"]["methods"]
-    assert again["lookup"]["overall"]["speedup"] == pytest.approx(report["methods"]["lookup"]["overall"]["speedup"])
+    assert again["lookup"]["overall"]["speedup"] == pytest.approx(
+        report["methods"]["lookup"]["overall"]["speedup"]
+    )
 
 
 def test_unknown_families_are_refused(model_dir, tmp_path):
-    res = CliRunner().invoke(bench, ["--model", model_dir, "--suite", "spec-bench", "--tasks", "chat",
-                                     "--out", str(tmp_path)])
+    res = CliRunner().invoke(
+        bench,
+        ["--model", model_dir, "--suite", "spec-bench", "--tasks", "chat", "--out", str(tmp_path)],
+    )
     assert res.exit_code == 2 and "unknown Spec-Bench family" in res.output
 
 
-def test_resume_keeps_finished_samples_runs_the_rest_and_refuses_another_command(model_dir, tmp_path):
+def test_resume_keeps_finished_samples_runs_the_rest_and_refuses_another_command(
+    model_dir, tmp_path
+):
     out = tmp_path / "sb"
-    args = ["--model", model_dir, "--dtype", "float64", "--threads", "1", "--suite", "spec-bench", "--samples", "1",
-            "--max-new-tokens", "5", "--warmup", "0", "--plugin", "lookup", "--no-peers", "--no-plot", "-q",
-            "--out", str(out)]
+    args = [
+        "--model",
+        model_dir,
+        "--dtype",
+        "float64",
+        "--threads",
+        "1",
+        "--suite",
+        "spec-bench",
+        "--samples",
+        "1",
+        "--max-new-tokens",
+        "5",
+        "--warmup",
+        "0",
+        "--plugin",
+        "lookup",
+        "--no-peers",
+        "--no-plot",
+        "-q",
+        "--out",
+        str(out),
+    ]
     res = CliRunner().invoke(bench, ["--resume", *args])
     assert res.exit_code == 2 and "no bench run to resume" in res.output
     res = CliRunner().invoke(bench, args)

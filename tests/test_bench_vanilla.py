@@ -1,4 +1,5 @@
-"""``lab/scripts/vanilla_vs_hf.py`` and ``selfspec.app._bench.vanilla`` on a tiny random model (no timing assertions)."""
+"""``lab/scripts/vanilla_vs_hf.py`` and ``selfspec.app._bench.vanilla`` on a tiny random model
+(no timing assertions)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,14 @@ sys.path.insert(0, str(SCRIPT.parent))
 import vanilla_vs_hf  # noqa: E402
 
 CONFIG = dict(
-    vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=256,
 )
 
 
@@ -43,16 +50,34 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _args(model_dir: Path, out: Path) -> list[str]:
     return [
-        "--model", str(model_dir), "--dtype", "float64", "--prompts", "2", "--max-new-tokens", "6",
-        "--repeats", "2", "--threads", str(torch.get_num_threads()), "--json", str(out),
+        "--model",
+        str(model_dir),
+        "--dtype",
+        "float64",
+        "--prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--repeats",
+        "2",
+        "--threads",
+        str(torch.get_num_threads()),
+        "--json",
+        str(out),
     ]
 
 
-def test_bench_reports_speed_and_equality(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bench_reports_speed_and_equality(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "bench.json"
     assert vanilla_vs_hf.main(_args(model_dir, out)) == 0
     printed = capsys.readouterr().out
-    assert "host[model] tok/s" in printed and "host[transposed] tok/s" in printed and "ratio" in printed
+    assert (
+        "host[model] tok/s" in printed
+        and "host[transposed] tok/s" in printed
+        and "ratio" in printed
+    )
 
     res = json.loads(out.read_text())
     assert res["methods"] == ["hf", "host[model]", "host[transposed]"]
@@ -70,7 +95,9 @@ def test_bench_reports_speed_and_equality(model_dir: Path, tmp_path: Path, capsy
         assert s["median_ratio"] == pytest.approx(1.0) if name == "hf" else s["median_ratio"] > 0
 
 
-def test_bench_flags_a_different_output(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_flags_a_different_output(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a) pretend HF generate answered differently from the 3rd token on: the check must see it
     real = bench.reference_generate
 
@@ -92,7 +119,9 @@ def test_the_script_runs_from_the_command_line(model_dir: Path, tmp_path: Path) 
     env = {**__import__("os").environ, "PYTHONPATH": str(Path(selfspec.__file__).parents[1])}
     args = _args(model_dir, out)
     args[args.index("--repeats") + 1] = "1"
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["all_equal"] is True
 
@@ -104,7 +133,9 @@ def test_the_module_has_no_command_line_of_its_own() -> None:
 
 def test_smoke_prompts_go_through_the_one_encoder(model_dir: Path) -> None:
     loaded = selfspec.app.load_model(model_dir, dtype="float64")
-    assert bench.prompt_ids(loaded, 2, 97) == [selfspec.app.format_prompt(loaded, t) for t in bench.SMOKE_PROMPTS[:2]]
+    assert bench.prompt_ids(loaded, 2, 97) == [
+        selfspec.app.format_prompt(loaded, t) for t in bench.SMOKE_PROMPTS[:2]
+    ]
     assert [len(p) for p in bench.prompt_ids(None, 2, 97)] == [20, 23]
 
 
@@ -121,7 +152,9 @@ def test_transposed_layout_equals_the_model_up_to_rounding() -> None:
     # the model itself is untouched; the runner's copies hold the transposed weights
     assert all(p.is_contiguous() for p in model.parameters())
     assert is_transposed(fast._run_layers[0].mlp.up_proj.weight)
-    assert fast._run_layers[0].input_layernorm.weight is model.model.layers[0].input_layernorm.weight
+    assert (
+        fast._run_layers[0].input_layernorm.weight is model.model.layers[0].input_layernorm.weight
+    )
     with pytest.raises(ValueError, match="unknown weight layout"):
         Runner(model, weight_layout="sideways")
 

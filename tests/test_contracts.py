@@ -18,8 +18,13 @@ import selfspec
 from selfspec._engine.contract import hooksdoc
 from selfspec.testing import PluginSuite
 
-TYPES = {"Draft": selfspec.Draft, "Verdict": selfspec.Verdict, "DecodeState": selfspec.DecodeState,
-         "Decoder": selfspec.Decoder, "PluginSuite": PluginSuite}
+TYPES = {
+    "Draft": selfspec.Draft,
+    "Verdict": selfspec.Verdict,
+    "DecodeState": selfspec.DecodeState,
+    "Decoder": selfspec.Decoder,
+    "PluginSuite": PluginSuite,
+}
 
 
 @pytest.mark.parametrize("name", sorted(TYPES))
@@ -47,8 +52,12 @@ def _code_files() -> list:
 
     root = Path(__file__).resolve().parents[1]
     roots = [root / "core", root / "tests", root / "plugins"]
-    return sorted(p for r in roots for p in r.rglob("*.py")
-                  if not {"build", ".venv", ".tox"} & set(p.relative_to(root).parts))
+    return sorted(
+        p
+        for r in roots
+        for p in r.rglob("*.py")
+        if not {"build", ".venv", ".tox"} & set(p.relative_to(root).parts)
+    )
 
 
 def test_code_comments_and_test_names_carry_no_issue_numbers_or_dates():

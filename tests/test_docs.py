@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_hooks_reference_is_generated_from_hookspecs():
-    # see docs/hooks.md: regenerate with `python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`
+    # see docs/hooks.md: regenerate with
+    # `python -m selfspec._engine.contract.hooksdoc > docs/hooks.md`
     assert (ROOT / "docs" / "hooks.md").read_text(encoding="utf-8") == hooksdoc.render()
 
 
@@ -67,14 +68,23 @@ def _slugs(md: Path) -> set[str]:
 
 
 #: the pages the API reference was split into: every link to one of their anchors must land
-SPLIT_PAGES = ("docs/api.md", "docs/faq.md", "docs/composition.md", "docs/tree-drafts.md",
-               "docs/weight-formats.md", "docs/api/selfspec.md", "docs/api/provisional.md",
-               "docs/api/app.md", "docs/api/testing.md")
+SPLIT_PAGES = (
+    "docs/api.md",
+    "docs/faq.md",
+    "docs/composition.md",
+    "docs/tree-drafts.md",
+    "docs/weight-formats.md",
+    "docs/api/selfspec.md",
+    "docs/api/provisional.md",
+    "docs/api/app.md",
+    "docs/api/testing.md",
+)
 
 
 def test_links_into_the_api_pages_and_the_faq_land_on_a_heading():
-    files = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     files = sorted({*files, *SPLIT_PAGES})
     targets = {(ROOT / p).resolve(): _slugs(ROOT / p) for p in SPLIT_PAGES}
     bad = []
@@ -107,10 +117,21 @@ def test_code_included_in_docs_matches_the_real_files():
 
 
 # --------------------------------------------------------------------------- attributes in docs
-#: the variable names docs use for the host's types, and the attributes that lead from one to another
-_VARS = {"state": "DecodeState", "verdict": "Verdict", "draft": "Draft", "result": "Result", "stats": "Stats",
-         "runner": "Runner"}
-_LINKS = {("DecodeState", "runner"): "Runner", ("DecodeState", "stats"): "Stats", ("Result", "stats"): "Stats"}
+#: the variable names docs use for the host's types, and the attributes that lead from one to
+#: another
+_VARS = {
+    "state": "DecodeState",
+    "verdict": "Verdict",
+    "draft": "Draft",
+    "result": "Result",
+    "stats": "Stats",
+    "runner": "Runner",
+}
+_LINKS = {
+    ("DecodeState", "runner"): "Runner",
+    ("DecodeState", "stats"): "Stats",
+    ("Result", "stats"): "Stats",
+}
 # a module's file name (`runner.py`) is not an attribute chain
 _CHAIN = re.compile(r"(?<![\w./])(" + "|".join(_VARS) + r")((?:\.[A-Za-z_]\w*)+)(?!\w)(?<!\.py)")
 
@@ -146,7 +167,11 @@ def _mentioned(section: str, attr: str) -> bool:
 def _attributes_used_in_docs() -> dict[tuple[str, str], str]:
     """``{(class, attribute): file}`` for every ``state.x``, ``verdict.x``, ``state.runner.x``, ...
     in the docs, the README and the plugins' READMEs."""
-    files = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md", *sorted((ROOT / "plugins").glob("*/README.md"))]
+    files = [
+        *sorted((ROOT / "docs").rglob("*.md")),
+        ROOT / "README.md",
+        *sorted((ROOT / "plugins").glob("*/README.md")),
+    ]
     used: dict[tuple[str, str], str] = {}
     for path in files:
         for m in _CHAIN.finditer(path.read_text(encoding="utf-8")):
@@ -161,16 +186,25 @@ def _attributes_used_in_docs() -> dict[tuple[str, str], str]:
 
 def test_every_attribute_the_docs_use_exists_and_is_documented_in_the_api_page():
     used = _attributes_used_in_docs()
-    assert ("DecodeState", "committed") in used and ("Runner", "n_layers") in used  # the scan finds them
-    unknown = sorted(f"{c}.{a} ({f})" for (c, a), f in used.items() if a not in _public_attributes(c))
+    # the scan finds them
+    assert ("DecodeState", "committed") in used and ("Runner", "n_layers") in used
+    unknown = sorted(
+        f"{c}.{a} ({f})" for (c, a), f in used.items() if a not in _public_attributes(c)
+    )
     assert not unknown, f"the docs use attributes that do not exist: {unknown}"
-    missing = sorted(f"{c}.{a} ({f})" for (c, a), f in used.items() if not _mentioned(_api_section(c), a))
+    missing = sorted(
+        f"{c}.{a} ({f})" for (c, a), f in used.items() if not _mentioned(_api_section(c), a)
+    )
     assert not missing, f"docs/api/selfspec.md does not document attributes the docs use: {missing}"
 
 
 def test_every_public_attribute_of_the_hook_types_is_documented_in_the_api_page():
-    missing = sorted(f"{c}.{a}" for c in sorted(set(_VARS.values())) for a in _public_attributes(c)
-                     if not _mentioned(_api_section(c), a))
+    missing = sorted(
+        f"{c}.{a}"
+        for c in sorted(set(_VARS.values()))
+        for a in _public_attributes(c)
+        if not _mentioned(_api_section(c), a)
+    )
     assert not missing, f"docs/api/selfspec.md does not document {missing}"
 
 
@@ -181,12 +215,24 @@ def test_the_attribute_checks_can_fail():
 
 
 def test_the_kits_tools_are_one_extra_away_and_the_docs_say_so():
-    line = re.search(r"^test = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)  # the extra
-    assert line and {re.split(r"[<>=!~ ]", r.strip(' "'))[0] for r in line[1].split(",")} >= {"pytest", "hypothesis"}
-    for page in ("docs/tutorial-first-plugin.md", "docs/testing-plugins.md", "plugins/_template/README.md"):
+    line = re.search(
+        r"^test = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M
+    )  # the extra
+    assert line and {re.split(r"[<>=!~ ]", r.strip(' "'))[0] for r in line[1].split(",")} >= {
+        "pytest",
+        "hypothesis",
+    }
+    for page in (
+        "docs/tutorial-first-plugin.md",
+        "docs/testing-plugins.md",
+        "plugins/_template/README.md",
+    ):
         assert "pip install -e '.[test]'" in (ROOT / page).read_text(encoding="utf-8"), page
-    extras = re.search(r"-e '\.\[([a-z,]+)\]'", (ROOT / "scripts" / "demo.sh").read_text(encoding="utf-8"))
-    assert extras and {"bench", "serve", "test"} <= set(extras[1].split(","))  # the demo installs these
+    extras = re.search(
+        r"-e '\.\[([a-z,]+)\]'", (ROOT / "scripts" / "demo.sh").read_text(encoding="utf-8")
+    )
+    # the demo installs these
+    assert extras and {"bench", "serve", "test"} <= set(extras[1].split(","))
 
 
 def _environment_table() -> set[str]:
@@ -196,7 +242,11 @@ def _environment_table() -> set[str]:
 
 
 def test_every_environment_variable_the_code_reads_is_in_the_cli_pages_table():
-    code = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "core" / "selfspec").rglob("*.py"))
+    code = "\n".join(
+        p.read_text(encoding="utf-8") for p in (ROOT / "core" / "selfspec").rglob("*.py")
+    )
     read = set(re.findall(r"[\"'](SELFSPEC_[A-Z_]+)[\"']", code))
     assert read, "no SELFSPEC_* variable found: the pattern is wrong"
-    assert read <= _environment_table(), f"missing from docs/cli.md's Environment table: {read - _environment_table()}"
+    assert read <= _environment_table(), (
+        f"missing from docs/cli.md's Environment table: {read - _environment_table()}"
+    )

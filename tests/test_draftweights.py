@@ -30,13 +30,34 @@ from selfspec.testing import ARCHS, tiny_model
 
 BNB = linears.bnb_module() is not None
 FP16 = cpu_capability().onednn_fp16
-CPU = ("int8", "int8-dynamic", "int8-intmm", "int8-weights", "int4", "bf16") + (("bnb-int8",) if BNB else ()) + (
-    ("fp16-weights",) if FP16 else ())
+CPU = (
+    ("int8", "int8-dynamic", "int8-intmm", "int8-weights", "int4", "bf16")
+    + (("bnb-int8",) if BNB else ())
+    + (("fp16-weights",) if FP16 else ())
+)
 # see a)
-BOUND = {"int8": 0.12, "int8-dynamic": 0.12, "int8-intmm": 0.12, "int8-weights": 0.03, "int4": 0.5, "fp16-weights": 0.01, "bf16": 0.02,
-         "bnb-int8": 0.12, "bnb-nf4": 0.5}
-AGREE = {"int8": 0.6, "int8-dynamic": 0.6, "int8-intmm": 0.6, "int8-weights": 0.8, "int4": 0.2, "fp16-weights": 0.9, "bf16": 0.8,
-         "bnb-int8": 0.6, "bnb-nf4": 0.2}
+BOUND = {
+    "int8": 0.12,
+    "int8-dynamic": 0.12,
+    "int8-intmm": 0.12,
+    "int8-weights": 0.03,
+    "int4": 0.5,
+    "fp16-weights": 0.01,
+    "bf16": 0.02,
+    "bnb-int8": 0.12,
+    "bnb-nf4": 0.5,
+}
+AGREE = {
+    "int8": 0.6,
+    "int8-dynamic": 0.6,
+    "int8-intmm": 0.6,
+    "int8-weights": 0.8,
+    "int4": 0.2,
+    "fp16-weights": 0.9,
+    "bf16": 0.8,
+    "bnb-int8": 0.6,
+    "bnb-nf4": 0.2,
+}
 
 
 def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
@@ -44,14 +65,19 @@ def test_auto_is_int8_on_cpu_and_impossible_backends_are_refused():
     assert resolve_backend("none", torch.device("cpu")) == "none"
     with pytest.raises(DraftWeightsError, match="CPU only"):
         resolve_backend("int8", torch.device("meta"))
-    with pytest.raises(DraftWeightsError, match="unknown draft weights 'int8native'; choose one of auto, none, int8"):
+    with pytest.raises(
+        DraftWeightsError,
+        match="unknown draft weights 'int8native'; choose one of auto, none, int8",
+    ):
         resolve_backend("int8native", torch.device("cpu"))
 
 
 @pytest.mark.skipif(BNB, reason="bitsandbytes is installed here")
 def test_bitsandbytes_formats_are_refused_without_it_saying_how_to_get_it():
     for backend in ("bnb-int8", "bnb-nf4"):
-        with pytest.raises(DraftWeightsError, match=r"needs bitsandbytes \(pip install 'selfspec\[bnb\]'\)"):
+        with pytest.raises(
+            DraftWeightsError, match=r"needs bitsandbytes \(pip install 'selfspec\[bnb\]'\)"
+        ):
             resolve_backend(backend, torch.device("cpu"))
 
 
@@ -87,7 +113,9 @@ def test_bnb_nf4_computes_the_product_of_its_own_dequantized_weights(rows):
     x = torch.randn(1, rows, 128)
     want = x.double() @ deq.double().T + b.double()
     got = lin(x).double()
-    assert ((got - want).abs() <= 3 * 2**-8 * (x.double().abs() @ deq.double().abs().T) + 0.02).all()
+    assert (
+        (got - want).abs() <= 3 * 2**-8 * (x.double().abs() @ deq.double().abs().T) + 0.02
+    ).all()
     assert lin(x).dtype == torch.float32 and lin.nbytes() >= 64 * 128 // 2
 
 
@@ -110,20 +138,28 @@ def test_fp16_weights_are_refused_where_onednn_has_no_float16_kernels():
 
 @pytest.mark.parametrize("backend", ["int8", "int8-dynamic", "int8-intmm"])
 @pytest.mark.parametrize("rows", [1, 5, 17])
-def test_int8_products_compute_the_int8_weights_product_within_their_activations_rounding(backend, rows):
+def test_int8_products_compute_the_int8_weights_product_within_their_activations_rounding(
+    backend, rows
+):
     # the same int8 weights and scales as int8-weights; activations rounded to 8 bits (int8: one
     # scale for the block, int8-intmm: one per row), so each row is off by at most half a step
     # of its activation scale times the sum of the weights' magnitudes
     w, b = torch.randn(70, 45), torch.randn(70)
     x = torch.randn(2, rows, 45)
-    lin = {"int8": linears.Int8Linear, "int8-dynamic": linears.DynamicInt8Linear,
-           "int8-intmm": linears.IntMmLinear}[backend](w, b)
+    lin = {
+        "int8": linears.Int8Linear,
+        "int8-dynamic": linears.DynamicInt8Linear,
+        "int8-intmm": linears.IntMmLinear,
+    }[backend](w, b)
     q, scale = linears.quantize_rows(w)
     deq = q.double() * scale.double()[:, None]
     want = x.double() @ deq.T + b.double()
     # int8-dynamic rounds to 7 bits (reduce_range) over the block's range, offset included
-    step = {"int8": x.abs().amax() / 127, "int8-dynamic": (x.amax() - x.amin()) / 127,
-            "int8-intmm": x.abs().amax(-1, keepdim=True) / 127}[backend]
+    step = {
+        "int8": x.abs().amax() / 127,
+        "int8-dynamic": (x.amax() - x.amin()) / 127,
+        "int8-intmm": x.abs().amax(-1, keepdim=True) / 127,
+    }[backend]
     bound = step.double() / 2 * deq.abs().sum(1) + 1e-4
     assert ((lin(x).double() - want).abs() <= bound).all()
     assert lin.nbytes() == 70 * 45 + 70 * 4 + 70 * 4 + (70 * 4 if backend == "int8-dynamic" else 0)
@@ -143,13 +179,19 @@ def test_auto_measures_every_registered_copy_that_runs_here(monkeypatch):
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     assert shadow.measured_backend(runner) == "int8"
     assert seen["candidates"] == candidates("draft", "cpu", torch.float32)
-    assert {"none", "int8", "int8-dynamic", "int8-intmm", "int8-weights", "int4", "bf16"} <= set(seen["candidates"])
+    assert {"none", "int8", "int8-dynamic", "int8-intmm", "int8-weights", "int4", "bf16"} <= set(
+        seen["candidates"]
+    )
     assert ("bnb-int8" in seen["candidates"]) == BNB
 
 
 @settings(max_examples=30, deadline=None)
-@given(out_f=st.integers(1, 40), in_f=st.integers(1, 100), group=st.sampled_from([4, 32, 64]),
-       seed=st.integers(0, 2**16))
+@given(
+    out_f=st.integers(1, 40),
+    in_f=st.integers(1, 100),
+    group=st.sampled_from([4, 32, 64]),
+    seed=st.integers(0, 2**16),
+)
 def test_4bit_groups_hold_codes_0_to_15_within_half_a_step_of_the_weight(out_f, in_f, group, seed):
     w = torch.randn(out_f, in_f, generator=torch.Generator().manual_seed(seed)) * 3
     codes, scale, offset = linears.quantize_groups(w, group)
@@ -278,7 +320,8 @@ def test_bad_vocabularies_are_refused():
 def test_quantization_is_the_same_in_any_chunking(monkeypatch):
     w = torch.randn(37, 16)
     q_all, s_all = linears.quantize_rows(w)
-    monkeypatch.setattr(quantize, "CHUNK_ROWS", 5)  # built a few rows at a time (the quantizers' own constant)
+    # built a few rows at a time (the quantizers' own constant)
+    monkeypatch.setattr(quantize, "CHUNK_ROWS", 5)
     q, s = linears.quantize_rows(w)
     assert torch.equal(q, q_all) and torch.equal(s, s_all)
     assert (q.float() * s[:, None] - w).abs().max() <= s.max() / 2 + 1e-6
@@ -375,7 +418,9 @@ def test_quantizing_leaves_the_weight_it_reads_untouched(in_features):
     assert torch.equal(w, before)
     assert codes.dtype == torch.uint8 and int(codes.max()) <= 15 and q.dtype == torch.int8
     groups = torch.arange(in_features) // linears.INT4_GROUP
-    assert (codes.float() * scale[:, groups] + offset[:, groups] - w).abs().max() <= scale.max() / 2 + 1e-6
+    assert (
+        codes.float() * scale[:, groups] + offset[:, groups] - w
+    ).abs().max() <= scale.max() / 2 + 1e-6
 
 
 def test_copies_built_through_the_reused_buffer_equal_copies_built_without_it_and_it_is_freed():
@@ -394,7 +439,9 @@ def test_copies_built_through_the_reused_buffer_equal_copies_built_without_it_an
         reused = compressed_layer(layer, "int8-weights")
         attn = layer.self_attn
         stack = stacked_weight([attn.q_proj, attn.k_proj, attn.v_proj])
-        assert torch.equal(stack, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        assert torch.equal(
+            stack, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        )
         assert layers_mod._BUFFER  # lent while open
     assert not layers_mod._BUFFER  # freed on exit
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):

@@ -1,5 +1,6 @@
 """Embedded models split over bare part packages (the Qwen2.5-Coder models): joining, checking,
-the one-line errors, `specdec models`; the real models' own tests are marked and skip without them."""
+the one-line errors, `specdec models`; the real models' own tests are marked and skip without
+them."""
 
 from __future__ import annotations
 
@@ -28,7 +29,14 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
 
 
-def _fake_parts(tmp_path, monkeypatch, chunks: list[bytes], *, sha: str | None = None, present: int | None = None) -> Parts:
+def _fake_parts(
+    tmp_path,
+    monkeypatch,
+    chunks: list[bytes],
+    *,
+    sha: str | None = None,
+    present: int | None = None,
+) -> Parts:
     root = tmp_path / "site"
     for n, chunk in enumerate(chunks[: present if present is not None else len(chunks)], start=1):
         pkg = root / f"fakepart{n}"
@@ -38,8 +46,16 @@ def _fake_parts(tmp_path, monkeypatch, chunks: list[bytes], *, sha: str | None =
     monkeypatch.syspath_prepend(str(root))
     importlib.invalidate_caches()
     whole = b"".join(chunks)
-    return Parts("fake-part", "fakepart", len(chunks), "1.0", "fake.gguf", len(whole),
-                 sha or hashlib.sha256(whole).hexdigest(), "a fake model")
+    return Parts(
+        "fake-part",
+        "fakepart",
+        len(chunks),
+        "1.0",
+        "fake.gguf",
+        len(whole),
+        sha or hashlib.sha256(whole).hexdigest(),
+        "a fake model",
+    )
 
 
 def test_parts_join_in_order_and_check_the_sha256(tmp_path, monkeypatch):
@@ -80,7 +96,9 @@ def test_the_joined_file_is_found_in_the_cache_without_joining_again(tmp_path, m
 
 
 def test_qwen_pins_are_the_published_ones():
-    assert QWEN_1_5B.count == 22 and QWEN_1_5B.version == "0.2.0" and QWEN_1_5B.size == 1_117_320_768
+    assert (
+        QWEN_1_5B.count == 22 and QWEN_1_5B.version == "0.2.0" and QWEN_1_5B.size == 1_117_320_768
+    )
     assert QWEN_1_5B.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
     assert QWEN_0_5B.count == 6 and QWEN_0_5B.version == "0.9.0" and QWEN_0_5B.size == 491_400_064
     assert QWEN_0_5B.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
@@ -93,7 +111,9 @@ def test_pyproject_extras_pin_the_same_parts():
     from pathlib import Path
 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     assert extras["qwen-1_5b"] == QWEN_1_5B.requirements()
     assert extras["qwen-0_5b"] == QWEN_0_5B.requirements()
 
@@ -126,7 +146,8 @@ def test_bf16_gets_its_own_copy_only_without_a_float32_one(tmp_path, monkeypatch
     assert convert.converted_copies(gguf) == ["bf16"]
     (root / key).mkdir()
     (root / key / convert._MARKER).write_text("{}")
-    assert convert._converted(gguf, torch.bfloat16) == root / key  # the float32 copy serves bf16 too
+    # the float32 copy serves bf16 too
+    assert convert._converted(gguf, torch.bfloat16) == root / key
     assert convert._converted(gguf, torch.float32) == root / key
     assert convert.converted_copies(gguf) == ["float32", "bf16"]
 
@@ -137,7 +158,10 @@ def _installed(name: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _installed("qwen2.5-coder-0.5b"), reason="needs `specdec models install qwen2.5-coder-0.5b` (0.5 GB)")
+@pytest.mark.skipif(
+    not _installed("qwen2.5-coder-0.5b"),
+    reason="needs `specdec models install qwen2.5-coder-0.5b` (0.5 GB)",
+)
 def test_qwen_0_5b_decodes_losslessly(monkeypatch):
     monkeypatch.delenv(models.CACHE_ENV)  # the user's cache, where the converted copy is
     from selfspec import Decoder
@@ -145,9 +169,14 @@ def test_qwen_0_5b_decodes_losslessly(monkeypatch):
 
     loaded = models.load("qwen2.5-coder-0.5b")
     assert loaded.chat and len(loaded.model.model.layers) == 24
-    assert loaded.model.get_output_embeddings().weight.data_ptr() != loaded.model.get_input_embeddings().weight.data_ptr()
+    assert (
+        loaded.model.get_output_embeddings().weight.data_ptr()
+        != loaded.model.get_input_embeddings().weight.data_ptr()
+    )
     ids = models.format_prompt(loaded, "Write a Python function that reverses a string.")
     ref = reference_generate(loaded.model, ids, 24, eos_token_ids=loaded.eos_token_ids)
-    got = Decoder(loaded.model, "lookup").generate(ids, max_new_tokens=24, eos_token_ids=loaded.eos_token_ids)
+    got = Decoder(loaded.model, "lookup").generate(
+        ids, max_new_tokens=24, eos_token_ids=loaded.eos_token_ids
+    )
     cmp = compare(loaded.model, ids, got.output_ids, ref)
     assert cmp.equal or cmp.near_tie

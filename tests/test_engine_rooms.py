@@ -58,22 +58,34 @@ def _imports(path: Path) -> list[tuple[int, str, bool]]:
 
 
 def test_every_engine_module_lives_in_a_room():
-    loose = [str(p.relative_to(ENGINE)) for p in _modules() if p.relative_to(ENGINE).parts[0] not in ROOMS]
+    loose = [
+        str(p.relative_to(ENGINE))
+        for p in _modules()
+        if p.relative_to(ENGINE).parts[0] not in ROOMS
+    ]
     assert not loose, f"modules outside the four rooms {ROOMS}: {loose}"
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ENGINE)))
 def test_a_module_imports_only_its_room_and_the_rooms_below(path):
     own = ROOMS.index(path.relative_to(ENGINE).parts[0])
-    up = [f"line {n}: {m}" for n, m, _ in _imports(path)
-          if (room := _room(m)) in ROOMS and ROOMS.index(room) < own]
+    up = [
+        f"line {n}: {m}"
+        for n, m, _ in _imports(path)
+        if (room := _room(m)) in ROOMS and ROOMS.index(room) < own
+    ]
     assert not up, f"{path.relative_to(ENGINE)} imports a room above its own: {up}"
 
 
 def test_the_engine_is_not_imported_from_above_the_public_namespaces():
     # nothing under _engine imports the app or the kit: they sit on the public namespaces
-    bad = [f"{p.relative_to(ENGINE)} line {n}: {m}" for p in _modules() for n, m, _ in _imports(p)
-           if m.startswith(("selfspec.app", "selfspec.testing")) or m in ("selfspec", "selfspec.provisional")]
+    bad = [
+        f"{p.relative_to(ENGINE)} line {n}: {m}"
+        for p in _modules()
+        for n, m, _ in _imports(p)
+        if m.startswith(("selfspec.app", "selfspec.testing"))
+        or m in ("selfspec", "selfspec.provisional")
+    ]
     assert not bad, bad
 
 
@@ -86,11 +98,17 @@ def test_function_local_imports_are_few_and_each_says_why():
             if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 for node in ast.walk(fn):
                     if isinstance(node, ast.Import | ast.ImportFrom):
-                        text = " ".join(lines[node.lineno - 1: node.end_lineno])
-                        local.append((f"{path.relative_to(ENGINE)}:{node.lineno}", "# here:" in text))
-    assert len(local) <= MAX_LOCAL_IMPORTS, f"{len(local)} function-local imports: {[w for w, _ in local]}"
+                        text = " ".join(lines[node.lineno - 1 : node.end_lineno])
+                        local.append(
+                            (f"{path.relative_to(ENGINE)}:{node.lineno}", "# here:" in text)
+                        )
+    assert len(local) <= MAX_LOCAL_IMPORTS, (
+        f"{len(local)} function-local imports: {[w for w, _ in local]}"
+    )
     unexplained = [where for where, why in local if not why]
-    assert not unexplained, f"function-local imports without a '# here: <reason>' comment: {unexplained}"
+    assert not unexplained, (
+        f"function-local imports without a '# here: <reason>' comment: {unexplained}"
+    )
 
 
 def test_the_check_sees_an_upward_import(tmp_path):
@@ -98,8 +116,10 @@ def test_the_check_sees_an_upward_import(tmp_path):
     room = tmp_path / "core" / "selfspec" / "_engine" / "runner"
     room.mkdir(parents=True)
     probe = room / "probe.py"
-    probe.write_text("from selfspec._engine.contract.types import Draft\n"
-                     "def f():\n    import selfspec._engine.tuning.machine  # here: a reason\n")
+    probe.write_text(
+        "from selfspec._engine.contract.types import Draft\n"
+        "def f():\n    import selfspec._engine.tuning.machine  # here: a reason\n"
+    )
     global ENGINE
     saved, ENGINE = ENGINE, tmp_path / "core" / "selfspec" / "_engine"
     try:

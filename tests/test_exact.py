@@ -22,8 +22,12 @@ def placement(request, monkeypatch):
     from selfspec._engine.runner import exact, exact_attention
 
     if request.param == "rows-in-groups":
-        monkeypatch.setattr(exact_attention, "attention_rows_invariant", lambda *a: len(a) < 4 or a[3] == exact.ROWS)
-        monkeypatch.setattr(exact, "row_invariant", lambda product, width, like: width == exact.ROWS)
+        monkeypatch.setattr(
+            exact_attention, "attention_rows_invariant", lambda *a: len(a) < 4 or a[3] == exact.ROWS
+        )
+        monkeypatch.setattr(
+            exact, "row_invariant", lambda product, width, like: width == exact.ROWS
+        )
     if request.param == "each-row-alone":
         monkeypatch.setattr(exact_attention, "attention_rows_invariant", lambda *a: False)
         monkeypatch.setattr(exact, "row_invariant", lambda *a: False)
@@ -39,16 +43,23 @@ def _steps(r: Runner, ids: torch.Tensor, start: int, path: list[int]) -> torch.T
     """Logits of one-token forwards over ``ids[:start]`` then the tokens ``path``."""
     cache = r.new_cache(start + len(path) + 1)
     r.forward(ids[:start], cache=cache, start=0, logits=None)
-    rows = [r.forward(torch.tensor([t]), cache=cache, start=start + i).logits[-1] for i, t in enumerate(path)]
+    rows = [
+        r.forward(torch.tensor([t]), cache=cache, start=start + i).logits[-1]
+        for i, t in enumerate(path)
+    ]
     return torch.stack(rows)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize(("start", "k"), [(7, 20), (60, 8), (128, 3)], ids=["short", "across-a-key-block", "long"])
+@pytest.mark.parametrize(
+    ("start", "k"), [(7, 20), (60, 8), (128, 3)], ids=["short", "across-a-key-block", "long"]
+)
 def test_a_block_equals_its_one_token_forwards_bitwise(arch, dtype, start, k, placement):
     r = _runner(arch, DTYPES[dtype])
-    ids = torch.randint(0, r.vocab_size, (start + k,), generator=torch.Generator().manual_seed(start))
+    ids = torch.randint(
+        0, r.vocab_size, (start + k,), generator=torch.Generator().manual_seed(start)
+    )
     one = _steps(r, ids, start, ids[start:].tolist())
     cache = r.new_cache(start + k)
     r.forward(ids[:start], cache=cache, start=0, logits=None)
@@ -69,9 +80,14 @@ def test_every_tree_node_equals_the_one_token_forwards_along_its_path(arch, dtyp
     nodes = torch.randint(0, r.vocab_size, (len(parents),), generator=g)
     cache = r.new_cache(start + 1 + len(parents))
     r.forward(ids[:start], cache=cache, start=0, logits=None)
-    block = torch.cat([ids[start:start + 1], nodes])
-    out = r.forward(block, cache=cache, start=start, block_mask=masks.tree(parents),
-                    positions=masks.tree_positions(parents, start)).logits
+    block = torch.cat([ids[start : start + 1], nodes])
+    out = r.forward(
+        block,
+        cache=cache,
+        start=start,
+        block_mask=masks.tree(parents),
+        positions=masks.tree_positions(parents, start),
+    ).logits
     for i in range(len(parents)):
         path, j = [], i
         while j >= 0:
@@ -88,12 +104,22 @@ def test_exact_forwards_compute_the_same_logits_as_the_default_mode_up_to_roundi
 
     torch.manual_seed(0)
     model = tiny_model(arch).to(torch.float64)
-    exact, plain = Runner(model, weight_layout="model", exact=True), Runner(model, weight_layout="model")
+    exact, plain = (
+        Runner(model, weight_layout="model", exact=True),
+        Runner(model, weight_layout="model"),
+    )
     g = torch.Generator().manual_seed(3)
     start, parents = 70, torch.tensor([-1, -1, 0, 0, 1, 2, 2, 4, 5, 8, -1, 3])
     ids = torch.randint(0, exact.vocab_size, (start + 1 + len(parents),), generator=g)
     for chain in (True, False):  # keys in slot order, and a tree's nodes gathered in position order
-        kw = {} if chain else {"block_mask": masks.tree(parents), "positions": masks.tree_positions(parents, start)}
+        kw = (
+            {}
+            if chain
+            else {
+                "block_mask": masks.tree(parents),
+                "positions": masks.tree_positions(parents, start),
+            }
+        )
         outs = []
         for r in (exact, plain):
             cache = r.new_cache(len(ids))
@@ -111,8 +137,10 @@ def test_rows_with_equal_keys_share_products_in_order_and_alone_rows_are_first_i
     places = list(zip(group.tolist(), row.tolist()))
     assert len(set(places)) == len(keys)  # no two rows in one place
     for g in set(group.tolist()):
-        assert {int(k) for k in keys[group == g]} == {int(owner[g])}  # a product holds one key's rows
-        assert sorted(row[group == g].tolist()) == list(range(int((group == g).sum())))  # from row 0 on
+        # a product holds one key's rows
+        assert {int(k) for k in keys[group == g]} == {int(owner[g])}
+        # from row 0 on
+        assert sorted(row[group == g].tolist()) == list(range(int((group == g).sum())))
     assert owner.tolist() == [2, 5, 7, 7]  # the 9 rows of key 7 take two products
     group, row, owner = _place(keys, alone=True)
     assert group.tolist() == list(range(len(keys))) and row.tolist() == [0] * len(keys)
@@ -143,7 +171,11 @@ def test_a_product_runs_as_wide_as_was_checked_row_invariant_and_equals_one_toke
     from selfspec._engine.runner import exact
 
     exact._checked.clear()
-    inner = _Rounding(widest=16) if kind == "rounds-by-width" else _Rounding(by_place=kind == "rounds-by-place")
+    inner = (
+        _Rounding(widest=16)
+        if kind == "rounds-by-width"
+        else _Rounding(by_place=kind == "rounds-by-place")
+    )
     rows = exact.RowInvariantLinear(inner)
     x = torch.randn(30, 6)
     with torch.no_grad():
@@ -154,8 +186,12 @@ def test_a_product_runs_as_wide_as_was_checked_row_invariant_and_equals_one_toke
     assert torch.equal(block, alone)
     width, R = -(-30 // exact.ROWS) * exact.ROWS, exact.ROWS
     # invariant: the 30 rows unpadded; else padded to a multiple of ROWS, in groups or alone
-    used = {"invariant": [30], "rounds-by-width": [R] * (width // R), "rounds-by-place": [R] * width}[kind]
-    assert inner.widths[-len(used):] == used
+    used = {
+        "invariant": [30],
+        "rounds-by-width": [R] * (width // R),
+        "rounds-by-place": [R] * width,
+    }[kind]
+    assert inner.widths[-len(used) :] == used
 
 
 def test_the_model_layout_is_row_invariant_too():
@@ -188,10 +224,26 @@ def test_check_exact_compares_with_vanilla_exact(tmp_path):
     from selfspec.app._cli import cli
 
     model_dir = save_tiny_llama(tmp_path / "m")
-    out = CliRunner().invoke(cli, ["--model", str(model_dir), "--dtype", "bf16", "--exact", "--plugin", "lookup",
-                                   "check", "--json", "-n", "12", "--prompt", "the cat sat on the mat the cat"])
+    out = CliRunner().invoke(
+        cli,
+        [
+            "--model",
+            str(model_dir),
+            "--dtype",
+            "bf16",
+            "--exact",
+            "--plugin",
+            "lookup",
+            "check",
+            "--json",
+            "-n",
+            "12",
+            "--prompt",
+            "the cat sat on the mat the cat",
+        ],
+    )
     assert out.exit_code == 0, out.output
-    blob = json.loads(out.output[out.output.index("{"):])
+    blob = json.loads(out.output[out.output.index("{") :])
     assert blob["exact"] is True and [r["status"] for r in blob["results"]] == ["OK"]
 
 
@@ -212,7 +264,9 @@ class _NearTieVerifier:
         from selfspec import Draft
 
         base = state.length - 1
-        out = state.runner.forward(state.tokens[base : base + 1], cache=state.cache, start=base, write=False)
+        out = state.runner.forward(
+            state.tokens[base : base + 1], cache=state.cache, start=base, write=False
+        )
         top2 = torch.topk(out.logits[-1].float(), 2)
         tol = self.ULPS * torch.finfo(torch.bfloat16).eps * float(top2.values[0].abs())
         if float(top2.values[0] - top2.values[1]) <= tol:
@@ -230,9 +284,12 @@ class _NearTieVerifier:
             logits = out.logits[-1].float()
             top = float(logits.max())
             t = int(draft.tokens[0])
-            if float(logits[t]) >= top - self.ULPS * torch.finfo(torch.bfloat16).eps * abs(top):  # wrong
+            # wrong
+            if float(logits[t]) >= top - self.ULPS * torch.finfo(torch.bfloat16).eps * abs(top):
                 self.flips += 1
-                nxt = state.runner.forward(draft.tokens[:1], cache=state.cache, start=base + 1).logits[-1]
+                nxt = state.runner.forward(
+                    draft.tokens[:1], cache=state.cache, start=base + 1
+                ).logits[-1]
                 return Verdict((t,), int(nxt.argmax()), (0,))
         return v
 
@@ -260,7 +317,9 @@ def test_the_layers_of_one_forward_share_one_attention_plan_per_mask(monkeypatch
 
     made = []
     real = exact_attention._make_plan
-    monkeypatch.setattr(exact_attention, "_make_plan", lambda *a: made.append(a[0].shape) or real(*a))
+    monkeypatch.setattr(
+        exact_attention, "_make_plan", lambda *a: made.append(a[0].shape) or real(*a)
+    )
     r = _runner("llama", torch.float32)
     assert r.n_layers > 1
     cache = r.new_cache(20)
@@ -274,7 +333,11 @@ def test_an_attention_plan_follows_its_mask_changed_in_place():
 
     g = torch.Generator().manual_seed(0)
     q, n = 3, 10
-    query, key, value = torch.randn(1, 4, q, 8, generator=g), torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g)
+    query, key, value = (
+        torch.randn(1, 4, q, 8, generator=g),
+        torch.randn(1, 2, n, 8, generator=g),
+        torch.randn(1, 2, n, 8, generator=g),
+    )
     causal = torch.ones(q, n, dtype=torch.bool).tril(n - q)
     mask = position_mask(causal, torch.arange(n), q)
     exact_attention(None, query, key, value, mask, 0.3)
@@ -282,4 +345,7 @@ def test_an_attention_plan_follows_its_mask_changed_in_place():
     got = exact_attention(None, query, key, value, mask, 0.3)[0]
     _plans.clear()
     assert torch.equal(got, exact_attention(None, query, key, value, mask.clone(), 0.3)[0])
-    assert not torch.equal(got, exact_attention(None, query, key, value, position_mask(causal, torch.arange(n), q), 0.3)[0])
+    assert not torch.equal(
+        got,
+        exact_attention(None, query, key, value, position_mask(causal, torch.arange(n), q), 0.3)[0],
+    )

@@ -29,7 +29,7 @@ from selfspec._engine.runner.layout import WeightLayoutError
 from selfspec._engine.tuning import calibration
 from selfspec.testing import assert_lossless, tiny_model
 
-PACKAGE = '''
+PACKAGE = """
 import torch
 from torch import nn
 
@@ -43,23 +43,32 @@ class CopyLinear(nn.Module):
         self.register_buffer("b", None if bias is None else bias.detach().clone())
 
     def forward(self, x):
-        return nn.functional.linear(x, self.w.to(x.dtype), None if self.b is None else self.b.to(x.dtype))
+        return nn.functional.linear(
+            x, self.w.to(x.dtype), None if self.b is None else self.b.to(x.dtype)
+        )
 
 
 def selfspec_weight_formats(register):
     register(selfspec.WeightFormat("acme-copy", "draft", "a plain copy (a test format)", CopyLinear,
                                    runs_on="CPU"))
-    register(selfspec.WeightFormat("acme-layout", "layout", "a plain copy laid out (a test format)", CopyLinear,
-                                   unsupported=lambda device, dtype: None if dtype != torch.float16 else "no fp16"))
-'''
+    register(selfspec.WeightFormat(
+        "acme-layout", "layout", "a plain copy laid out (a test format)", CopyLinear,
+        unsupported=lambda device, dtype: None if dtype != torch.float16 else "no fp16",
+    ))
+"""
 
 
 def _install(root, dist: str, entry: str) -> None:
-    """The ``.dist-info`` pip leaves for ``dist``, naming ``entry`` in the formats group (see a))."""
+    """The ``.dist-info`` pip leaves for ``dist``, naming ``entry`` in the formats group (see
+    a))."""
     info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text(f"[selfspec.weight_formats]\n{entry}\n", encoding="utf-8")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n", encoding="utf-8"
+    )
+    (info / "entry_points.txt").write_text(
+        f"[selfspec.weight_formats]\n{entry}\n", encoding="utf-8"
+    )
 
 
 @pytest.fixture
@@ -78,8 +87,18 @@ def installed(tmp_path, monkeypatch):
 def test_the_host_registers_library_formats_with_names_that_say_what_they_are():
     found = weight_formats()
     assert list(weight_formats("layout")) == ["model", "transposed", "packed", "packed-mkl"]
-    assert {"none", "int8", "int8-dynamic", "int8-intmm", "int8-weights", "int4", "fp16-weights", "bf16",
-            "bnb-int8", "bnb-nf4"} == set(weight_formats("draft"))
+    assert {
+        "none",
+        "int8",
+        "int8-dynamic",
+        "int8-intmm",
+        "int8-weights",
+        "int4",
+        "fp16-weights",
+        "bf16",
+        "bnb-int8",
+        "bnb-nf4",
+    } == set(weight_formats("draft"))
     assert all(f.owner == "selfspec" and f.summary for f in found.values())
     assert {n for n, f in found.items() if f.gated} == {"int4", "bnb-nf4"}
     # no format is named after an instruction set
@@ -87,10 +106,17 @@ def test_the_host_registers_library_formats_with_names_that_say_what_they_are():
 
 
 def test_a_format_that_cannot_run_says_why_and_is_refused_with_it():
-    assert weight_formats()["int8"].why_not("meta", torch.float32) == "it runs on CPU only, the model is on meta"
-    with pytest.raises(WeightLayoutError, match="'packed-mkl' cannot run here: MKL's packed sgemm is float32 only"):
+    assert (
+        weight_formats()["int8"].why_not("meta", torch.float32)
+        == "it runs on CPU only, the model is on meta"
+    )
+    with pytest.raises(
+        WeightLayoutError, match="'packed-mkl' cannot run here: MKL's packed sgemm is float32 only"
+    ):
         check_layout("packed-mkl", torch.device("cpu"), torch.float64)
-    with pytest.raises(WeightLayoutError, match="unknown weight layout 'native'; choose one of auto, model"):
+    with pytest.raises(
+        WeightLayoutError, match="unknown weight layout 'native'; choose one of auto, model"
+    ):
         check_layout("native", torch.device("cpu"), torch.float32)
 
 
@@ -102,13 +128,16 @@ def test_a_broken_check_is_a_reason_not_a_crash():
     assert fmt.why_not("cpu", torch.float32) == "its check failed (RuntimeError: no such op)"
 
 
-@pytest.mark.parametrize(("fmt", "message"), [
-    (WeightFormat("Int8", "draft", "s", None), "lower case"),
-    (WeightFormat("auto", "draft", "s", None), "not 'auto'"),
-    (WeightFormat("x", "verify", "s", None), "role must be one of"),
-    (WeightFormat("int8", "draft", "s", None), "registered twice"),
-    ("int8", "not a selfspec.WeightFormat"),
-])
+@pytest.mark.parametrize(
+    ("fmt", "message"),
+    [
+        (WeightFormat("Int8", "draft", "s", None), "lower case"),
+        (WeightFormat("auto", "draft", "s", None), "not 'auto'"),
+        (WeightFormat("x", "verify", "s", None), "role must be one of"),
+        (WeightFormat("int8", "draft", "s", None), "registered twice"),
+        ("int8", "not a selfspec.WeightFormat"),
+    ],
+)
 def test_a_malformed_registration_is_refused(fmt, message):
     with pytest.raises(WeightFormatError, match=message):
         formats._check(fmt, "acme", weight_formats())
@@ -157,16 +186,20 @@ def test_hook_weight_formats(installed, monkeypatch):
     monkeypatch.setattr(shadow, "choose_draft_weights", spy)
     runner = Runner(tiny_model("llama", dtype=torch.float32), weight_layout="model")
     chosen = shadow.measured_backend(runner)
-    assert "acme-copy" in seen["draft"] and chosen == "acme-copy"  # the fake timing makes it fastest
+    # the fake timing makes it fastest
+    assert "acme-copy" in seen["draft"] and chosen == "acme-copy"
     # the CLI lists it with its package, and --weight-layout takes its layout
     from selfspec.app._cli import cli
 
     result = CliRunner().invoke(cli, ["plugins"])
     lines = result.output.splitlines()
-    assert result.exit_code == 0, "".join(__import__("traceback").format_exception(*result.exc_info))
+    assert result.exit_code == 0, "".join(
+        __import__("traceback").format_exception(*result.exc_info)
+    )
     line = next(x for x in lines if x.split(":")[0].split() == ["draft", "acme-copy"])
     assert "runs here" in line and "[from acme-formats]" in line
-    assert any(x.strip().startswith("-o draft_weights=") and "'acme-copy'" in x for x in lines)  # the choices
+    # the choices
+    assert any(x.strip().startswith("-o draft_weights=") and "'acme-copy'" in x for x in lines)
     bad = CliRunner().invoke(cli, ["--weight-layout", "acme-nope", "plugins"])
     assert bad.exit_code == 2 and "acme-layout" in bad.output
 

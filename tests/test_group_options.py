@@ -40,15 +40,34 @@ def test_the_group_threads_reach_bench_and_sweep(threads_seen, command):  # see 
 
 
 def test_the_command_s_own_option_wins_over_the_group_s(threads_seen):  # see a)
-    r = run("--threads", "1", "bench", "--threads", "2", "--tasks", "humaneval", "--samples", "1", "-p", "none",
-            "--no-peers")
+    r = run(
+        "--threads",
+        "1",
+        "bench",
+        "--threads",
+        "2",
+        "--tasks",
+        "humaneval",
+        "--samples",
+        "1",
+        "-p",
+        "none",
+        "--no-peers",
+    )
     assert "threads=2" in r.output, r.output
 
 
-@pytest.mark.parametrize("args, flag", [(("--json", "report", "."), "--json"),
-                                        (("--model", "m", "report", "."), "--model"),
-                                        (("--exact", "bench"), "--exact")])
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (("--json", "report", "."), "--json"),
+        (("--model", "m", "report", "."), "--model"),
+        (("--exact", "bench"), "--exact"),
+    ],
+)
 def test_a_group_option_a_command_does_not_use_is_refused(args, flag):  # see b)
     r = run(*args)
     assert r.exit_code == 2, r.output
-    assert f"{flag} is not used by `specdec {args[-2] if args[-1] == '.' else args[-1]}`" in r.output
+    assert (
+        f"{flag} is not used by `specdec {args[-2] if args[-1] == '.' else args[-1]}`" in r.output
+    )

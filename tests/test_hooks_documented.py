@@ -29,12 +29,24 @@ def signature(name: str) -> str:
 
 
 def test_the_hook_set():
-    assert HOOKS == sorted([
-        "selfspec_options", "selfspec_commands", "selfspec_setup", "selfspec_start", "selfspec_end",
-        "selfspec_propose", "selfspec_verify", "selfspec_cache", "selfspec_update_policy",
-        "selfspec_weight_formats",
-    ])
-    assert {h for h in HOOKS if spec_opts(h).get("firstresult")} == {"selfspec_propose", "selfspec_verify"}
+    assert HOOKS == sorted(
+        [
+            "selfspec_options",
+            "selfspec_commands",
+            "selfspec_setup",
+            "selfspec_start",
+            "selfspec_end",
+            "selfspec_propose",
+            "selfspec_verify",
+            "selfspec_cache",
+            "selfspec_update_policy",
+            "selfspec_weight_formats",
+        ]
+    )
+    assert {h for h in HOOKS if spec_opts(h).get("firstresult")} == {
+        "selfspec_propose",
+        "selfspec_verify",
+    }
 
 
 @pytest.mark.parametrize("name", HOOKS)
@@ -44,23 +56,32 @@ def test_hook_docstring_is_a_contract(name):
     call every plugin; e) Host enforces is never empty (say "Nothing" and why)."""
     doc = inspect.getdoc(getattr(hookspecs, name)) or ""
     summary, found = hooksdoc.sections(doc)
-    assert summary and "\n" not in summary and summary.endswith(("." , ")")), f"{name}: one-line summary"  # see a)
+    assert summary and "\n" not in summary and summary.endswith((".", ")")), (
+        f"{name}: one-line summary"
+    )  # see a)
     missing = [s for s in hooksdoc.REQUIRED if not found.get(s)]
     assert not missing, f"{name}: sections missing or empty: {missing}"  # see b), e)
     args = set(re.findall(r"^(\w+):", found["Args"], re.M))
-    assert args == set(inspect.signature(getattr(hookspecs, name)).parameters), f"{name}: Args lists {args}"  # c)
+    assert args == set(inspect.signature(getattr(hookspecs, name)).parameters), (
+        f"{name}: Args lists {args}"
+    )  # c)
     called = " ".join(found["Called"].split())
     if spec_opts(name).get("firstresult"):  # see d)
-        assert "Stops at the first non-None result" in called and "return None to defer" in called, name
+        assert (
+            "Stops at the first non-None result" in called and "return None to defer" in called
+        ), name
     else:
         assert re.search(r"every plugin", called, re.I), f"{name}: say that every plugin is called"
 
 
-@pytest.mark.parametrize("doc, error", [
-    ("Sum.\n\nArgs:\n    x: y\n\nCalled:\n    z", "out of order"),
-    ("Sum.\n\nCalled:\n    z\n\nCalled:\n    z", "repeated"),
-    ("Sum.\n\nloose prose\n\nCalled:\n    z", "before the first section"),
-])
+@pytest.mark.parametrize(
+    "doc, error",
+    [
+        ("Sum.\n\nArgs:\n    x: y\n\nCalled:\n    z", "out of order"),
+        ("Sum.\n\nCalled:\n    z\n\nCalled:\n    z", "repeated"),
+        ("Sum.\n\nloose prose\n\nCalled:\n    z", "before the first section"),
+    ],
+)
 def test_the_section_parser_refuses_a_malformed_contract(doc, error):
     with pytest.raises(ValueError, match=error):
         hooksdoc.sections(doc)

@@ -51,9 +51,12 @@ def import_graph(root: Path, package: str = "selfspec") -> dict[str, set[str]]:
                     pkg = ".".join(base + ([node.module] if node.module else []))
                 else:
                     pkg = node.module or ""
-                targets = [f"{pkg}.{a.name}" if f"{pkg}.{a.name}" in modules else pkg for a in node.names]
+                targets = [
+                    f"{pkg}.{a.name}" if f"{pkg}.{a.name}" in modules else pkg for a in node.names
+                ]
             for t in targets:
-                while t and t not in modules and "." in t:  # `import selfspec._engine.runner.masks` style
+                # `import selfspec._engine.runner.masks` style
+                while t and t not in modules and "." in t:
                     t = t.rsplit(".", 1)[0]
                 if t in modules and t != mod:
                     graph[mod].add(t)
@@ -97,7 +100,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles_in_core():
     graph = import_graph(CORE)
-    assert "selfspec._engine.contract.loop" in graph and "selfspec._engine.contract.markers" in graph["selfspec._engine.contract.builtin.verify"]
+    assert (
+        "selfspec._engine.contract.loop" in graph
+        and "selfspec._engine.contract.markers" in graph["selfspec._engine.contract.builtin.verify"]
+    )
     found = cycles(graph)
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
@@ -109,7 +115,9 @@ def test_the_detector_sees_a_function_local_cycle(tmp_path):
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("def f():\n    from .sub import b\n")
     (pkg / "sub" / "b.py").write_text("from ..a import f\n")
-    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n")
+    (pkg / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
+    )
     graph = import_graph(tmp_path)
     assert cycles(graph) == [["selfspec.a", "selfspec.sub.b"]]
     assert graph["selfspec.c"] == set()
@@ -146,24 +154,41 @@ def is_app(module: str) -> bool:
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     """Every import from an engine module up into the app."""
-    return sorted(f"{m} -> {t}" for m, targets in graph.items() if not is_app(m) for t in targets if is_app(t))
+    return sorted(
+        f"{m} -> {t}" for m, targets in graph.items() if not is_app(m) for t in targets if is_app(t)
+    )
 
 
 def test_the_engine_imports_nothing_from_the_app():
     graph = import_graph(CORE)
     engine = [m for m in graph if not is_app(m)]
-    assert {"selfspec._engine.contract.loop", "selfspec._engine.runner.runner", "selfspec._engine.contract.verification",
-            "selfspec._engine.tuning.artefacts"} <= set(engine)
-    assert {"selfspec.app._cli.settings", "selfspec.app._bench.harness", "selfspec.app._models.load",
-            "selfspec.app._data"} <= set(graph) - set(engine)
+    assert {
+        "selfspec._engine.contract.loop",
+        "selfspec._engine.runner.runner",
+        "selfspec._engine.contract.verification",
+        "selfspec._engine.tuning.artefacts",
+    } <= set(engine)
+    assert {
+        "selfspec.app._cli.settings",
+        "selfspec.app._bench.harness",
+        "selfspec.app._models.load",
+        "selfspec.app._data",
+    } <= set(graph) - set(engine)
     bad = layer_violations(graph)
     assert not bad, "engine modules import the app:\n" + "\n".join(bad)
 
 
 def test_every_module_sits_in_one_of_the_two_trees():
     graph = import_graph(CORE)
-    stray = sorted(m for m in graph if not (_under(m, APP_PACKAGES) or _under(m, ENGINE_PACKAGES) or m in NAMESPACES))
-    assert not stray, f"modules outside the engine tree (selfspec/_engine, selfspec/testing) and the app tree (selfspec/app): {stray}"
+    stray = sorted(
+        m
+        for m in graph
+        if not (_under(m, APP_PACKAGES) or _under(m, ENGINE_PACKAGES) or m in NAMESPACES)
+    )
+    assert not stray, (
+        f"modules outside the engine tree (selfspec/_engine, selfspec/testing) "
+        f"and the app tree (selfspec/app): {stray}"
+    )
 
 
 def test_implementation_modules_are_private_by_name():
@@ -171,7 +196,13 @@ def test_implementation_modules_are_private_by_name():
     kit's public ``strategies`` and its pytest plugin (an entry point)."""
     public_ok = {"selfspec.testing.strategies", "selfspec.testing.pytest_plugin"}
     graph = import_graph(CORE)
-    public = {"selfspec", "selfspec.provisional", "selfspec.app", "selfspec.testing", "selfspec.__main__"}
+    public = {
+        "selfspec",
+        "selfspec.provisional",
+        "selfspec.app",
+        "selfspec.testing",
+        "selfspec.__main__",
+    }
     leaked = []
     for m in sorted(set(graph) - public - public_ok):
         parts = m.split(".")
@@ -197,6 +228,8 @@ def test_the_layer_rule_itself(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "app" / "__init__.py").write_text("")
     (pkg / "_engine" / "__init__.py").write_text("")
-    (pkg / "_engine" / "loop.py").write_text("def eos():\n    from ..app import x\n")  # function-local counts
-    (pkg / "app" / "cli.py").write_text("from .._engine import loop\n")  # the app may import the engine
+    # function-local counts
+    (pkg / "_engine" / "loop.py").write_text("def eos():\n    from ..app import x\n")
+    # the app may import the engine
+    (pkg / "app" / "cli.py").write_text("from .._engine import loop\n")
     assert layer_violations(import_graph(tmp_path)) == ["selfspec._engine.loop -> selfspec.app"]

@@ -16,13 +16,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECTS = [ROOT, *sorted(p for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").is_file())]
+PROJECTS = [
+    ROOT,
+    *sorted(p for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").is_file()),
+]
 BUILD = "import sys, setuptools.build_meta as b; print(getattr(b, sys.argv[1])(sys.argv[2]))"
 
 
 def _build(project: Path, hook: str, out: Path) -> tuple[Path, str]:
     out.mkdir(parents=True, exist_ok=True)
-    run = subprocess.run([sys.executable, "-c", BUILD, hook, str(out)], cwd=project, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", BUILD, hook, str(out)], cwd=project, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     return out / run.stdout.strip().splitlines()[-1], run.stdout + run.stderr
 
@@ -36,4 +41,6 @@ def test_builds_print_no_setuptools_warnings(project, tmp_path):
         assert not noisy, f"{project.name} {hook}:\n" + "\n".join(noisy)
     if project.name == "selfspec-selfsd":
         names = zipfile.ZipFile(wheel).namelist()
-        assert any(n.startswith("selfspec_selfsd/profiles/") and n.endswith(".json") for n in names), names
+        assert any(
+            n.startswith("selfspec_selfsd/profiles/") and n.endswith(".json") for n in names
+        ), names

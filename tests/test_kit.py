@@ -30,7 +30,11 @@ class Lossy:
     @selfspec.hookimpl
     def selfspec_verify(self, state, draft):
         v = verify_greedy(state, Draft.chain([], device=state.runner.device))
-        return Verdict(accepted=tuple(draft.tokens.tolist()), bonus=v.bonus, accepted_nodes=tuple(range(len(draft))))
+        return Verdict(
+            accepted=tuple(draft.tokens.tolist()),
+            bonus=v.bonus,
+            accepted_nodes=tuple(range(len(draft))),
+        )
 
     @selfspec.hookimpl
     def selfspec_cache(self, state, verdict):
@@ -41,8 +45,10 @@ class Lossy:
 
 
 def test_importing_the_kit_and_its_pytest_plugin_is_cheap():
-    code = ("import sys, selfspec.testing, selfspec.testing.pytest_plugin; "
-            "print(sorted(m for m in ('torch', 'transformers', 'hypothesis') if m in sys.modules))")
+    code = (
+        "import sys, selfspec.testing, selfspec.testing.pytest_plugin; "
+        "print(sorted(m for m in ('torch', 'transformers', 'hypothesis') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -54,13 +60,17 @@ def test_assert_lossless_catches_a_lossy_plugin(tiny_model_factory):
     # the audit stops the decode at the step that goes wrong, naming the hook and the token
     msg = str(err.value)
     assert "plugin 'lossy': selfspec_verify is lossy at step 0 (output token 0" in msg
-    assert "accepted draft token 0 is 7, the full model's greedy token is" in msg and "margin" in msg
+    assert (
+        "accepted draft token 0 is 7, the full model's greedy token is" in msg and "margin" in msg
+    )
     assert "prompt of 3 tokens, max_new_tokens=10" in msg
 
 
 def test_float64_is_exact_whatever_the_tolerance(tiny_model_factory):
     with pytest.raises(LosslessError):
-        assert_lossless(tiny_model_factory("llama"), "lossy", [1, 2, 3], 10, plugin_object=Lossy, tolerance=1e9)
+        assert_lossless(
+            tiny_model_factory("llama"), "lossy", [1, 2, 3], 10, plugin_object=Lossy, tolerance=1e9
+        )
 
 
 def test_near_tie_rule_in_float32(tiny_model_factory):
@@ -98,7 +108,9 @@ def test_tiny_models_are_deterministic_and_not_degenerate():
         out = reference_generate(a, [1, 2, 3], 40)
         assert len(set(out)) >= 10, f"{arch}: greedy output repeats: {out}"
         assert a.config.num_key_value_heads < a.config.num_attention_heads  # GQA
-    assert not torch.equal(tiny_model("llama", seed=1).lm_head.weight, tiny_model("llama", seed=2).lm_head.weight)
+    assert not torch.equal(
+        tiny_model("llama", seed=1).lm_head.weight, tiny_model("llama", seed=2).lm_head.weight
+    )
     with pytest.raises(ValueError, match="choose one of llama"):
         tiny_model("gpt2")
 
@@ -137,20 +149,32 @@ def test_hypothesis_profiles(monkeypatch):
     assert profile_name() == "mine"
 
 
-def _pytest_in(tmp_path, profile: str, conftest: str = "", *, uses_kit: bool = True, ini: str = "",
-               ) -> subprocess.CompletedProcess:
+def _pytest_in(
+    tmp_path,
+    profile: str,
+    conftest: str = "",
+    *,
+    uses_kit: bool = True,
+    ini: str = "",
+) -> subprocess.CompletedProcess:
     (tmp_path / "test_one.py").write_text(
         ("import selfspec.testing  # noqa: F401\n" if uses_kit else "")
         + "from hypothesis import given, settings, strategies as st\n"
         "@given(st.integers())\n"  # decorated at import: the profile must be loaded before
         "def test_profile(x):\n    pass\n"
-        "def test_max():\n    print('MAX', test_profile._hypothesis_internal_use_settings.max_examples)\n")
+        "def test_max():\n"
+        "    print('MAX', test_profile._hypothesis_internal_use_settings.max_examples)\n"
+    )
     (tmp_path / "conftest.py").write_text(conftest)
     (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
-                          capture_output=True, text=True, cwd=tmp_path,
-                          env={**env, "HYPOTHESIS_PROFILE": profile, "CI": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "HYPOTHESIS_PROFILE": profile, "CI": "1"},
+    )
 
 
 def test_unknown_hypothesis_profile_is_a_usage_error(tmp_path):
@@ -162,7 +186,9 @@ def test_unknown_hypothesis_profile_is_a_usage_error(tmp_path):
 
 
 def test_profile_registered_in_a_conftest_is_loaded(tmp_path):
-    conftest = "from hypothesis import settings\nsettings.register_profile('mine', max_examples=7)\n"
+    conftest = (
+        "from hypothesis import settings\nsettings.register_profile('mine', max_examples=7)\n"
+    )
     run = _pytest_in(tmp_path, "mine", conftest)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "MAX 7" in run.stdout
@@ -188,7 +214,9 @@ DECLARED = {
     "adapt": Option("adapt", bool, False, "adapt"),
     "threshold": Option("threshold", float, 0.5, "threshold", min=0.0, max=1.0),
     "scale": Option("scale", float, None, "plugin decides"),
-    "even": Option("even", int, 2, "even only", check=lambda v: None if v % 2 == 0 else "must be even"),
+    "even": Option(
+        "even", int, 2, "even only", check=lambda v: None if v % 2 == 0 else "must be even"
+    ),
 }
 
 
@@ -198,7 +226,10 @@ def test_option_strategy_draws_valid_values(values):
     from selfspec._engine.contract.options import resolve
 
     assert set(values) <= set(DECLARED)
-    assert resolve(DECLARED, values, "p") == {**{k: o.default for k, o in DECLARED.items()}, **values}
+    assert resolve(DECLARED, values, "p") == {
+        **{k: o.default for k, o in DECLARED.items()},
+        **values,
+    }
     assert values.get("n", 1) <= 3 + 8
 
 
@@ -207,7 +238,9 @@ def test_option_strategy_fixed(values):
     assert values["k"] == 2
 
 
-DRAFTING = {"draft_weights": Option("draft_weights", str, "auto", "weights", choices=selfspec.DRAFT_WEIGHTS)}
+DRAFTING = {
+    "draft_weights": Option("draft_weights", str, "auto", "weights", choices=selfspec.DRAFT_WEIGHTS)
+}
 
 
 @settings(max_examples=30)
@@ -216,8 +249,13 @@ def test_an_option_strategy_may_depend_on_the_model(data):
     """A callable option strategy is called with the model; ``draft_weights`` draws only the
     backends that run on the model's device (on a CPU never a GPU-only format)."""
     model = tiny_model("llama", dtype=torch.float32)
-    drawn = data.draw(sst.options(DRAFTING, strategies={"draft_weights": lambda m: sst.draft_weights(m, ("int8", "gpu-only"))},
-                                  model=model))
+    drawn = data.draw(
+        sst.options(
+            DRAFTING,
+            strategies={"draft_weights": lambda m: sst.draft_weights(m, ("int8", "gpu-only"))},
+            model=model,
+        )
+    )
     assert drawn.get("draft_weights", "int8") == "int8"
 
 

@@ -17,8 +17,9 @@ from selfspec._engine.tuning.machine import CpuCapability
 
 AVX2 = CpuCapability(aten="AVX2")  # oneDNN's fp32 kernels, no bf16/fp16 ones
 AVX512 = CpuCapability(aten="AVX512", avx512=True, onednn_bf16=True)  # bf16 via BW/VL/DQ
-SAPPHIRE = CpuCapability(aten="AVX512", avx512=True, avx512_bf16=True, amx=True,
-                         onednn_bf16=True, onednn_fp16=True)
+SAPPHIRE = CpuCapability(
+    aten="AVX512", avx512=True, avx512_bf16=True, amx=True, onednn_bf16=True, onednn_fp16=True
+)
 NO_ONEDNN = CpuCapability(aten="AVX2", onednn=False)
 
 
@@ -51,13 +52,21 @@ def test_model_and_transposed_run_everywhere(layout):
             assert choose_layout(layout, device, dtype, cpu) == layout
 
 
-@pytest.mark.parametrize(("device", "dtype", "cpu", "reason"), [
-    ("cpu", torch.bfloat16, AVX2, "bfloat16 kernels need AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT, and this CPU runs AVX2"),
-    ("cpu", torch.float16, AVX512, "float16 kernels need AVX-512 FP16"),
-    ("cpu", torch.float64, SAPPHIRE, "not float64"),
-    ("cpu", torch.float32, NO_ONEDNN, "no oneDNN"),
-    ("cuda", torch.float32, None, "CPU only"),
-])
+@pytest.mark.parametrize(
+    ("device", "dtype", "cpu", "reason"),
+    [
+        (
+            "cpu",
+            torch.bfloat16,
+            AVX2,
+            "bfloat16 kernels need AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT, and this CPU runs AVX2",
+        ),
+        ("cpu", torch.float16, AVX512, "float16 kernels need AVX-512 FP16"),
+        ("cpu", torch.float64, SAPPHIRE, "not float64"),
+        ("cpu", torch.float32, NO_ONEDNN, "no oneDNN"),
+        ("cuda", torch.float32, None, "CPU only"),
+    ],
+)
 def test_explicit_packed_that_cannot_run_says_why(device, dtype, cpu, reason):
     with pytest.raises(WeightLayoutError, match="cannot run here") as err:
         choose_layout("packed", device, dtype, cpu)
@@ -105,7 +114,9 @@ _FORCED_SCRIPT = textwrap.dedent("""
         result = assert_lossless(model, decoder, [3, 1, 4, 1, 5, 9, 2, 6], 24)
     out["tokens"] = len(result.output_ids)
     out["stats_layout"] = result.stats.weight_layout
-    out["auto_fp32"] = Decoder(tiny_model("llama", dtype=torch.float32), "vanilla").runner.weight_layout
+    out["auto_fp32"] = Decoder(
+        tiny_model("llama", dtype=torch.float32), "vanilla"
+    ).runner.weight_layout
     print(json.dumps(out))
 """)
 
@@ -114,8 +125,9 @@ def test_forced_avx2_decodes_bf16_losslessly_without_packing():
     """ATEN_CPU_CAPABILITY/ONEDNN_MAX_CPU_ISA really lower what runs (checked, so this covers
     the AVX2 path on an AVX-512 machine too), and bf16 then decodes on the model's weights."""
     env = {**os.environ, **FORCED, "SELFSPEC_CALIBRATE": "0"}  # the capability rule, unmeasured
-    proc = subprocess.run([sys.executable, "-c", _FORCED_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORCED_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["aten"] == "AVX2" and out["label"] == "AVX2"  # the variables took effect

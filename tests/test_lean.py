@@ -6,7 +6,8 @@ a) the rule: a draft pass with lean blocks gives the logits and hidden states of
    width, block mask (a tree's), cache mode (read-only or writing) and sliding window; and it
    writes the same keys and values. Checked bitwise (the same tensor operations in the same
    order) through the runner on int8 draft weights of float32 and bfloat16 models (fused q/k/v
-   and gate/up products; the norms' float32 statistics), and block by block on the model's own float64 layers (one product per linear).
+   and gate/up products; the norms' float32 statistics), and block by block on the model's own
+   float64 layers (one product per linear).
 b) the blocks are used only where they compute what the modules do: Gemma 3's sandwich norms,
    eager attention, another activation and any layer missing a part run the adapter's blocks.
 c) verification never uses them: a forward without draft weights runs the model's modules.
@@ -38,22 +39,36 @@ def _pass(runner: Runner, weights, width: int, *, lean: bool, write: bool, tree:
         if tree and width > 2:
             parents = torch.tensor([-1] + [max(i - 2, -1) for i in range(1, width - 1)])
             kw = {"block_mask": masks.tree(parents), "positions": masks.tree_positions(parents, 9)}
-        out = runner.forward(block, cache=cache, start=9, logits="all", weights=weights, write=write, **kw)
+        out = runner.forward(
+            block, cache=cache, start=9, logits="all", weights=weights, write=write, **kw
+        )
     keys = [k.clone() for k in cache.keys if k is not None]
     return out, keys
 
 
 @pytest.mark.parametrize("arch", LEAN_ARCHS)
-@pytest.mark.parametrize(("backend", "dtype"), [("int8", torch.float32), ("int8-weights", torch.float32), ("int8-intmm", torch.float32),
-                                                ("int8", torch.bfloat16)])
+@pytest.mark.parametrize(
+    ("backend", "dtype"),
+    [
+        ("int8", torch.float32),
+        ("int8-weights", torch.float32),
+        ("int8-intmm", torch.float32),
+        ("int8", torch.bfloat16),
+    ],
+)
 def test_a_draft_pass_on_lean_blocks_equals_the_modules_pass(arch, backend, dtype):  # a)
     model = tiny_model(arch, dtype=dtype)
     runner = Runner(model, weight_layout="model")
     weights = draft_weights(runner, backend)
     assert len(weights.layers) == runner.n_layers
     assert all(runner.adapter.lean(layer) is not None for layer in weights.layers.values())
-    for width, write, tree in [(1, False, False), (1, True, False), (3, False, False), (6, True, True),
-                               (6, False, True)]:
+    for width, write, tree in [
+        (1, False, False),
+        (1, True, False),
+        (3, False, False),
+        (6, True, True),
+        (6, False, True),
+    ]:
         lean, lean_keys = _pass(runner, weights, width, lean=True, write=write, tree=tree)
         mods, mod_keys = _pass(runner, weights, width, lean=False, write=write, tree=tree)
         assert torch.equal(lean.logits, mods.logits), (arch, backend, width, write, tree)
@@ -62,11 +77,14 @@ def test_a_draft_pass_on_lean_blocks_equals_the_modules_pass(arch, backend, dtyp
 
 
 def _attn_on_a_filled_cache(runner: Runner, i: int, attn, q: int, write: bool):
-    """``attn(kv)`` over layer ``i``'s cache holding 7 seeded slots; its output and the keys after."""
+    """``attn(kv)`` over layer ``i``'s cache holding 7 seeded slots; its output and the keys
+    after."""
     cfg = runner.config
     cache = runner.new_cache(7 + q)
     g = torch.Generator().manual_seed(i)
-    cache.keys[i] = torch.randn(1, cfg.num_key_value_heads, 7 + q, cfg.head_dim, dtype=torch.float64, generator=g)
+    cache.keys[i] = torch.randn(
+        1, cfg.num_key_value_heads, 7 + q, cfg.head_dim, dtype=torch.float64, generator=g
+    )
     cache.values[i] = cache.keys[i].flip(2).clone()
     cache.lengths[i] = 7
     with torch.inference_mode():
@@ -86,11 +104,19 @@ def test_lean_blocks_equal_the_adapters_blocks_on_the_models_own_float64_layers(
             h = torch.randn(1, q, model.config.hidden_size, dtype=torch.float64)
             pos = torch.arange(7, 7 + q)
             rope = adapter.rope(h, pos[None], None)
-            mask = masks.for_attention(masks.build(torch.arange(7), pos, None, runner.windows[i]), "sdpa", h.dtype)
-            lean = _attn_on_a_filled_cache(runner, i, lambda kv, b=blocks, h=h, r=rope, m=mask: b.attn(h, r, m, kv),
-                                           q, write)
+            mask = masks.for_attention(
+                masks.build(torch.arange(7), pos, None, runner.windows[i]), "sdpa", h.dtype
+            )
+            lean = _attn_on_a_filled_cache(
+                runner, i, lambda kv, b=blocks, h=h, r=rope, m=mask: b.attn(h, r, m, kv), q, write
+            )
             mods = _attn_on_a_filled_cache(
-                runner, i, lambda kv, lay=layer, h=h, r=rope, m=mask: adapter.attn_block(lay, h, r, m, kv), q, write)
+                runner,
+                i,
+                lambda kv, lay=layer, h=h, r=rope, m=mask: adapter.attn_block(lay, h, r, m, kv),
+                q,
+                write,
+            )
             assert torch.equal(lean[0], mods[0]) and torch.equal(lean[1], mods[1]), (arch, i, q)
             with torch.inference_mode():
                 assert torch.equal(blocks.mlp(h), adapter.mlp_block(layer, h))

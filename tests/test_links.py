@@ -17,7 +17,9 @@ FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 
 
 def markdown_files() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return [ROOT / p for p in out.stdout.split()]
 
 
@@ -46,6 +48,11 @@ def test_the_checker_sees_a_broken_link(tmp_path):
     md = tmp_path / "a.md"
     (tmp_path / "here.md").write_text("x")
     (tmp_path.parent / "beside.md").write_text("x")  # exists, but outside the "repository"
-    md.write_text("[ok](here.md) [ok too](here.md#part) [web](https://x.org) [gone](missing/sweep.md)\n"
-                  "[outside](../beside.md)\n```\n[in code](not/checked.md)\n```\n")
-    assert [b.split(": ")[1] for b in broken_links(md, root=tmp_path)] == ["missing/sweep.md", "../beside.md"]
+    md.write_text(
+        "[ok](here.md) [ok too](here.md#part) [web](https://x.org) [gone](missing/sweep.md)\n"
+        "[outside](../beside.md)\n```\n[in code](not/checked.md)\n```\n"
+    )
+    assert [b.split(": ")[1] for b in broken_links(md, root=tmp_path)] == [
+        "missing/sweep.md",
+        "../beside.md",
+    ]

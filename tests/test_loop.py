@@ -51,7 +51,9 @@ class Oracle:
     def selfspec_start(self, state):
         if self.ref is None:  # compute it from the model itself (property tests)
             prompt = state.committed.tolist()
-            self.ref = reference_generate(state.runner.model, prompt, state.max_new_tokens, state.eos_token_ids)
+            self.ref = reference_generate(
+                state.runner.model, prompt, state.max_new_tokens, state.eos_token_ids
+            )
 
     @selfspec.hookimpl
     def selfspec_propose(self, state):
@@ -65,7 +67,9 @@ class Wrong(Oracle):
     @selfspec.hookimpl
     def selfspec_propose(self, state):
         g = state.generated
-        return Draft.chain([(t + 1) % VOCAB for t in self.ref[g : g + self.k]], device=state.runner.device)
+        return Draft.chain(
+            [(t + 1) % VOCAB for t in self.ref[g : g + self.k]], device=state.runner.device
+        )
 
 
 class Noisy(Oracle):
@@ -78,7 +82,10 @@ class Noisy(Oracle):
     @selfspec.hookimpl
     def selfspec_propose(self, state):
         g, k = state.generated, self.rng.randint(0, self.k)
-        toks = [t if self.rng.random() < self.p else self.rng.randrange(VOCAB) for t in self.ref[g : g + k]]
+        toks = [
+            t if self.rng.random() < self.p else self.rng.randrange(VOCAB)
+            for t in self.ref[g : g + k]
+        ]
         return Draft.chain(toks, device=state.runner.device)
 
 
@@ -132,7 +139,9 @@ def test_vanilla_equals_reference(model):
 
 def test_always_right_accepts_everything(model):
     ref = ref_of(model)
-    res = Decoder(model, "oracle", plugin_object=Oracle(ref, k=3)).generate(PROMPT, 30, eos_token_ids=())
+    res = Decoder(model, "oracle", plugin_object=Oracle(ref, k=3)).generate(
+        PROMPT, 30, eos_token_ids=()
+    )
     s = res.stats
     assert res.output_ids == ref
     assert s.accepted == s.drafted > 0 and s.acceptance == 1.0
@@ -142,25 +151,33 @@ def test_always_right_accepts_everything(model):
 
 def test_always_wrong_accepts_nothing(model):
     ref = ref_of(model)
-    res = Decoder(model, "wrong", plugin_object=Wrong(ref, k=3)).generate(PROMPT, 30, eos_token_ids=())
+    res = Decoder(model, "wrong", plugin_object=Wrong(ref, k=3)).generate(
+        PROMPT, 30, eos_token_ids=()
+    )
     assert res.output_ids == ref
     assert res.stats.accepted == 0 and res.stats.drafted > 0 and res.stats.steps == 30
 
 
 def test_tree_draft_finds_the_hidden_path(model):
     ref = ref_of(model)
-    res = Decoder(model, "tree", plugin_object=TreeOracle(ref, depth=3)).generate(PROMPT, 30, eos_token_ids=())
+    res = Decoder(model, "tree", plugin_object=TreeOracle(ref, depth=3)).generate(
+        PROMPT, 30, eos_token_ids=()
+    )
     assert res.output_ids == ref
     assert res.stats.accept_lengths[:7] == [4] * 7
 
 
 def test_over_long_drafts_are_cut_to_the_budget(model):
     ref = ref_of(model, n=5)
-    res = Decoder(model, "long", plugin_object=Oracle(ref + [0] * 60, k=50)).generate(PROMPT, 5, eos_token_ids=())
+    res = Decoder(model, "long", plugin_object=Oracle(ref + [0] * 60, k=50)).generate(
+        PROMPT, 5, eos_token_ids=()
+    )
     assert res.output_ids == ref
     assert res.stats.truncated_drafts >= 1
     assert res.stats.drafted == 4  # budget 5 = 4 drafts + the bonus
-    tree = Decoder(model, "tree", plugin_object=TreeOracle(ref + [0] * 10, depth=9)).generate(PROMPT, 5, eos_token_ids=())
+    tree = Decoder(model, "tree", plugin_object=TreeOracle(ref + [0] * 10, depth=9)).generate(
+        PROMPT, 5, eos_token_ids=()
+    )
     assert tree.output_ids == ref and tree.stats.truncated_drafts >= 1
 
 
@@ -169,13 +186,25 @@ def test_a_cut_draft_keeps_the_probs_of_the_nodes_it_keeps():
 
     from selfspec._engine.contract.draftcheck import cut_draft
 
-    state = SimpleNamespace(max_draft_depth=2, length=5, cache=SimpleNamespace(capacity=100),
-                            stats=SimpleNamespace(truncated_drafts=0))
+    state = SimpleNamespace(
+        max_draft_depth=2,
+        length=5,
+        cache=SimpleNamespace(capacity=100),
+        stats=SimpleNamespace(truncated_drafts=0),
+    )
     chain = cut_draft(Draft(torch.tensor([7, 8, 9]), probs=torch.tensor([0.9, 0.8, 0.7])), state)
     assert chain.tokens.tolist() == [7, 8] and chain.probs.tolist() == pytest.approx([0.9, 0.8])
-    tree = cut_draft(Draft(torch.tensor([1, 2, 3, 4]), torch.tensor([-1, 0, 1, -1]),
-                           probs=torch.tensor([0.9, 0.8, 0.7, 0.1])), state)
-    assert tree.tokens.tolist() == [1, 2, 4] and tree.probs.tolist() == pytest.approx([0.9, 0.8, 0.1])
+    tree = cut_draft(
+        Draft(
+            torch.tensor([1, 2, 3, 4]),
+            torch.tensor([-1, 0, 1, -1]),
+            probs=torch.tensor([0.9, 0.8, 0.7, 0.1]),
+        ),
+        state,
+    )
+    assert tree.tokens.tolist() == [1, 2, 4] and tree.probs.tolist() == pytest.approx(
+        [0.9, 0.8, 0.1]
+    )
     assert state.stats.truncated_drafts == 2
 
 
@@ -190,7 +219,9 @@ class SkippingDrafter:
     def selfspec_propose(self, state):
         base, tok, out = state.length - 1, state.tokens[state.length - 1 :][:1], []
         for i in range(self.k):
-            logits = state.runner.forward(tok, cache=state.cache, start=base + i, skip_attn=(0,), logits="last").logits
+            logits = state.runner.forward(
+                tok, cache=state.cache, start=base + i, skip_attn=(0,), logits="last"
+            ).logits
             tok = logits[-1].argmax().reshape(1)
             out.append(int(tok))
         return Draft.chain(out, device=state.runner.device)
@@ -201,7 +232,9 @@ def test_drafts_that_leave_unequal_cache_lengths_are_cut(model):
     # b) the draft is longer than the budget, so the host must cut it without asking the
     #    cache for one common length (see a)
     ref = ref_of(model, n=5)
-    res = Decoder(model, "skipper", plugin_object=SkippingDrafter(k=8)).generate(PROMPT, 5, eos_token_ids=())
+    res = Decoder(model, "skipper", plugin_object=SkippingDrafter(k=8)).generate(
+        PROMPT, 5, eos_token_ids=()
+    )
     assert res.output_ids == ref
     assert res.stats.truncated_drafts >= 1
 
@@ -213,7 +246,9 @@ class EarlyExitDrafter(Oracle):
     @selfspec.hookimpl
     def selfspec_propose(self, state):
         base = state.length - 1
-        draft = Draft.chain(self.ref[state.generated : state.generated + self.k], device=state.runner.device)
+        draft = Draft.chain(
+            self.ref[state.generated : state.generated + self.k], device=state.runner.device
+        )
         ids = torch.cat([state.tokens[base : base + 1], draft.tokens])
         state.runner.forward(ids, cache=state.cache, start=base, layers=(0, 1), logits=None)
         return draft
@@ -222,7 +257,9 @@ class EarlyExitDrafter(Oracle):
 def test_drafts_written_past_the_prefix_in_some_layers(model):
     # the depth limit counts from the committed prefix, not from layers a proposer wrote past it
     ref = ref_of(model, n=12)
-    res = Decoder(model, "ee", plugin_object=EarlyExitDrafter(ref + [0] * 8, k=4)).generate(PROMPT, 12, eos_token_ids=())
+    res = Decoder(model, "ee", plugin_object=EarlyExitDrafter(ref + [0] * 8, k=4)).generate(
+        PROMPT, 12, eos_token_ids=()
+    )
     assert res.output_ids == ref
     assert res.stats.accepted == res.stats.drafted > 0
 
@@ -266,7 +303,9 @@ def test_hook_verify(model):
             return verify_greedy(state, draft)
 
     ref = ref_of(model, n=12)
-    res = Decoder(model, "rec", plugin_object=Recording(ref, 2)).generate(PROMPT, 12, eos_token_ids=())
+    res = Decoder(model, "rec", plugin_object=Recording(ref, 2)).generate(
+        PROMPT, 12, eos_token_ids=()
+    )
     assert res.output_ids == ref and len(calls) == res.stats.steps
 
 
@@ -310,13 +349,33 @@ def test_custom_verdict_that_is_not_a_path_is_refused(model):
         (Draft(torch.tensor([1, 2]), torch.tensor([-1, 0], dtype=torch.int32)), "parents"),
         (Draft(torch.tensor([1, 2]), probs=torch.tensor([0.9])), "probs"),
         (Draft(torch.tensor([1, 2]), probs=torch.tensor([1, 0])), "probs"),
-        (Draft(torch.tensor([1, 2]), probs=torch.tensor([0.9, 1.5])), r"probs must lie in \[0, 1\]"),
-        (Draft(torch.tensor([1, 2]), probs=torch.tensor([0.9, float("nan")])), r"probs must lie in \[0, 1\]"),
+        (
+            Draft(torch.tensor([1, 2]), probs=torch.tensor([0.9, 1.5])),
+            r"probs must lie in \[0, 1\]",
+        ),
+        (
+            Draft(torch.tensor([1, 2]), probs=torch.tensor([0.9, float("nan")])),
+            r"probs must lie in \[0, 1\]",
+        ),
         ([1, 2, 3], "not a Draft"),
         (torch.tensor([1, 2]), "not a Draft"),
     ],
-    ids=["int32", "2d", "oov", "negative", "parent-ahead", "parent-below", "parent-shape",
-         "parent-dtype", "probs-shape", "probs-int", "probs-above-1", "probs-nan", "list", "tensor"],
+    ids=[
+        "int32",
+        "2d",
+        "oov",
+        "negative",
+        "parent-ahead",
+        "parent-below",
+        "parent-shape",
+        "parent-dtype",
+        "probs-shape",
+        "probs-int",
+        "probs-above-1",
+        "probs-nan",
+        "list",
+        "tensor",
+    ],
 )
 def test_malformed_drafts_are_refused_naming_the_plugin(model, bad, message):
     dec = Decoder(model, "broken", plugin_object=Fixed(bad))
@@ -340,7 +399,9 @@ def test_exception_in_propose_names_the_plugin(model):
 # ----------------------------------------------------------------------------- EOS and budget
 def test_eos_as_the_first_token(model):
     ref = ref_of(model)
-    res = Decoder(model, "oracle", plugin_object=Oracle(ref, 5)).generate(PROMPT, 30, eos_token_ids=[ref[0]])
+    res = Decoder(model, "oracle", plugin_object=Oracle(ref, 5)).generate(
+        PROMPT, 30, eos_token_ids=[ref[0]]
+    )
     assert res.output_ids == [ref[0]] == ref_of(model, eos=[ref[0]])
 
 
@@ -348,7 +409,9 @@ def test_nothing_after_eos_inside_an_accepted_draft(model):
     ref = ref_of(model)
     j = next(i for i in range(3, len(ref)) if ref[i] not in ref[:i])  # a token first seen at j
     eos = [ref[j]]
-    res = Decoder(model, "oracle", plugin_object=Oracle(ref, k=8)).generate(PROMPT, 30, eos_token_ids=eos)
+    res = Decoder(model, "oracle", plugin_object=Oracle(ref, k=8)).generate(
+        PROMPT, 30, eos_token_ids=eos
+    )
     assert res.output_ids == ref[: j + 1] == ref_of(model, eos=eos)
     assert res.stats.new_tokens == j + 1
     # EOS came inside an accepted draft: the drafts after it were accepted but not committed
@@ -375,13 +438,17 @@ def test_default_eos_includes_the_tokenizers(tiny_model_factory):
             return ""
 
     assert Decoder(m).generate(PROMPT, 30).output_ids == ref
-    assert Decoder(m, tokenizer=Tok()).generate(PROMPT, 30).output_ids == ref[: ref.index(ref[4]) + 1]
+    assert (
+        Decoder(m, tokenizer=Tok()).generate(PROMPT, 30).output_ids == ref[: ref.index(ref[4]) + 1]
+    )
 
 
 @pytest.mark.parametrize("budget", [0, 1, 2])
 def test_budget_edges(model, budget):
     ref = ref_of(model, n=budget) if budget else []
-    res = Decoder(model, "oracle", plugin_object=Oracle(ref + [1] * 20, k=6)).generate(PROMPT, budget, eos_token_ids=())
+    res = Decoder(model, "oracle", plugin_object=Oracle(ref + [1] * 20, k=6)).generate(
+        PROMPT, budget, eos_token_ids=()
+    )
     assert res.output_ids == ref and len(res.output_ids) == budget
     assert res.stats.steps == min(budget, 1) and res.stats.accepted == max(0, budget - 1)
     if budget >= 1:
@@ -408,12 +475,16 @@ def test_prompt_of_length_one(model):
 def test_stream_receives_exactly_the_committed_tokens(model):
     ref = ref_of(model, n=20)
     chunks: list[list[int]] = []
-    res = Decoder(model, "noisy", plugin_object=Noisy(seed=3)).generate(PROMPT, 20, eos_token_ids=(), stream=chunks.append)
+    res = Decoder(model, "noisy", plugin_object=Noisy(seed=3)).generate(
+        PROMPT, 20, eos_token_ids=(), stream=chunks.append
+    )
     assert [t for c in chunks for t in c] == res.output_ids == ref
     assert [len(c) for c in chunks] == res.stats.accept_lengths and all(chunks)
     eos_chunks: list[list[int]] = []
     eos = [ref[6]]
-    out = Decoder(model, "oracle", plugin_object=Oracle(ref, 4)).generate(PROMPT, 20, eos_token_ids=eos, stream=eos_chunks.append)
+    out = Decoder(model, "oracle", plugin_object=Oracle(ref, 4)).generate(
+        PROMPT, 20, eos_token_ids=eos, stream=eos_chunks.append
+    )
     assert [t for c in eos_chunks for t in c] == out.output_ids == ref[: ref.index(ref[6]) + 1]
 
 
@@ -447,7 +518,9 @@ def test_interleaved_decoders_with_stateful_plugins(tiny_model_factory):
 
 
 def test_stats_are_consistent(model):
-    res = Decoder(model, "noisy", plugin_object=Noisy(seed=5)).generate(PROMPT, 25, eos_token_ids=())
+    res = Decoder(model, "noisy", plugin_object=Noisy(seed=5)).generate(
+        PROMPT, 25, eos_token_ids=()
+    )
     s = res.stats
     assert s.new_tokens == 25 == len(res.output_ids) == sum(s.accept_lengths)
     assert s.steps == len(s.accept_lengths) == s.forwards
@@ -473,7 +546,11 @@ def test_hook_setup(model):
 
         @selfspec.hookimpl
         def selfspec_setup(self, runner, options, tokenizer):
-            seen["layers"], seen["options"], seen["tokenizer"] = runner.n_layers, dict(options), tokenizer
+            seen["layers"], seen["options"], seen["tokenizer"] = (
+                runner.n_layers,
+                dict(options),
+                tokenizer,
+            )
 
     Decoder(model, "setup", {"depth": "5"}, plugin_object=Setup)
     assert seen == {"layers": 3, "options": {"depth": 5}, "tokenizer": None}
@@ -486,7 +563,9 @@ def test_hook_setup(model):
         def selfspec_setup(self, runner):
             raise ValueError("needs at least 30 layers")
 
-    with pytest.raises(PluginError, match=r"'refuses'.*selfspec_setup raised ValueError: needs at least 30"):
+    with pytest.raises(
+        PluginError, match=r"'refuses'.*selfspec_setup raised ValueError: needs at least 30"
+    ):
         Decoder(model, "refuses", plugin_object=Refuses)
 
 
@@ -496,7 +575,9 @@ def test_hook_start(model):
     class Start:
         @selfspec.hookimpl
         def selfspec_start(self, state):
-            seen.append((state.cache.length, state.committed.tolist(), state.pending, state.generated))
+            seen.append(
+                (state.cache.length, state.committed.tolist(), state.pending, state.generated)
+            )
 
     dec = Decoder(model, "start", plugin_object=Start)
     dec.generate(PROMPT, 3, eos_token_ids=())
@@ -548,7 +629,13 @@ def test_hook_update_policy(model):
     class Update(Oracle):
         @selfspec.hookimpl
         def selfspec_update_policy(self, state, verdict):
-            seen.append((state.generated, state.committed[-len(verdict.committed):].tolist(), list(verdict.committed)))
+            seen.append(
+                (
+                    state.generated,
+                    state.committed[-len(verdict.committed) :].tolist(),
+                    list(verdict.committed),
+                )
+            )
             self.k += 1  # adapt the draft length
 
     ref = ref_of(model, n=12)
@@ -591,27 +678,56 @@ def test_property_vanilla_is_lossless(tiny_model_factory, arch, prompt, n):
 @MORE
 @given(arch=sst.archs(), prompt=sst.prompts(), n=sst.lengths(), k=st.integers(1, 6))
 def test_property_oracle_is_lossless(tiny_model_factory, arch, prompt, n, k):
-    res = assert_lossless(tiny_model_factory(arch), "oracle", prompt, n, plugin_object=Oracle(None, k))
+    res = assert_lossless(
+        tiny_model_factory(arch), "oracle", prompt, n, plugin_object=Oracle(None, k)
+    )
     assert res.stats.accepted == res.stats.drafted
 
 
 @MORE
-@given(arch=sst.archs(), prompt=sst.prompts(), n=sst.lengths(), seed=st.integers(0, 2**16), p=st.floats(0, 1))
-def test_property_random_drafts_are_lossless(tiny_model_factory, selfspec_device, arch, prompt, n, seed, p):
+@given(
+    arch=sst.archs(),
+    prompt=sst.prompts(),
+    n=sst.lengths(),
+    seed=st.integers(0, 2**16),
+    p=st.floats(0, 1),
+)
+def test_property_random_drafts_are_lossless(
+    tiny_model_factory, selfspec_device, arch, prompt, n, seed, p
+):
     model = tiny_model_factory(arch, device=selfspec_device)  # CPU, and CUDA when present
     assert_lossless(model, "noisy", prompt, n, plugin_object=Noisy(seed, p))
 
 
 @MORE
-@given(arch=sst.archs(), prompt=sst.prompts(), n=sst.lengths(), depth=st.integers(1, 4),
-       wrong=st.integers(0, 2), seed=st.integers(0, 2**16))
-def test_property_tree_drafts_are_lossless(tiny_model_factory, selfspec_device, arch, prompt, n, depth, wrong, seed):
-    res = assert_lossless(tiny_model_factory(arch, device=selfspec_device), "tree", prompt, n, plugin_object=TreeOracle(None, depth, wrong, seed))
+@given(
+    arch=sst.archs(),
+    prompt=sst.prompts(),
+    n=sst.lengths(),
+    depth=st.integers(1, 4),
+    wrong=st.integers(0, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_property_tree_drafts_are_lossless(
+    tiny_model_factory, selfspec_device, arch, prompt, n, depth, wrong, seed
+):
+    res = assert_lossless(
+        tiny_model_factory(arch, device=selfspec_device),
+        "tree",
+        prompt,
+        n,
+        plugin_object=TreeOracle(None, depth, wrong, seed),
+    )
     assert res.stats.accepted == sum(res.stats.accept_lengths) - res.stats.steps
 
 
 @MORE
-@given(arch=sst.archs(), prompt=sst.prompts(), n=sst.lengths(1, 12), drafts=st.lists(sst.drafts(), min_size=1, max_size=6))
+@given(
+    arch=sst.archs(),
+    prompt=sst.prompts(),
+    n=sst.lengths(1, 12),
+    drafts=st.lists(sst.drafts(), min_size=1, max_size=6),
+)
 def test_property_arbitrary_drafts_are_lossless(tiny_model_factory, arch, prompt, n, drafts):
     """Drafts from the kit's strategy (chains, trees, empty), cycled: always lossless."""
 
@@ -628,9 +744,16 @@ def test_property_arbitrary_drafts_are_lossless(tiny_model_factory, arch, prompt
 
 
 @settings(max_examples=max(30, settings.default.max_examples))
-@given(arch=sst.archs(), prompt=sst.prompts(), n=sst.lengths(), seed=st.integers(0, 2**16),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
-def test_property_low_precision_is_lossless_up_to_near_ties(tiny_model_factory, selfspec_device, arch, prompt, n, seed, dtype):
+@given(
+    arch=sst.archs(),
+    prompt=sst.prompts(),
+    n=sst.lengths(),
+    seed=st.integers(0, 2**16),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
+def test_property_low_precision_is_lossless_up_to_near_ties(
+    tiny_model_factory, selfspec_device, arch, prompt, n, seed, dtype
+):
     """float32/bf16: equal, or a first divergence at a near-tied logit, reported; never retried."""
     model = tiny_model_factory(arch, dtype=dtype, device=selfspec_device)
     res = assert_lossless(model, "noisy", prompt, n, plugin_object=Noisy(seed, 0.7))

@@ -66,11 +66,26 @@ def test_skip_layer_draft_exit_threshold():
     logits = runner.forward(pending, cache=cache, start=slot, logits="last", **kw).logits[-1]
     p = float(torch.softmax(logits, -1).max())
     high = min(1.0, p + 1e-6)
-    assert len(skip_layer_draft(runner, cache, pending, slot, max_tokens=5, exit_below=high, keep_exit=False,
-                                **kw).tokens) == 0
-    kept = skip_layer_draft(runner, cache, pending, slot, max_tokens=5, exit_below=high, **kw).tokens
+    assert (
+        len(
+            skip_layer_draft(
+                runner, cache, pending, slot, max_tokens=5, exit_below=high, keep_exit=False, **kw
+            ).tokens
+        )
+        == 0
+    )
+    kept = skip_layer_draft(
+        runner, cache, pending, slot, max_tokens=5, exit_below=high, **kw
+    ).tokens
     assert kept.tolist() == [int(logits.argmax())]
-    assert len(skip_layer_draft(runner, cache, pending, slot, max_tokens=1, exit_below=p - 1e-6, **kw).tokens) == 1
+    assert (
+        len(
+            skip_layer_draft(
+                runner, cache, pending, slot, max_tokens=1, exit_below=p - 1e-6, **kw
+            ).tokens
+        )
+        == 1
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -97,8 +112,15 @@ class FromLayer:
         if k <= 0:
             return Draft.empty(state.runner.device)
         skip = tuple(range(self.first, state.runner.n_layers))
-        out = skip_layer_draft(state.runner, state.cache, state.tokens[base : base + 1], base, max_tokens=k,
-                               skip_attn=skip, capture=self.first)
+        out = skip_layer_draft(
+            state.runner,
+            state.cache,
+            state.tokens[base : base + 1],
+            base,
+            max_tokens=k,
+            skip_attn=skip,
+            capture=self.first,
+        )
         return Draft(out.tokens, meta={"hidden": out.captured}, owner=self)
 
     @selfspec.hookimpl
@@ -127,9 +149,17 @@ def _state(arch: str = "llama", extra_capacity: int = 32):
     T = len(PROMPT)
     tokens = torch.zeros(T + extra_capacity, dtype=torch.long)
     tokens[:T] = torch.tensor(PROMPT)
-    state = selfspec.DecodeState(runner=runner, cache=runner.new_cache(T + extra_capacity), tokens=tokens,
-                                 length=T, prompt_length=T, max_new_tokens=extra_capacity - 8,
-                                 eos_token_ids=frozenset(), stats=selfspec.Stats(), plugin_name="t")
+    state = selfspec.DecodeState(
+        runner=runner,
+        cache=runner.new_cache(T + extra_capacity),
+        tokens=tokens,
+        length=T,
+        prompt_length=T,
+        max_new_tokens=extra_capacity - 8,
+        eos_token_ids=frozenset(),
+        stats=selfspec.Stats(),
+        plugin_name="t",
+    )
     runner.forward(tokens[: T - 1], cache=state.cache, start=0, logits=None)
     return state
 
@@ -149,11 +179,18 @@ def test_verify_tree_with_extra_rows_matches_verify_greedy_and_the_model(arch):
     expect = verify_greedy(_state(arch), draft)
     branch = [5, 9, 4]  # rides along: sees the pending token and itself only
     base = len(PROMPT) - 1
-    extra = ExtraBlock(ids=torch.tensor(branch), positions=torch.arange(base + 1, base + 4),
-                       mask=torch.ones(3, 3, dtype=torch.bool).tril_(), rows=torch.tensor([0, 2]))
+    extra = ExtraBlock(
+        ids=torch.tensor(branch),
+        positions=torch.arange(base + 1, base + 4),
+        mask=torch.ones(3, 3, dtype=torch.bool).tril_(),
+        rows=torch.tensor([0, 2]),
+    )
     verdict, preds = verify_tree(model_state, draft, extra)
     assert verdict == expect and verdict.accepted == (ref[0], ref[1]) and verdict.bonus == ref[2]
-    assert preds == [_greedy_after(model, PROMPT + branch[:1]), _greedy_after(model, PROMPT + branch)]
+    assert preds == [
+        _greedy_after(model, PROMPT + branch[:1]),
+        _greedy_after(model, PROMPT + branch),
+    ]
 
 
 @given(data=st.data())
@@ -188,8 +225,12 @@ def _brute_match(tokens: list[int], max_n: int, min_n: int) -> tuple[int, int]:
     return 0, -1
 
 
-@given(chunks=st.lists(st.lists(st.integers(0, 3), max_size=6), max_size=6),
-       max_n=st.integers(1, 4), min_n=st.integers(1, 4), k=st.integers(1, 5))
+@given(
+    chunks=st.lists(st.lists(st.integers(0, 3), max_size=6), max_size=6),
+    max_n=st.integers(1, 4),
+    min_n=st.integers(1, 4),
+    k=st.integers(1, 5),
+)
 def test_ngram_index_matches_brute_force(chunks, max_n, min_n, k):
     if min_n > max_n:
         with pytest.raises(ValueError):
@@ -205,8 +246,12 @@ def test_ngram_index_matches_brute_force(chunks, max_n, min_n, k):
         assert index.continuation(k) == (tuple(seen[stop : stop + k]) if n else ())
 
 
-@given(seen=st.lists(st.integers(0, 3), max_size=14), tail=st.lists(st.integers(0, 3), max_size=4),
-       max_n=st.integers(1, 4), k=st.integers(0, 5))
+@given(
+    seen=st.lists(st.integers(0, 3), max_size=14),
+    tail=st.lists(st.integers(0, 3), max_size=4),
+    max_n=st.integers(1, 4),
+    k=st.integers(0, 5),
+)
 def test_ngram_lookup_after_a_tail_matches_brute_force(seen, tail, max_n, k):
     # what followed the longest suffix of seen + tail, found inside seen (its continuation known)
     index = NgramIndex(max_n, 1)
@@ -253,7 +298,6 @@ def test_ngram_halving_shortens_the_continuation_of_a_shorter_match():
     assert h3.continuation(1, halving=True) == (10,)  # never shorter than one token
 
 
-
 # ------------------------------------------------------------------------------ the layers type
 @given(layers=st.sets(st.integers(0, 40)))
 def test_layers_round_trip(layers):
@@ -262,10 +306,20 @@ def test_layers_round_trip(layers):
 
 def test_layers_option_parses_and_refuses():
     opt = Option("skip", Layers, "1,3-4", "h")
-    assert opt.convert("3,5,10-12") == (3, 5, 10, 11, 12) and opt.convert("none") == () and opt.convert([2, 1]) == (1, 2)
-    assert selfspec._engine.contract.options.resolve({"skip": opt}, {}, "p") == {"skip": (1, 3, 4)}  # the default is parsed too
+    assert (
+        opt.convert("3,5,10-12") == (3, 5, 10, 11, 12)
+        and opt.convert("none") == ()
+        and opt.convert([2, 1]) == (1, 2)
+    )
+    # the default is parsed too
+    assert selfspec._engine.contract.options.resolve({"skip": opt}, {}, "p") == {"skip": (1, 3, 4)}
     assert opt.describe()["type"] == "layers" and opt.describe()["default"] == "1,3-4"
-    for bad, why in (("a-b", "not a layer"), ("2,2", "listed twice"), ("1-3,3", "listed twice"), ("-1", "not a layer")):
+    for bad, why in (
+        ("a-b", "not a layer"),
+        ("2,2", "listed twice"),
+        ("1-3,3", "listed twice"),
+        ("-1", "not a layer"),
+    ):
         with pytest.raises(OptionError, match=why):
             opt.convert(bad)
     assert check_layers((0, 29), 30, "skip") == (0, 29) and check_layers(None, 30) is None
@@ -292,7 +346,9 @@ def test_model_identity_does_not_depend_on_a_layout_the_model_adopted(layout):
     from selfspec._engine.runner.layout import packing_unsupported
     from selfspec._engine.tuning.machine import cpu_capability
 
-    why = packing_unsupported("cpu", torch.float32, cpu_capability()) if layout == "packed" else None
+    why = (
+        packing_unsupported("cpu", torch.float32, cpu_capability()) if layout == "packed" else None
+    )
     if why:
         pytest.skip(f"packed does not run here: {why}")
     ident = model_identity(Runner(tiny_model("qwen2", dtype=torch.float32)))
@@ -306,9 +362,15 @@ def test_store_resolver_and_atomic_save(tmp_path, monkeypatch):
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
     store = ArtefactStore("demo")
     assert store.root == tmp_path / "demo"
-    assert resolve_profile("auto", store, "m.json") is None and resolve_profile("none", store, "m.json") is None
+    assert (
+        resolve_profile("auto", store, "m.json") is None
+        and resolve_profile("none", store, "m.json") is None
+    )
     path = store.save_text(store.path("m.json"), json.dumps({"a": 1}))
-    assert resolve_profile("auto", store, "m.json") == path and resolve_profile(None, store, "m.json") == path
+    assert (
+        resolve_profile("auto", store, "m.json") == path
+        and resolve_profile(None, store, "m.json") == path
+    )
     assert resolve_profile("none", store, "m.json") is None
     assert resolve_profile(str(path), store, "other.json") == path
     with pytest.raises(ArtefactError, match="no profile"):
@@ -321,7 +383,9 @@ def test_store_resolver_and_atomic_save(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         ArtefactStore.save(path, broken)
     # h) an interrupted save leaves the old file and no partial one
-    assert json.loads(path.read_text()) == {"a": 1} and sorted(p.name for p in path.parent.iterdir()) == ["m.json"]
+    assert json.loads(path.read_text()) == {"a": 1} and sorted(
+        p.name for p in path.parent.iterdir()
+    ) == ["m.json"]
 
 
 # ------------------------------------------------------------------------------ owner and timing
@@ -344,7 +408,9 @@ def test_the_owner_survives_the_hosts_cut():
     plugin = LongDraft()
     Decoder(tiny_model("llama"), "long", plugin_object=plugin).generate(PROMPT, 4, eos_token_ids=())
     assert plugin.seen[0] == (True, 3, 10)  # cut to the budget, still ours, meta as proposed
-    assert not Draft.chain([1]).is_from(plugin) and not Draft.chain([1], owner=object()).is_from(plugin)
+    assert not Draft.chain([1]).is_from(plugin) and not Draft.chain([1], owner=object()).is_from(
+        plugin
+    )
 
 
 class TimedUpdate:
@@ -360,6 +426,8 @@ class TimedUpdate:
 def test_timed_sub_phases_are_left_out_of_their_hook_phase(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
-    res = Decoder(tiny_model("llama"), "timed", plugin_object=TimedUpdate(clock)).generate(PROMPT, 5, eos_token_ids=())
+    res = Decoder(tiny_model("llama"), "timed", plugin_object=TimedUpdate(clock)).generate(
+        PROMPT, 5, eos_token_ids=()
+    )
     assert res.stats.phase_s["search"] == 100.0 * res.stats.steps
     assert res.stats.phase_s["update"] == 0.0

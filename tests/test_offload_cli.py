@@ -18,8 +18,16 @@ from selfspec.app._models.placement import parse_max_memory, parse_size, placeme
 
 PROMPT = "the cat sat on a mat"
 #: layers 1 and 3 and the LM head on disk, the rest in memory
-SPLIT = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
-         "model.layers.2": "cpu", "model.layers.3": "disk", "model.norm": "cpu", "lm_head": "disk"}
+SPLIT = {
+    "model.embed_tokens": "cpu",
+    "model.rotary_emb": "cpu",
+    "model.layers.0": "cpu",
+    "model.layers.1": "disk",
+    "model.layers.2": "cpu",
+    "model.layers.3": "disk",
+    "model.norm": "cpu",
+    "lm_head": "disk",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +45,9 @@ def invoke(*args):
 
 
 def test_load_model_places_layers_as_asked_and_decodes_like_generate_there(model_dir, tmp_path):
-    loaded = load_model(model_dir, dtype="float64", device_map=SPLIT, offload_folder=tmp_path / "off")
+    loaded = load_model(
+        model_dir, dtype="float64", device_map=SPLIT, offload_folder=tmp_path / "off"
+    )
     assert loaded.placement["layers"] == "0 cpu, 1 disk, 2 cpu, 3 disk"
     assert loaded.placement["offloaded_layers"] == 2 and str(loaded.device) == "cpu"
     ids = loaded.tokenizer.encode(PROMPT)
@@ -54,13 +64,24 @@ def test_max_memory_alone_means_auto_and_spills_to_disk(model_dir):
     devices = loaded.placement["devices"]
     assert devices.get("cpu", 0) >= 1 and devices.get("disk", 0) >= 1, loaded.placement
     assert loaded.placement["offloaded_layers"] == devices["disk"]
-    whole = load_model(model_dir, dtype="float32", max_memory="cpu=1KB")  # nothing fits: all on disk
+    # nothing fits: all on disk
+    whole = load_model(model_dir, dtype="float32", max_memory="cpu=1KB")
     assert whole.placement["devices"] == {"disk": 4} and whole.placement["layers"] == "0-3 disk"
 
 
 def test_json_records_the_placement_and_stderr_says_it_once(model_dir, tmp_path):
-    args = ["-m", model_dir, "--dtype", "float64", "-n", 8, "--device-map", json.dumps(SPLIT),
-            "--offload-folder", tmp_path / "off"]
+    args = [
+        "-m",
+        model_dir,
+        "--dtype",
+        "float64",
+        "-n",
+        8,
+        "--device-map",
+        json.dumps(SPLIT),
+        "--offload-folder",
+        tmp_path / "off",
+    ]
     r = invoke(*args, "--json", PROMPT)
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
@@ -68,23 +89,30 @@ def test_json_records_the_placement_and_stderr_says_it_once(model_dir, tmp_path)
     assert data["placement"]["placed"]["layers"] == "0 cpu, 1 disk, 2 cpu, 3 disk"
     assert data["stats"]["placement"]["offloaded_layers"] == 2
     loaded = models.load(model_dir, dtype="float64")
-    assert data["output_ids"] == reference_generate(loaded.model, data["prompt_ids"], 8, loaded.eos_token_ids)
+    assert data["output_ids"] == reference_generate(
+        loaded.model, data["prompt_ids"], 8, loaded.eos_token_ids
+    )
     streamed = invoke(*args, "-p", "lookup", PROMPT)
     assert streamed.exit_code == 0, streamed.output
     lines = [ln for ln in streamed.stderr.splitlines() if "placement:" in ln]
-    assert lines == ["selfspec: placement: layers 0 cpu, 1 disk, 2 cpu, 3 disk; "
-                     "embed_tokens cpu, rotary_emb cpu, norm cpu, lm_head disk"]
+    assert lines == [
+        "selfspec: placement: layers 0 cpu, 1 disk, 2 cpu, 3 disk; "
+        "embed_tokens cpu, rotary_emb cpu, norm cpu, lm_head disk"
+    ]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--device-map", "everywhere"], "unknown device map 'everywhere'"),
-    (["--device-map", "{oops"], "--device-map is not valid JSON"),
-    (["--device-map", '["cpu"]'], "unknown device map"),
-    (["--device-map", '{"lm_head": "tpu"}'], "unknown device 'tpu'"),
-    (["--max-memory", "cpu"], "'cpu' is not DEVICE=SIZE"),
-    (["--max-memory", "cpu=lots"], "'lots' is not a size"),
-    (["--max-memory", "cpu=1GB,cpu=2GB"], "names 'cpu' twice"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--device-map", "everywhere"], "unknown device map 'everywhere'"),
+        (["--device-map", "{oops"], "--device-map is not valid JSON"),
+        (["--device-map", '["cpu"]'], "unknown device map"),
+        (["--device-map", '{"lm_head": "tpu"}'], "unknown device 'tpu'"),
+        (["--max-memory", "cpu"], "'cpu' is not DEVICE=SIZE"),
+        (["--max-memory", "cpu=lots"], "'lots' is not a size"),
+        (["--max-memory", "cpu=1GB,cpu=2GB"], "names 'cpu' twice"),
+    ],
+)
 def test_bad_placement_values_are_one_line_errors(model_dir, args, message):
     r = invoke("-m", model_dir, *args, "-n", 2, PROMPT)
     assert r.exit_code == 2, r.output
@@ -100,13 +128,31 @@ def test_a_file_as_offload_folder_is_refused(model_dir, tmp_path):
 
 
 def test_a_map_naming_a_missing_module_is_a_load_error(model_dir):
-    r = invoke("-m", model_dir, "--device-map", '{"model.nowhere": "cpu", "lm_head": "cpu"}', "-n", 2, PROMPT)
+    r = invoke(
+        "-m",
+        model_dir,
+        "--device-map",
+        '{"model.nowhere": "cpu", "lm_head": "cpu"}',
+        "-n",
+        2,
+        PROMPT,
+    )
     assert r.exit_code == 1, r.output
-    assert "names modules" in r.stderr and "model.nowhere" in r.stderr and "Traceback" not in r.output
+    assert (
+        "names modules" in r.stderr and "model.nowhere" in r.stderr and "Traceback" not in r.output
+    )
 
 
 def test_sizes_and_budgets_parse():
-    assert parse_size("6GiB") == 6 * 2**30 and parse_size("500MB") == 500 * 10**6 and parse_size("1024") == 1024
-    assert parse_max_memory("cpu=1GiB, disk=2GB,cuda:1=3GiB") == {"cpu": 2**30, "disk": 2 * 10**9, 1: 3 * 2**30}
+    assert (
+        parse_size("6GiB") == 6 * 2**30
+        and parse_size("500MB") == 500 * 10**6
+        and parse_size("1024") == 1024
+    )
+    assert parse_max_memory("cpu=1GiB, disk=2GB,cuda:1=3GiB") == {
+        "cpu": 2**30,
+        "disk": 2 * 10**9,
+        1: 3 * 2**30,
+    }
     assert placement_request().device_map is None and placement_request().kwargs() == {}
     assert placement_request("balanced").kwargs() == {"device_map": "balanced"}

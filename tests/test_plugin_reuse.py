@@ -42,15 +42,19 @@ def _fresh(tmp_path, monkeypatch):
 def test_bench_runs_the_warm_up_and_every_prompt_through_one_instance(tiny_model_factory):
     from selfspec.app._bench.harness import Method, make_runner
 
-    run = make_runner(Method.of_plugin("counting", plugin_object=Counting), tiny_model_factory("llama"))
-    for prompt in ([1, 2, 3], [4, 5, 6, 7], [1, 2, 3]):  # run_bench calls it for the warm-up, then per prompt
+    run = make_runner(
+        Method.of_plugin("counting", plugin_object=Counting), tiny_model_factory("llama")
+    )
+    # run_bench calls it for the warm-up, then per prompt
+    for prompt in ([1, 2, 3], [4, 5, 6, 7], [1, 2, 3]):
         run(prompt, 4, set())
     assert len(STARTS) == 3 and len(set(STARTS)) == 1
 
 
 def test_check_runs_every_prompt_through_one_instance(tmp_path):
     path = tmp_path / "counting.py"
-    path.write_text(textwrap.dedent('''
+    path.write_text(
+        textwrap.dedent("""
         import os
         from selfspec import hookimpl
 
@@ -65,12 +69,32 @@ def test_check_runs_every_prompt_through_one_instance(tmp_path):
             def selfspec_start(self):
                 with open(os.environ["COUNTING_LOG"], "a") as f:
                     f.write(f"{self.serial}\\n")
-        '''))
+        """)
+    )
     log = tmp_path / "starts.log"
     model_dir = save_tiny_llama(tmp_path / "tiny", seed=1)
-    r = CliRunner().invoke(cli, ["check", "--plugin-file", str(path), "-m", str(model_dir), "--dtype", "float64",
-                                 "-n", "4", "--prompt", "a b", "--prompt", "c d", "--prompt", "e f", "--json"],
-                           env={"COUNTING_LOG": str(log)})
+    r = CliRunner().invoke(
+        cli,
+        [
+            "check",
+            "--plugin-file",
+            str(path),
+            "-m",
+            str(model_dir),
+            "--dtype",
+            "float64",
+            "-n",
+            "4",
+            "--prompt",
+            "a b",
+            "--prompt",
+            "c d",
+            "--prompt",
+            "e f",
+            "--json",
+        ],
+        env={"COUNTING_LOG": str(log)},
+    )
     assert r.exit_code == 0, r.output
     assert [row["status"] for row in json.loads(r.stdout)["results"]] == ["OK"] * 3
     starts = log.read_text().split()

@@ -26,7 +26,8 @@ class Proposer:
 @pytest.fixture
 def fake_installed(tmp_path, monkeypatch):
     """A third-party plugin 'fake' installed through the `selfspec` entry-point group."""
-    (tmp_path / "selfspec_fake_mod.py").write_text(textwrap.dedent("""
+    (tmp_path / "selfspec_fake_mod.py").write_text(
+        textwrap.dedent("""
         import selfspec
 
         class Fake:
@@ -41,7 +42,8 @@ def fake_installed(tmp_path, monkeypatch):
             def selfspec_propose(self, state):
                 self.proposed += 1
                 return None
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     fake = [
         metadata.EntryPoint(name="fake", value="selfspec_fake_mod:Fake", group="selfspec"),
@@ -154,7 +156,8 @@ def test_plugin_with_no_hooks_is_an_error():
 
 def test_module_plugins_and_plugin_files(tmp_path, tiny_model_factory):
     path = tmp_path / "myplug.py"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         import selfspec
 
         calls = []
@@ -162,10 +165,13 @@ def test_module_plugins_and_plugin_files(tmp_path, tiny_model_factory):
         @selfspec.hookimpl
         def selfspec_start(state):
             calls.append(state.prompt_length)
-    """))
+    """)
+    )
     name, module = plugins.load_file(path)
     assert name == "myplug"
-    Decoder(tiny_model_factory("llama"), name, plugin_object=module).generate([1, 2], 2, eos_token_ids=())
+    Decoder(tiny_model_factory("llama"), name, plugin_object=module).generate(
+        [1, 2], 2, eos_token_ids=()
+    )
     assert module.calls == [2]
     with pytest.raises(PluginError, match="does not exist"):
         plugins.load_file(tmp_path / "missing.py")
@@ -191,14 +197,27 @@ def test_hook_options():
     pm, _ = make_manager("opts", plugin_object=Opts)
     declared = declared_options(pm)
     assert list(declared) == ["k", "mode", "adapt", "threshold"]
-    assert resolve(declared, {}, "opts") == {"k": 4, "mode": "fast", "adapt": True, "threshold": None}
+    assert resolve(declared, {}, "opts") == {
+        "k": 4,
+        "mode": "fast",
+        "adapt": True,
+        "threshold": None,
+    }
     got = resolve(declared, parse_pairs(["k=7", "mode=slow", "adapt=no", "threshold=0.5"]), "opts")
     assert got == {"k": 7, "mode": "slow", "adapt": False, "threshold": 0.5}
-    with pytest.raises(OptionError, match=r"plugin 'opts' has no option 'kk' \(its options: adapt, k, mode, threshold\)"):
+    with pytest.raises(
+        OptionError,
+        match=r"plugin 'opts' has no option 'kk' \(its options: adapt, k, mode, threshold\)",
+    ):
         resolve(declared, {"kk": "1"}, "opts")
-    for bad, message in [({"k": "x"}, "not a valid int"), ({"k": "0"}, "below the minimum"),
-                         ({"k": 17}, "above the maximum"), ({"mode": "medium"}, "not one of"),
-                         ({"adapt": "maybe"}, "not a boolean"), ({"k": True}, "expected int")]:
+    for bad, message in [
+        ({"k": "x"}, "not a valid int"),
+        ({"k": "0"}, "below the minimum"),
+        ({"k": 17}, "above the maximum"),
+        ({"mode": "medium"}, "not one of"),
+        ({"adapt": "maybe"}, "not a boolean"),
+        ({"k": True}, "expected int"),
+    ]:
         with pytest.raises(OptionError, match=f"option '{next(iter(bad))}': .*{message}"):
             resolve(declared, bad, "opts")
     with pytest.raises(OptionError, match="key=value"):

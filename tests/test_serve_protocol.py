@@ -33,7 +33,11 @@ COMPLETION = {"model": "m", "prompt": "hi"}
 def test_defaults_fill_what_a_request_leaves_out():  # see a)
     req = parse_chat(CHAT, LIMITS, Defaults(temperature=0.5, top_k=3, top_p=0.9, seed=4))
     assert (req.max_tokens, req.temperature, req.top_k, req.top_p, req.seed) == (16, 0.5, 3, 0.9, 4)
-    req = parse_chat({**CHAT, "temperature": 0, "seed": 9, "max_completion_tokens": 5, "stop": "x"}, LIMITS, DEFAULTS)
+    req = parse_chat(
+        {**CHAT, "temperature": 0, "seed": 9, "max_completion_tokens": 5, "stop": "x"},
+        LIMITS,
+        DEFAULTS,
+    )
     assert (req.temperature, req.seed, req.max_tokens, req.stop) == (0.0, 9, 5, ("x",))
 
 
@@ -44,11 +48,24 @@ def test_a_completion_takes_text_or_token_ids():  # see a)
 
 
 def test_chat_content_parts_and_roles():  # see a)
-    req = parse_chat({**CHAT, "messages": [{"role": "developer", "content": "be brief"},
-                                           {"role": "user", "content": [{"type": "text", "text": "a"},
-                                                                        {"type": "text", "text": "b"}]}]},
-                     LIMITS, DEFAULTS)
-    assert req.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+    req = parse_chat(
+        {
+            **CHAT,
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+            ],
+        },
+        LIMITS,
+        DEFAULTS,
+    )
+    assert req.messages == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+    ]
 
 
 BAD = [
@@ -86,7 +103,10 @@ BAD = [
     ({**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({**CHAT, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
     ({**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+    (
+        {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        "messages[0].content[0]",
+    ),
 ]
 
 
@@ -98,17 +118,20 @@ def test_a_bad_chat_body_is_a_400_naming_the_field(body, param):  # see a)
     assert err.value.body()["error"]["param"] == param and err.value.body()["error"]["message"]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"model": "m"}, "prompt"),
-    ({**COMPLETION, "prompt": ""}, "prompt"),
-    ({**COMPLETION, "prompt": ["a", "b"]}, "prompt"),
-    ({**COMPLETION, "prompt": 5}, "prompt"),
-    ({**COMPLETION, "logprobs": 2}, "logprobs"),
-    ({**COMPLETION, "echo": True}, "echo"),
-    ({**COMPLETION, "best_of": 2}, "best_of"),
-    ({**COMPLETION, "suffix": "x"}, "suffix"),
-    ({**COMPLETION, "messages": []}, "messages"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"model": "m"}, "prompt"),
+        ({**COMPLETION, "prompt": ""}, "prompt"),
+        ({**COMPLETION, "prompt": ["a", "b"]}, "prompt"),
+        ({**COMPLETION, "prompt": 5}, "prompt"),
+        ({**COMPLETION, "logprobs": 2}, "logprobs"),
+        ({**COMPLETION, "echo": True}, "echo"),
+        ({**COMPLETION, "best_of": 2}, "best_of"),
+        ({**COMPLETION, "suffix": "x"}, "suffix"),
+        ({**COMPLETION, "messages": []}, "messages"),
+    ],
+)
 def test_a_bad_completion_body_is_a_400_naming_the_field(body, param):  # see a)
     with pytest.raises(ApiError) as err:
         parse_completion(body, LIMITS, DEFAULTS)
@@ -156,28 +179,54 @@ def test_the_earliest_stop_string_wins_within_one_block():  # see b)
 
 
 # ------------------------------------------------------------------------------------------ bodies
-@pytest.mark.parametrize("raw", [
-    b'{"max_tokens": ' + b"9" * 5000 + b"}",
-    b"[" * 5000 + b"]" * 5000,
-    b'{"temperature": NaN}',
-    b'{"temperature": Infinity}',
-    b'{"model": "\xff"}',
-    b"{not json",
-], ids=["a 5000-digit integer", "arrays nested 5000 deep", "NaN", "Infinity", "bad UTF-8", "malformed"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"max_tokens": ' + b"9" * 5000 + b"}",
+        b"[" * 5000 + b"]" * 5000,
+        b'{"temperature": NaN}',
+        b'{"temperature": Infinity}',
+        b'{"model": "\xff"}',
+        b"{not json",
+    ],
+    ids=[
+        "a 5000-digit integer",
+        "arrays nested 5000 deep",
+        "NaN",
+        "Infinity",
+        "bad UTF-8",
+        "malformed",
+    ],
+)
 def test_a_body_that_is_not_plain_json_is_a_400(raw):  # see c)
     with pytest.raises(ApiError) as err:
         parse_json(raw)
-    assert err.value.status == 400 and err.value.body()["error"]["message"].startswith("the request body is not")
+    assert err.value.status == 400 and err.value.body()["error"]["message"].startswith(
+        "the request body is not"
+    )
 
 
-@pytest.mark.parametrize("body, parse, param", [
-    ({**COMPLETION, "prompt": "a\udfffb"}, parse_completion, "prompt"),
-    ({**CHAT, "messages": [{"role": "user", "content": "\ud800"}]}, parse_chat, "messages[0].content"),
-    ({**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}, parse_chat,
-     "messages[0].content[0].text"),
-    ({**CHAT, "stop": ["ok", "\udfff"]}, parse_chat, "stop"),
-    ({**CHAT, "model": "m\udfff"}, parse_chat, "model"),
-])
+@pytest.mark.parametrize(
+    "body, parse, param",
+    [
+        ({**COMPLETION, "prompt": "a\udfffb"}, parse_completion, "prompt"),
+        (
+            {**CHAT, "messages": [{"role": "user", "content": "\ud800"}]},
+            parse_chat,
+            "messages[0].content",
+        ),
+        (
+            {
+                **CHAT,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}],
+            },
+            parse_chat,
+            "messages[0].content[0].text",
+        ),
+        ({**CHAT, "stop": ["ok", "\udfff"]}, parse_chat, "stop"),
+        ({**CHAT, "model": "m\udfff"}, parse_chat, "model"),
+    ],
+)
 def test_text_with_a_lone_surrogate_is_a_400_naming_the_field(body, parse, param):  # see c)
     with pytest.raises(ApiError) as err:
         parse(body, LIMITS, DEFAULTS)
@@ -222,13 +271,20 @@ def test_the_guard_checks_host_origin_and_key_before_routing():  # see d)
         assert client.get(path).json()["error"]["code"] == "invalid_api_key"
     assert client.delete("/v1/models").status_code == 401
     assert client.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
-    assert client.get("/health", headers={"Host": "rebound.example"}).json()["error"]["code"] == "host_not_allowed"
+    assert (
+        client.get("/health", headers={"Host": "rebound.example"}).json()["error"]["code"]
+        == "host_not_allowed"
+    )
     refused = client.get("/health", headers={"Origin": "http://evil.example"})
     assert refused.status_code == 403 and "access-control-allow-origin" not in refused.headers
-    allowed = client.get("/v1/models", headers={"Origin": "http://app.example", "Authorization": "Bearer k"})
+    allowed = client.get(
+        "/v1/models", headers={"Origin": "http://app.example", "Authorization": "Bearer k"}
+    )
     assert allowed.headers["access-control-allow-origin"] == "http://app.example"
-    preflight = client.options("/v1/models", headers={"Origin": "http://app.example",
-                                                      "Access-Control-Request-Method": "GET"})
+    preflight = client.options(
+        "/v1/models",
+        headers={"Origin": "http://app.example", "Access-Control-Request-Method": "GET"},
+    )
     assert preflight.status_code == 204  # before the key: a browser's preflight carries none
 
 

@@ -1,4 +1,5 @@
-"""The near-tie bound (selfspec._engine.contract.tiebound): its arithmetic, and that every check judges with it.
+"""The near-tie bound (selfspec._engine.contract.tiebound): its arithmetic, and that every check
+judges with it.
 
 a) The bound is ROUNDING_ULPS ulps of the dtype at the logits' largest magnitude; ``ulp`` must
    be the true spacing, or the bound would not scale with what the dtype can resolve.
@@ -26,7 +27,8 @@ def test_bounds_per_dtype():
     assert tie_bound(torch.float32) == 1e-3
     assert ulp(torch.bfloat16, 20.0) == 0.125 and ulp(torch.bfloat16, 40.0) == 0.25
     assert tie_bound(torch.bfloat16, torch.tensor([20.0, -3.0])) == ROUNDING_ULPS * 0.125
-    assert tie_bound(torch.bfloat16, torch.tensor([1.0, -40.0])) == ROUNDING_ULPS * 0.25  # largest |logit|
+    # largest |logit|
+    assert tie_bound(torch.bfloat16, torch.tensor([1.0, -40.0])) == ROUNDING_ULPS * 0.25
     assert tie_bound(torch.float16, 20.0) == ROUNDING_ULPS * 2.0 ** (4 - 10)
     with pytest.raises(ValueError, match="needs the logits"):
         tie_bound(torch.bfloat16)
@@ -37,9 +39,13 @@ def test_ulp_is_the_spacing_of_the_dtype(x, dtype):  # see a)
     u = ulp(dtype, x)
     t = torch.tensor(x, dtype=torch.float64)
     lo = t.to(dtype).to(torch.float64)
-    nxt = torch.nextafter(t.to(dtype).to(torch.float32), torch.tensor(float("inf"))).to(torch.float64)
-    if dtype != torch.float32:  # nextafter in float32 is finer; the dtype's own step is its rounding
-        assert abs(float(lo) - x) <= u / 2 * (1 + 1e-9) or abs(float(lo)) >= 2 * x  # rounded up a binade
+    nxt = torch.nextafter(t.to(dtype).to(torch.float32), torch.tensor(float("inf"))).to(
+        torch.float64
+    )
+    # nextafter in float32 is finer; the dtype's own step is its rounding
+    if dtype != torch.float32:
+        # rounded up a binade
+        assert abs(float(lo) - x) <= u / 2 * (1 + 1e-9) or abs(float(lo)) >= 2 * x
     else:
         assert float(nxt - lo) == pytest.approx(u) or float(lo) != pytest.approx(x, rel=1e-6)
     assert u <= x * 2.0 ** -{torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[dtype]
@@ -48,7 +54,11 @@ def test_ulp_is_the_spacing_of_the_dtype(x, dtype):  # see a)
 @given(st.floats(0.01, 1000.0))
 def test_bound_grows_with_the_magnitude(scale):
     assert tie_bound(torch.bfloat16, 2 * scale) == 2 * tie_bound(torch.bfloat16, scale)
-    assert scale * 2.0 ** -7 * ROUNDING_ULPS / 2 < tie_bound(torch.bfloat16, scale) <= scale * 2.0 ** -7 * ROUNDING_ULPS
+    assert (
+        scale * 2.0**-7 * ROUNDING_ULPS / 2
+        < tie_bound(torch.bfloat16, scale)
+        <= scale * 2.0**-7 * ROUNDING_ULPS
+    )
 
 
 def test_explain_says_rounding_or_divergence():
@@ -58,10 +68,20 @@ def test_explain_says_rounding_or_divergence():
 
 
 def test_check_line_reports_rounding_not_divergence():
-    row = {"status": "NEAR-TIE", "prompt": "p", "index": 3, "got": 5, "expected": 6, "margin": 0.125,
-           "why": explain(torch.bfloat16, 0.125, 0.5)}
+    row = {
+        "status": "NEAR-TIE",
+        "prompt": "p",
+        "index": 3,
+        "got": 5,
+        "expected": 6,
+        "margin": 0.125,
+        "why": explain(torch.bfloat16, 0.125, 0.5),
+    }
     line = _check_line(2, row)
-    assert line.startswith("NEAR-TIE  [2] 'p'") and "within bf16 rounding (margin 0.125 <= bound 0.5)" in line
+    assert (
+        line.startswith("NEAR-TIE  [2] 'p'")
+        and "within bf16 rounding (margin 0.125 <= bound 0.5)" in line
+    )
 
 
 def test_compare_judges_with_the_scaled_bound_in_bf16(tiny_model_factory):
@@ -90,5 +110,7 @@ def test_a_lossy_plugin_still_fails_in_bf16(tiny_model_factory):  # see b)
 
 def test_vanilla_is_lossless_in_bf16_under_the_bound(tiny_model_factory):
     for arch in ("llama", "gemma3"):
-        res = assert_lossless(tiny_model_factory(arch, dtype=torch.bfloat16), "vanilla", [5, 6, 7, 8], 24)
+        res = assert_lossless(
+            tiny_model_factory(arch, dtype=torch.bfloat16), "vanilla", [5, 6, 7, 8], 24
+        )
         assert len(res.output_ids) == 24

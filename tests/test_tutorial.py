@@ -18,7 +18,8 @@ from selfspec.app._cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(
-    "lookup" not in __import__("selfspec._engine.contract.plugins", fromlist=["available"]).available(),
+    "lookup"
+    not in __import__("selfspec._engine.contract.plugins", fromlist=["available"]).available(),
     reason="selfspec-lookup is not installed (pip install -e plugins/selfspec-lookup)",
 )
 
@@ -33,12 +34,27 @@ def test_step6_plugins_lists_lookup():
     assert out.exit_code == 0, out.output
     rows = {row["name"]: row for row in json.loads(out.stdout)}
     assert "lookup" in rows
-    assert {o["name"] for o in rows["lookup"]["options"]} == {"max_ngram", "min_ngram", "num_draft", "adaptive"}
+    assert {o["name"] for o in rows["lookup"]["options"]} == {
+        "max_ngram",
+        "min_ngram",
+        "num_draft",
+        "adaptive",
+    }
 
 
 def test_step6_run_lookup(model_dir):
-    args = ["--plugin", "lookup", "-o", "num_draft=8", "--model", model_dir, "-n", "12", "--json",
-            "Repeat exactly: the quick brown fox jumps over the lazy dog."]
+    args = [
+        "--plugin",
+        "lookup",
+        "-o",
+        "num_draft=8",
+        "--model",
+        model_dir,
+        "-n",
+        "12",
+        "--json",
+        "Repeat exactly: the quick brown fox jumps over the lazy dog.",
+    ]
     out = CliRunner().invoke(cli, args)
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["plugin"] == "lookup"
@@ -46,19 +62,37 @@ def test_step6_run_lookup(model_dir):
 
 def test_step6_plugin_file(model_dir):
     path = ROOT / "plugins" / "selfspec-lookup" / "selfspec_lookup.py"
-    out = CliRunner().invoke(cli, ["--plugin-file", str(path), "--model", model_dir, "-n", "6", "--json", "hello"])
+    out = CliRunner().invoke(
+        cli, ["--plugin-file", str(path), "--model", model_dir, "-n", "6", "--json", "hello"]
+    )
     assert out.exit_code == 0, out.output
 
 
 def test_step7_check_and_suite(model_dir):
-    out = CliRunner().invoke(cli, ["check", "--plugin", "lookup", "--model", model_dir, "-n", "16", "--dtype", "float64"])
+    out = CliRunner().invoke(
+        cli, ["check", "--plugin", "lookup", "--model", model_dir, "-n", "16", "--dtype", "float64"]
+    )
     assert out.exit_code == 0, out.output
     assert "DIVERGED" not in out.output
     # the suite as the tutorial runs it, in a fresh interpreter; its losslessness property (the
     # long part) runs in the same CI from plugins/selfspec-lookup/tests, so not twice here
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--selfspec-coverage",
-                          "-k", "not test_lossless", str(ROOT / "plugins" / "selfspec-lookup" / "tests")],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--selfspec-coverage",
+            "-k",
+            "not test_lossless",
+            str(ROOT / "plugins" / "selfspec-lookup" / "tests"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "selfspec coverage" in run.stdout and " passed" in run.stdout
-    assert "no PluginSuite property test ran" in run.stdout  # a suite that drew no example is not reported
+    # a suite that drew no example is not reported
+    assert "no PluginSuite property test ran" in run.stdout

@@ -42,8 +42,11 @@ def main() -> None:
     runner = selfspec.Runner(model, adopt=True)
     choice = shadow.measured_backend(runner)  # the timed choice (and today's gate, cached or not)
     timed = runner.choices["draft_weights"]
-    gated = min((c for c in timed.seconds if agreement.gated(c)), default=None,
-                key=lambda c: sum(timed.seconds[c].values()))
+    gated = min(
+        (c for c in timed.seconds if agreement.gated(c)),
+        default=None,
+        key=lambda c: sum(timed.seconds[c].values()),
+    )
     if gated is None:
         sys.exit(f"no 4-bit copy was timed here ({', '.join(timed.seconds)}): the gate never runs")
     fallback, draft_s, verify_s = agreement.gate_terms(timed.seconds)
@@ -55,11 +58,21 @@ def main() -> None:
     agreement._MEMO.clear()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        first = agreement.gate(runner, gated, fallback, draft_s, verify_s, measure=shadow.agreement_measure(runner),
-                               store=ArtefactStore("calibration", root=tmp))
+        first = agreement.gate(
+            runner,
+            gated,
+            fallback,
+            draft_s,
+            verify_s,
+            measure=shadow.agreement_measure(runner),
+            store=ArtefactStore("calibration", root=tmp),
+        )
     spent = time.perf_counter() - t0
     rss1 = _peak_gb()
-    print(f"first use: {spent:.1f} s, peak RSS {rss0:.2f} -> {rss1:.2f} GB; {first.note()}", flush=True)
+    print(
+        f"first use: {spent:.1f} s, peak RSS {rss0:.2f} -> {rss1:.2f} GB; {first.note()}",
+        flush=True,
+    )
 
     rows = []
     for seed in (int(s) for s in a.seeds.split(",")):
@@ -67,14 +80,32 @@ def main() -> None:
         t0 = time.perf_counter()
         agree = shadow.agreement_measure(runner)(runner, (gated, fallback))
         rates = {b: agreement.rate(agree[b], draft_s[b], verify_s) for b in agree}
-        rows.append({"seed": seed, "agreement": agree, "rate": rates, "admitted": rates[gated] >= rates[fallback],
-                     "seconds": time.perf_counter() - t0})
+        rows.append(
+            {
+                "seed": seed,
+                "agreement": agree,
+                "rate": rates,
+                "admitted": rates[gated] >= rates[fallback],
+                "seconds": time.perf_counter() - t0,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
-    out = {"model": a.model, "machine": _machine(), "gated": gated, "fallback": fallback, "timed": timed.as_dict(),
-           "draft_s": draft_s, "verify_s": verify_s, "first_use_s": spent, "peak_rss_gb_before": rss0,
-           "peak_rss_gb_after": rss1, "first": {"agreement": first.agreement, "rate": first.rate,
-                                                "admitted": first.admitted}, "seeds": rows,
-           "positions": agreement.POSITIONS, "tokens": agreement.TOKENS}
+    out = {
+        "model": a.model,
+        "machine": _machine(),
+        "gated": gated,
+        "fallback": fallback,
+        "timed": timed.as_dict(),
+        "draft_s": draft_s,
+        "verify_s": verify_s,
+        "first_use_s": spent,
+        "peak_rss_gb_before": rss0,
+        "peak_rss_gb_after": rss1,
+        "first": {"agreement": first.agreement, "rate": first.rate, "admitted": first.admitted},
+        "seeds": rows,
+        "positions": agreement.POSITIONS,
+        "tokens": agreement.TOKENS,
+    }
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)

@@ -4,9 +4,9 @@
     python lab/scripts/cheap_first_trace.py [--model M] [--method lookup+qspec]
         [--tasks gsm8k,mtbench] [--samples 2] [--max-new-tokens 64] [--json FILE]
 
-For every call of the rule (:func:`selfspec._engine.contract.composetree.worth_calling`) it records the
-inputs (the draft so far: expected accepted tokens ``covered``, merged nodes, proposing cost
-``spent``; the member's expected gain, mean proposing cost and draft size, in one-token
+For every call of the rule (:func:`selfspec._engine.contract.composetree.worth_calling`) it
+records the inputs (the draft so far: expected accepted tokens ``covered``, merged nodes, proposing
+cost ``spent``; the member's expected gain, mean proposing cost and draft size, in one-token
 forwards) and the two ratios the rule compares. For every step it records which members
 proposed, the tokens committed and the step's wall time in one-token forwards (propose to
 commit). It then prints, per task, the steps where the rule skipped a member beside those where
@@ -31,7 +31,9 @@ from selfspec.app._models import format_prompt, load
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lab/scripts/cheap_first_trace.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="lab/scripts/cheap_first_trace.py", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--model", default=None)
     ap.add_argument("--method", default="lookup+qspec")
     ap.add_argument("--tasks", default="gsm8k,mtbench")
@@ -41,7 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     loaded = load(args.model, dtype="float32")
     tasks = [t.strip() for t in args.tasks.split(",")]
-    prompts = [(t, format_prompt(loaded, s.text(True))) for t in tasks for s in load_task(t, "test", n=args.samples)]
+    prompts = [
+        (t, format_prompt(loaded, s.text(True)))
+        for t in tasks
+        for s in load_task(t, "test", n=args.samples)
+    ]
     calls: list[dict] = []
     steps: list[dict] = []
     real_rule = compose_mod.worth_calling
@@ -49,8 +55,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     def rule(stats, covered, nodes, spent, cost):
         gain, own, size = stats.expected_gain(covered), stats.mean_cost(), stats.mean_size()
         verdict = real_rule(stats, covered, nodes, spent, cost)
-        row = {"covered": covered, "nodes": nodes, "spent": spent, "gain": gain, "own": own, "size": size,
-               "call": verdict}
+        row = {
+            "covered": covered,
+            "nodes": nodes,
+            "spent": spent,
+            "gain": gain,
+            "own": own,
+            "size": size,
+            "call": verdict,
+        }
         if gain is not None and own is not None:
             row["without"] = (1.0 + covered) / (spent + cost(nodes + 1))
             row["with"] = (1.0 + covered + gain) / (spent + own + cost(nodes + 1 + round(size)))
@@ -70,8 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         members = [p.member.name for p in self._step]
         real_update(self, state, verdict)
         seconds = time.perf_counter() - self._trace_t0
-        steps.append({"task": self._trace_task, "members": members, "committed": len(verdict.committed),
-                      "forwards": self.forwards(seconds), "rule": calls[self._trace_calls:]})
+        steps.append(
+            {
+                "task": self._trace_task,
+                "members": members,
+                "committed": len(verdict.committed),
+                "forwards": self.forwards(seconds),
+                "rule": calls[self._trace_calls :],
+            }
+        )
 
     compose_mod.Composer.selfspec_propose = propose
     compose_mod.Composer.selfspec_update_policy = update
@@ -86,32 +106,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         same &= out == ref.generate(ids, args.max_new_tokens).output_ids
     size = len(dec.plugin.members)
     m = machine_info()
-    print(f"{args.method}, {args.model} float32, {m['cpu']} [{m['cpu_capability']}], "
-          f"{m['torch_threads']} threads; outputs equal vanilla's: {same}")
+    print(
+        f"{args.method}, {args.model} float32, {m['cpu']} [{m['cpu_capability']}], "
+        f"{m['torch_threads']} threads; outputs equal vanilla's: {same}"
+    )
     for task in tasks:
         mine = [s for s in steps if s["task"] == task]
         # by what ran (the members that proposed), not by the rule's prediction
-        for label, pick in (("a member skipped", lambda s: s["rule"] and len(s["members"]) < size),
-                            ("judged, all called", lambda s: s["rule"] and len(s["members"]) == size),
-                            ("not judged", lambda s: not s["rule"])):
+        for label, pick in (
+            ("a member skipped", lambda s: s["rule"] and len(s["members"]) < size),
+            ("judged, all called", lambda s: s["rule"] and len(s["members"]) == size),
+            ("not judged", lambda s: not s["rule"]),
+        ):
             sel = [s for s in mine if pick(s)]
             if not sel:
                 continue
             tok = sum(s["committed"] for s in sel)
             fw = sum(s["forwards"] for s in sel)
             judged = [r for s in sel for r in s["rule"] if "with" in r]
-            pred_without = sum(r["without"] for r in judged) / len(judged) if judged else float("nan")
+            pred_without = (
+                sum(r["without"] for r in judged) / len(judged) if judged else float("nan")
+            )
             pred_with = sum(r["with"] for r in judged) / len(judged) if judged else float("nan")
-            mean = {k: sum(r[k] for r in judged) / len(judged) if judged else float("nan")
-                    for k in ("covered", "gain", "own", "size", "nodes")}
-            print(f"{task:<10} {label:<20} steps {len(sel):3d}: measured {tok / len(sel):.2f} tokens, "
-                  f"{fw / len(sel):.2f} forwards, {tok / max(fw, 1e-9):.2f} tokens/forward; rule predicted "
-                  f"without {pred_without:.2f}, with {pred_with:.2f} tokens/forward; mean covered "
-                  f"{mean['covered']:.2f}, gain {mean['gain']:.2f}, own {mean['own']:.2f}, size "
-                  f"{mean['size']:.1f}, nodes {mean['nodes']:.1f}")
+            mean = {
+                k: sum(r[k] for r in judged) / len(judged) if judged else float("nan")
+                for k in ("covered", "gain", "own", "size", "nodes")
+            }
+            print(
+                f"{task:<10} {label:<20} steps {len(sel):3d}: "
+                f"measured {tok / len(sel):.2f} tokens, "
+                f"{fw / len(sel):.2f} forwards, {tok / max(fw, 1e-9):.2f} tokens/forward; "
+                f"rule predicted "
+                f"without {pred_without:.2f}, with {pred_with:.2f} tokens/forward; mean covered "
+                f"{mean['covered']:.2f}, gain {mean['gain']:.2f}, own {mean['own']:.2f}, size "
+                f"{mean['size']:.1f}, nodes {mean['nodes']:.1f}"
+            )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": m, "argv": sys.argv, "equals_vanilla": same, "steps": steps}, f, indent=1)
+            json.dump(
+                {"machine": m, "argv": sys.argv, "equals_vanilla": same, "steps": steps},
+                f,
+                indent=1,
+            )
     return 0
 
 

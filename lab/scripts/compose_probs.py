@@ -48,23 +48,36 @@ def depth_rates_only() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lab/scripts/compose_probs.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="lab/scripts/compose_probs.py", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--model", default=None)
     ap.add_argument("--tasks", default="humaneval,gsm8k,mtbench,sharegpt")
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--methods", default="qspec,selfsd,lookup,selfdraft+qspec,lookup+qspec,lookup+selfsd")
+    ap.add_argument(
+        "--methods", default="qspec,selfsd,lookup,selfdraft+qspec,lookup+qspec,lookup+selfsd"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     loaded = load(args.model, dtype="float32")
     tasks = [t.strip() for t in args.tasks.split(",")]
-    prompts = [(t, format_prompt(loaded, s.text(True))) for t in tasks for s in load_task(t, "test", n=args.samples)]
+    prompts = [
+        (t, format_prompt(loaded, s.text(True)))
+        for t in tasks
+        for s in load_task(t, "test", n=args.samples)
+    ]
     methods = ["vanilla"] + [m.strip() for m in args.methods.split(",")]
     runs = [(m, False) for m in methods] + [(m, True) for m in methods if "+" in m]
-    decoders = {(m, rates): Decoder(loaded.model, m, tokenizer=loaded.tokenizer) for m, rates in runs}
+    decoders = {
+        (m, rates): Decoder(loaded.model, m, tokenizer=loaded.tokenizer) for m, rates in runs
+    }
     for d in decoders.values():  # warm-up (the cost curve, the draft weights)
         d.generate(prompts[0][1], 8, eos_token_ids=())
-    rows: dict = {k: {t: {"s": 0.0, "tokens": 0, "forwards": 0.0, "members": {}} for t in tasks} for k in decoders}
+    rows: dict = {
+        k: {t: {"s": 0.0, "tokens": 0, "forwards": 0.0, "members": {}} for t in tasks}
+        for k in decoders
+    }
     outputs: dict = {k: [] for k in decoders}
     for task, ids in prompts:
         for k, d in decoders.items():
@@ -82,21 +95,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                     mine[c] = mine.get(c, 0) + v
             outputs[k].append(r.output_ids)
     m = machine_info()
-    print(f"{args.model} float32, tasks {','.join(tasks)} x {args.samples} samples, {args.max_new_tokens} new tokens, "
-          f"{m['cpu']} [{m['cpu_capability']}], {m['torch_threads']} threads")
+    print(
+        f"{args.model} float32, tasks {','.join(tasks)} x {args.samples} samples, "
+        f"{args.max_new_tokens} new tokens, "
+        f"{m['cpu']} [{m['cpu_capability']}], {m['torch_threads']} threads"
+    )
     base = rows[("vanilla", False)]
     table = []
     for k, per in rows.items():
         label = k[0] + (DEPTH_RATES if k[1] else "")
-        speed = {t: (per[t]["tokens"] / per[t]["s"]) / (base[t]["tokens"] / base[t]["s"]) for t in tasks}
+        speed = {
+            t: (per[t]["tokens"] / per[t]["s"]) / (base[t]["tokens"] / base[t]["s"]) for t in tasks
+        }
         geo = math.exp(sum(math.log(v) for v in speed.values()) / len(speed))
         tokens = sum(per[t]["tokens"] for t in tasks)
         tau = tokens / max(sum(per[t]["forwards"] for t in tasks), 1e-9)
         same = outputs[k] == outputs[("vanilla", False)]
-        table.append({"method": label, "vs_vanilla": speed, "geo_mean": geo, "tau": tau, "equals_vanilla": same,
-                      "members": {t: per[t]["members"] for t in tasks}})
+        table.append(
+            {
+                "method": label,
+                "vs_vanilla": speed,
+                "geo_mean": geo,
+                "tau": tau,
+                "equals_vanilla": same,
+                "members": {t: per[t]["members"] for t in tasks},
+            }
+        )
         cells = "  ".join(f"{t} {speed[t]:.2f}" for t in tasks)
-        print(f"{label:<34} x vanilla: {cells}  geo {geo:.2f}  tau {tau:.2f}  equals vanilla: {same}")
+        print(
+            f"{label:<34} x vanilla: {cells}  geo {geo:.2f}  tau {tau:.2f}  equals vanilla: {same}"
+        )
         totals: dict = {}
         for t in tasks:
             for name, counters in per[t]["members"].items():

@@ -22,7 +22,11 @@ from pathlib import Path
 
 
 def breakdown(directory: Path) -> list[dict[str, float | str]]:
-    recs = [json.loads(line) for line in (directory / "results.jsonl").read_text().splitlines() if line.strip()]
+    recs = [
+        json.loads(line)
+        for line in (directory / "results.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     acc: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for r in recs:
         if r.get("plugin") is None:  # HF methods have no phases
@@ -45,19 +49,36 @@ def breakdown(directory: Path) -> list[dict[str, float | str]]:
         verify = a["verify"] / a["steps"] / step
         r = (a["propose"] / a["steps"]) / step + verify + other
         tau = a["tokens"] / a["steps"]
-        rows.append({"method": name, "tau": tau, "drafted_per_step": a["drafted"] / a["steps"],
-                     "draft_token_cost": draft_tok, "verify_cost": verify, "other_cost": other, "r": r,
-                     "model_speedup": tau / r, "measured_speedup": (v["wall"] / v["tokens"]) / (a["wall"] / a["tokens"])})
+        rows.append(
+            {
+                "method": name,
+                "tau": tau,
+                "drafted_per_step": a["drafted"] / a["steps"],
+                "draft_token_cost": draft_tok,
+                "verify_cost": verify,
+                "other_cost": other,
+                "r": r,
+                "model_speedup": tau / r,
+                "measured_speedup": (v["wall"] / v["tokens"]) / (a["wall"] / a["tokens"]),
+            }
+        )
     return rows
 
 
 def markdown(rows: list[dict[str, float | str]]) -> str:
-    lines = ["| method | τ | drafted / step | draft token (× vanilla step) | verify pass (× vanilla step) | "
-             "step cost r | τ / r | measured vs vanilla |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| method | τ | drafted / step | draft token (× vanilla step) | "
+        "verify pass (× vanilla step) | "
+        "step cost r | τ / r | measured vs vanilla |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for x in rows:
-        lines.append(f"| {x['method']} | {x['tau']:.2f} | {x['drafted_per_step']:.1f} | {x['draft_token_cost']:.2f} | "
-                     f"{x['verify_cost']:.2f} | {x['r']:.2f} | {x['model_speedup']:.2f}× | {x['measured_speedup']:.2f}× |")
+        lines.append(
+            f"| {x['method']} | {x['tau']:.2f} | {x['drafted_per_step']:.1f} | "
+            f"{x['draft_token_cost']:.2f} | "
+            f"{x['verify_cost']:.2f} | {x['r']:.2f} | {x['model_speedup']:.2f}× | "
+            f"{x['measured_speedup']:.2f}× |"
+        )
     return "\n".join(lines)
 
 

@@ -36,7 +36,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--texts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=160)
-    ap.add_argument("--prefix", type=int, default=64, help="tokens of each text before agreement is counted")
+    ap.add_argument(
+        "--prefix", type=int, default=64, help="tokens of each text before agreement is counted"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -51,14 +53,23 @@ def main() -> None:
     vocabs = {s: selfspec.draft_vocab(runner, s, tok) for s in sizes}
 
     # dev texts for agreement; a dev prompt for timing
-    texts = [s.prompt + "\n" + (s.meta.get("answer") or "") for t in ("humaneval", "gsm8k")
-             for s in load_task(t, split="dev")[: a.texts // 2]]
+    texts = [
+        s.prompt + "\n" + (s.meta.get("answer") or "")
+        for t in ("humaneval", "gsm8k")
+        for s in load_task(t, split="dev")[: a.texts // 2]
+    ]
     seqs = [torch.tensor(tok(t, add_special_tokens=False)["input_ids"][: a.tokens]) for t in texts]
     caches = [runner.new_cache(len(ids)) for ids in seqs]
-    refs = [runner.forward(ids, cache=c).logits.argmax(-1) for ids, c in zip(seqs, caches)]  # [n] each
-    coverage = {s: sum(float(torch.isin(r[a.prefix:], v).float().mean()) if v is not None else 1.0
-                       for r in refs) / len(refs)
-                for s, v in vocabs.items()}
+    # [n] each
+    refs = [runner.forward(ids, cache=c).logits.argmax(-1) for ids, c in zip(seqs, caches)]
+    coverage = {
+        s: sum(
+            float(torch.isin(r[a.prefix :], v).float().mean()) if v is not None else 1.0
+            for r in refs
+        )
+        / len(refs)
+        for s, v in vocabs.items()
+    }
 
     prompt = seqs[0][:128]
     cache = runner.new_cache(256)
@@ -76,9 +87,18 @@ def main() -> None:
         t0 = time.perf_counter()
         dws = {s: selfspec.draft_weights(runner, backend, v) for s, v in vocabs.items()}
         build_s = time.perf_counter() - t0
-        configs = {(s, depth): dict(weights=dws[s], **({"skip_attn": skip["attn"], "skip_mlp": skip["mlp"]}
-                                                        if depth == "selfsd" else {}))
-                   for s in sizes for depth in ("full", "selfsd")}
+        configs = {
+            (s, depth): dict(
+                weights=dws[s],
+                **(
+                    {"skip_attn": skip["attn"], "skip_mlp": skip["mlp"]}
+                    if depth == "selfsd"
+                    else {}
+                ),
+            )
+            for s in sizes
+            for depth in ("full", "selfsd")
+        }
         times: dict = {k: [] for k in configs}
         van: list[float] = []
         for _ in range(2):  # warm-up
@@ -98,36 +118,67 @@ def main() -> None:
             n = 0
             for ids, ref, c in zip(seqs, refs, caches):
                 for t in range(a.prefix, len(ids)):
-                    h = runner.forward(ids[t : t + 1], cache=c, start=t, write=False, logits=None,
-                                       weights=dws[sizes[0]], **kw).hidden[0]
+                    h = runner.forward(
+                        ids[t : t + 1],
+                        cache=c,
+                        start=t,
+                        write=False,
+                        logits=None,
+                        weights=dws[sizes[0]],
+                        **kw,
+                    ).hidden[0]
                     for s in sizes:
                         agree[s] += float(dws[s].head(runner, h).argmax(-1)[0] == ref[t])
                     n += 1
             for s in sizes:
-                rows.append({"backend": dws[s].backend, "vocab": s or runner.vocab_size, "depth": depth,
-                             "cost_vs_vanilla": statistics.median(times[(s, depth)]) / v,
-                             "agreement": agree[s] / n, "ref_in_vocab": coverage[s],
-                             "draft_weights_gb": dws[s].nbytes / 1e9, "vanilla_ms": v * 1e3,
-                             "build_s": build_s})
+                rows.append(
+                    {
+                        "backend": dws[s].backend,
+                        "vocab": s or runner.vocab_size,
+                        "depth": depth,
+                        "cost_vs_vanilla": statistics.median(times[(s, depth)]) / v,
+                        "agreement": agree[s] / n,
+                        "ref_in_vocab": coverage[s],
+                        "draft_weights_gb": dws[s].nbytes / 1e9,
+                        "vanilla_ms": v * 1e3,
+                        "build_s": build_s,
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
         del dws, configs
         shadow._LAYERS.pop(model, None)  # free this backend's copies before the next
         shadow._HEADS.pop(model, None)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    info = {"model": a.model, "skip": {k: list(v) for k, v in skip.items()}, "machine": _machine(),
-            "texts": len(seqs), "tokens_per_text": a.tokens, "prefix": a.prefix, "reps": a.reps}
+    info = {
+        "model": a.model,
+        "skip": {k: list(v) for k, v in skip.items()},
+        "machine": _machine(),
+        "texts": len(seqs),
+        "tokens_per_text": a.tokens,
+        "prefix": a.prefix,
+        "reps": a.reps,
+    }
     (out / "draft_cost.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
-    lines = [f"Model {a.model}, float32; {info['machine']['cpu']} [{info['machine']['cpu_capability']}], "
-             f"{a.threads} threads; shared machine: ratios interleaved in one loop.", "",
-             f"selfsd skip set: attention {selfspec.format_layers(skip['attn'])}, MLP {selfspec.format_layers(skip['mlp'])}",
-             "", "| draft weights | vocab | layers | one draft token (vanilla steps) | draft token ms | "
-             "vanilla step ms | agreement | model's token in vocab | draft weights GB |",
-             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:  # the ms beside the ratio: a compute-bound draft's ratio moves with the memory's speed
-        lines.append(f"| {r['backend']} | {r['vocab']} | {r['depth']} | {r['cost_vs_vanilla']:.2f} | "
-                     f"{r['cost_vs_vanilla'] * r['vanilla_ms']:.1f} | {r['vanilla_ms']:.1f} | "
-                     f"{r['agreement']:.3f} | {r['ref_in_vocab']:.3f} | {r['draft_weights_gb']:.2f} |")
+    lines = [
+        f"Model {a.model}, float32; "
+        f"{info['machine']['cpu']} [{info['machine']['cpu_capability']}], "
+        f"{a.threads} threads; shared machine: ratios interleaved in one loop.",
+        "",
+        f"selfsd skip set: attention {selfspec.format_layers(skip['attn'])}, "
+        f"MLP {selfspec.format_layers(skip['mlp'])}",
+        "",
+        "| draft weights | vocab | layers | one draft token (vanilla steps) | draft token ms | "
+        "vanilla step ms | agreement | model's token in vocab | draft weights GB |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    # the ms beside the ratio: a compute-bound draft's ratio moves with the memory's speed
+    for r in rows:
+        lines.append(
+            f"| {r['backend']} | {r['vocab']} | {r['depth']} | {r['cost_vs_vanilla']:.2f} | "
+            f"{r['cost_vs_vanilla'] * r['vanilla_ms']:.1f} | {r['vanilla_ms']:.1f} | "
+            f"{r['agreement']:.3f} | {r['ref_in_vocab']:.3f} | {r['draft_weights_gb']:.2f} |"
+        )
     (out / "draft_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

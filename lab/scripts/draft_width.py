@@ -30,11 +30,15 @@ from selfspec._engine.runner import Runner
 from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._models import format_prompt, load
 
-PROMPT = "Write a Python function that checks whether a number is prime, with tests and a docstring."
+PROMPT = (
+    "Write a Python function that checks whether a number is prime, with tests and a docstring."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lab/scripts/draft_width.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="lab/scripts/draft_width.py", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--backends", default="int8,int4")
     ap.add_argument("--widths", default="1,2,4,8")
@@ -42,12 +46,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="a PNG of each draft's cost against its width")
-    ap.add_argument("--from", dest="saved", default=None, help="plot a saved --json run instead of measuring")
+    ap.add_argument(
+        "--from", dest="saved", default=None, help="plot a saved --json run instead of measuring"
+    )
     args = ap.parse_args(argv)
     if args.saved:
         with open(args.saved) as f:
             saved = json.load(f)
-        _plot({n: {int(w): ts for w, ts in ws.items()} for n, ws in saved["ms"].items()}, saved, args.plot)
+        _plot(
+            {n: {int(w): ts for w, ts in ws.items()} for n, ws in saved["ms"].items()},
+            saved,
+            args.plot,
+        )
         return 0
     torch.set_num_threads(args.threads)
     loaded = load(args.model)
@@ -65,29 +75,46 @@ def main(argv: Sequence[str] | None = None) -> int:
             for w in widths:
                 for name, weights in variants.items():
                     t0 = time.perf_counter()
-                    runner.forward(block[:w], cache=cache, start=start, logits="all", weights=weights)
+                    runner.forward(
+                        block[:w], cache=cache, start=start, logits="all", weights=weights
+                    )
                     if r:
                         times[name][w].append(time.perf_counter() - t0)
     one = statistics.median(times["vanilla"][widths[0]])
-    print(f"ms per forward (median / fastest of {args.repeats}), layout {runner.weight_layout}; "
-          f"draft median / vanilla's at {widths[0]} token")
+    print(
+        f"ms per forward (median / fastest of {args.repeats}), layout {runner.weight_layout}; "
+        f"draft median / vanilla's at {widths[0]} token"
+    )
     print(f"{'variant':<12}" + "".join(f"{w:>22}" for w in widths))
     for name in variants:
-        cells = [f"{1e3 * statistics.median(times[name][w]):7.1f} / {1e3 * min(times[name][w]):6.1f}"
-                 + ("" if name == "vanilla" else f" ({statistics.median(times[name][w]) / one:.2f})")
-                 for w in widths]
+        cells = [
+            f"{1e3 * statistics.median(times[name][w]):7.1f} / {1e3 * min(times[name][w]):6.1f}"
+            + ("" if name == "vanilla" else f" ({statistics.median(times[name][w]) / one:.2f})")
+            for w in widths
+        ]
         print(f"{name:<12}" + "".join(f"{c:>22}" for c in cells))
     if args.json:
-        result = {"model": args.model, "layout": runner.weight_layout, "widths": widths, "repeats": args.repeats,
-                  "machine": {**machine_info(), "threads": args.threads},
-                  "command": " ".join(["python lab/scripts/draft_width.py",
-                                       *(argv if argv is not None else sys.argv[1:])]),
-                  "ms": {n: {w: [1e3 * t for t in ts] for w, ts in ws.items()} for n, ws in times.items()}}
+        result = {
+            "model": args.model,
+            "layout": runner.weight_layout,
+            "widths": widths,
+            "repeats": args.repeats,
+            "machine": {**machine_info(), "threads": args.threads},
+            "command": " ".join(
+                ["python lab/scripts/draft_width.py", *(argv if argv is not None else sys.argv[1:])]
+            ),
+            "ms": {
+                n: {w: [1e3 * t for t in ts] for w, ts in ws.items()} for n, ws in times.items()
+            },
+        }
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     if args.plot:
-        _plot({n: {w: [1e3 * t for t in ts] for w, ts in ws.items()} for n, ws in times.items()},
-              {"model": args.model, "machine": machine_info(), "threads": args.threads}, args.plot)
+        _plot(
+            {n: {w: [1e3 * t for t in ts] for w, ts in ws.items()} for n, ws in times.items()},
+            {"model": args.model, "machine": machine_info(), "threads": args.threads},
+            args.plot,
+        )
     return 0
 
 
@@ -112,8 +139,11 @@ def _plot(ms: dict[str, dict[int, list[float]]], meta: dict, path: str | None) -
     ax.set_ylabel(f"median time / vanilla's at {widths[0]} row")
     machine = meta.get("machine", {})
     cpu = " ".join(str(machine[k]) for k in ("cpu", "cpu_capability") if machine.get(k)) or "CPU"
-    ax.set_title(f"{meta.get('model', '')}: a whole forward against its width\n{cpu}, "
-                 f"{machine.get('threads', meta.get('threads', ''))} threads", fontsize=10)
+    ax.set_title(
+        f"{meta.get('model', '')}: a whole forward against its width\n{cpu}, "
+        f"{machine.get('threads', meta.get('threads', ''))} threads",
+        fontsize=10,
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -30,11 +30,15 @@ from selfspec._engine.runner import Runner
 from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._models import format_prompt, load
 
-PROMPT = "Write a Python function that checks whether a number is prime, with tests and a docstring."
+PROMPT = (
+    "Write a Python function that checks whether a number is prime, with tests and a docstring."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lab/scripts/forward_split.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="lab/scripts/forward_split.py", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--layout", default="packed")
     ap.add_argument("--widths", default="1,4,8")
@@ -46,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     loaded = load(args.model)
     runner = Runner(loaded.model, weight_layout=args.layout)
     spent = {"s": 0.0, "calls": 0}
-    run_modules = [*runner._run_layers, runner.adapter.lm_head]  # the modules a forward runs, in its layout
+    # the modules a forward runs, in its layout
+    run_modules = [*runner._run_layers, runner.adapter.lm_head]
     products = {m for top in run_modules for m in top.modules() if _is_product(m)}
 
     def before(module, inputs):  # noqa: ARG001 (a forward pre-hook's signature)
@@ -72,15 +77,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runner.forward(torch.full((width,), 100), cache=cache, start=len(ids), logits="all")
                 wall = time.perf_counter() - t0
             if best is None or wall < best["forward_ms"] / 1e3:
-                best = {"width": width, "forward_ms": wall * 1e3, "products_ms": spent["s"] * 1e3,
-                        "rest_ms": (wall - spent["s"]) * 1e3, "product_calls": spent["calls"]}
+                best = {
+                    "width": width,
+                    "forward_ms": wall * 1e3,
+                    "products_ms": spent["s"] * 1e3,
+                    "rest_ms": (wall - spent["s"]) * 1e3,
+                    "product_calls": spent["calls"],
+                }
         rows.append(best)
-        print(f"width {width:3d}: forward {best['forward_ms']:7.1f} ms = products {best['products_ms']:7.1f} ms "
-              f"({best['product_calls']} calls) + rest {best['rest_ms']:6.1f} ms", flush=True)
+        print(
+            f"width {width:3d}: forward {best['forward_ms']:7.1f} ms = "
+            f"products {best['products_ms']:7.1f} ms "
+            f"({best['product_calls']} calls) + rest {best['rest_ms']:6.1f} ms",
+            flush=True,
+        )
     if args.json:
-        blob = {"model": args.model, "layout": runner.weight_layout, "prompt_tokens": len(ids), "rows": rows,
-                "machine": {**machine_info(), "threads": args.threads},
-                "command": " ".join(["python lab/scripts/forward_split.py", *(argv if argv is not None else sys.argv[1:])])}
+        blob = {
+            "model": args.model,
+            "layout": runner.weight_layout,
+            "prompt_tokens": len(ids),
+            "rows": rows,
+            "machine": {**machine_info(), "threads": args.threads},
+            "command": " ".join(
+                [
+                    "python lab/scripts/forward_split.py",
+                    *(argv if argv is not None else sys.argv[1:]),
+                ]
+            ),
+        }
         with open(args.json, "w") as f:
             json.dump(blob, f, indent=2)
     return 0
@@ -89,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _is_product(module: nn.Module) -> bool:
     """A module that multiplies by a weight and holds no other such module (a leaf product)."""
     return (isinstance(module, nn.Linear) or type(module).__name__.endswith("Linear")) and not any(
-        _is_product(c) for c in module.children())
+        _is_product(c) for c in module.children()
+    )
 
 
 if __name__ == "__main__":

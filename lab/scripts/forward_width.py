@@ -8,7 +8,8 @@ Variants: ``model``, ``transposed``, ``packed`` (the runner's), and ``packed:HIN
 copy whose oneDNN reorder is given ``batch_size=HINT`` (``packed:1`` is what the runner used
 before 2026-11-23). Run on an idle machine::
 
-    python lab/scripts/forward_width.py --variants packed:1,packed --widths 1,2,4,8,16,32 --repeats 21
+    python lab/scripts/forward_width.py --variants packed:1,packed \
+        --widths 1,2,4,8,16,32 --repeats 21
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def runner_for(model: torch.nn.Module, variant: str) -> Runner:
     class Hinted(L.PackedLinear):
         def __init__(self, linear: torch.nn.Linear) -> None:
             super().__init__(linear)
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_size=hint)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(
+                linear.weight.detach(), batch_size=hint
+            )
 
     original, L.PackedLinear = L.PackedLinear, Hinted
     try:
@@ -86,11 +89,17 @@ def main() -> None:
     print("ms, median of", args.repeats, "| width:", " ".join(f"{q:>6}" for q in widths))
     for v in variants:
         med = [sorted(times[(v, q)])[args.repeats // 2] * 1000 for q in widths]
-        print(f"{v:>12}", " ".join(f"{m:6.1f}" for m in med), "| x one token:",
-              " ".join(f"{m / med[0]:.2f}" for m in med))
+        print(
+            f"{v:>12}",
+            " ".join(f"{m:6.1f}" for m in med),
+            "| x one token:",
+            " ".join(f"{m / med[0]:.2f}" for m in med),
+        )
         layers_only = sorted(head_free[v])[args.repeats // 2] * 1000
-        print(f"{'':>12} one token without the LM head {layers_only:.1f} ms: the head is "
-              f"{1 - layers_only / med[0]:.0%} of a one-token forward")
+        print(
+            f"{'':>12} one token without the LM head {layers_only:.1f} ms: the head is "
+            f"{1 - layers_only / med[0]:.0%} of a one-token forward"
+        )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 against the runner's oneDNN-packed float32 layer, the compressed model's argmax agreement
 with the original on real dev text (teacher-forced), and the memory the copy adds.
 
-Run: python lab/scripts/fractal_compression.py > lab/results/smollm2-135m-instruct/fractal-compression-zen4-avx512-2026-11-24/compression.md
+Run: python lab/scripts/fractal_compression.py >
+lab/results/smollm2-135m-instruct/fractal-compression-zen4-avx512-2026-11-24/compression.md
 """
 
 import time
@@ -39,7 +40,15 @@ with torch.inference_mode():
             for b in BACKENDS:
                 subs = cms[b].layers or None
                 reps = 2 if b == "int8-weight-only" else 10
-                layer_ms = timed(lambda h=h, subs=subs: runner.forward(hidden=h, layers=(10, 20), logits=None, substitutes=subs), reps) / 10
+                layer_ms = (
+                    timed(
+                        lambda h=h, subs=subs: runner.forward(
+                            hidden=h, layers=(10, 20), logits=None, substitutes=subs
+                        ),
+                        reps,
+                    )
+                    / 10
+                )
                 head_ms = timed(lambda h=h, cm=cms[b]: compress.head(cm, runner, h[0]), reps)
                 rows.setdefault((b, q), []).append((layer_ms, head_ms))
 
@@ -56,7 +65,9 @@ with torch.inference_mode():
                 if b == "int8-weight-only" and task != "humaneval":
                     continue  # its CPU kernel is ~50x slower than dynamic-int8: one task only
                 cm = cms[b]
-                hid = runner.forward(hidden=compress.embed(cm, runner, seq), logits=None, substitutes=cm.layers).hidden
+                hid = runner.forward(
+                    hidden=compress.embed(cm, runner, seq), logits=None, substitutes=cm.layers
+                ).hidden
                 pred = compress.head(cm, runner, hid[0]).argmax(-1)
                 agree[b][0] += int((pred == ref).sum())
                 agree[b][1] += len(seq)
@@ -69,6 +80,10 @@ for (b, q), vals in rows.items():
     head = sorted(v[1] for v in vals)[1]
     a = agree.get(b, [1, 1])
     ag = "1 (itself)" if b == "none" else f"{a[0] / a[1]:.3f}"
-    mem = "0" if b == "none" else f"{cms[b].nbytes / 1e6:.0f} MB ({cms[b].nbytes / fp32:.0%} of the fp32 model)"
+    mem = (
+        "0"
+        if b == "none"
+        else f"{cms[b].nbytes / 1e6:.0f} MB ({cms[b].nbytes / fp32:.0%} of the fp32 model)"
+    )
     name = "none (packed fp32, the runner's own)" if b == "none" else b
     print(f"| {name} | {q} | {layer:.2f} | {head:.2f} | {ag} | {mem} |")

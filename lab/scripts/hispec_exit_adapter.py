@@ -5,7 +5,9 @@ the affine map the ``calibrate`` command fits (ridge, then cross-entropy), again
 MLP adapter ``h -> h @ W + b + silu(norm(h) @ W1) @ W2`` (1024 hidden units, initialised from
 the affine map, trained by cross-entropy over the same 8192-token vocabulary subset).
 Data: 360 dev texts (first 256 tokens each) read teacher-forced; every fifth held out.
-Run: ``python lab/scripts/hispec_exit_adapter.py > lab/results/smollm2-135m-instruct/hispec-exit-adapter-zen4-avx512-2026-11-23/exit_adapter.txt`` (about 15 minutes on 2 cores).
+Run: ``python lab/scripts/hispec_exit_adapter.py >
+lab/results/smollm2-135m-instruct/hispec-exit-adapter-zen4-avx512-2026-11-23/exit_adapter.txt``
+(about 15 minutes on 2 cores).
 """
 
 import time
@@ -60,7 +62,9 @@ def main() -> None:
         with torch.enable_grad():
             for step in range(STEPS):
                 idx = torch.randint(0, xtr.shape[0], (BATCH,), generator=gen)
-                loss = torch.nn.functional.cross_entropy((norm(adapter(xtr[idx])) @ emb.T).float(), ttr[idx])
+                loss = torch.nn.functional.cross_entropy(
+                    (norm(adapter(xtr[idx])) @ emb.T).float(), ttr[idx]
+                )
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -68,8 +72,16 @@ def main() -> None:
                     with torch.no_grad():
                         pred = vocab[(norm(adapter(x[test])) @ emb.T).argmax(-1)]
                         agree = float((pred == t[test]).float().mean())
-                    print(layer, "mlp step", step + 1, "held-out agreement", round(agree, 3),
-                          round(time.time() - t0), "s", flush=True)
+                    print(
+                        layer,
+                        "mlp step",
+                        step + 1,
+                        "held-out agreement",
+                        round(agree, 3),
+                        round(time.time() - t0),
+                        "s",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

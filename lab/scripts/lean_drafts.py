@@ -2,8 +2,9 @@
 """Draft passes on lean blocks against the layers' own modules: a pass's cost, and decodes.
 
     python lab/scripts/lean_drafts.py [--model qwen2.5-coder-1.5b] [--backends int8,int4]
-        [--widths 1,2,4,8] [--repeats 9] [--plugins qspec,selfsd] [--tasks humaneval,gsm8k,mtbench,sharegpt]
-        [--samples 2] [--max-new-tokens 64] [--threads 2] [--json FILE]
+        [--widths 1,2,4,8] [--repeats 9] [--plugins qspec,selfsd]
+        [--tasks humaneval,gsm8k,mtbench,sharegpt] [--samples 2] [--max-new-tokens 64] [--threads 2]
+        [--json FILE]
 
 The runner runs draft weights' layers as lean blocks (``runner/lean.py``) where the adapter
 recognises them, and through the layers' own modules with ``runner.lean_drafts = False``. Both
@@ -34,16 +35,22 @@ from selfspec._engine.tuning.machine import machine_info
 from selfspec.app._data import load_task
 from selfspec.app._models import format_prompt, load
 
-PROMPT = "Write a Python function that checks whether a number is prime, with tests and a docstring."
+PROMPT = (
+    "Write a Python function that checks whether a number is prime, with tests and a docstring."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lab/scripts/lean_drafts.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="lab/scripts/lean_drafts.py", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--backends", default="int8,int4")
     ap.add_argument("--widths", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--plugins", default="", help="comma-separated plugins to decode with, both ways")
+    ap.add_argument(
+        "--plugins", default="", help="comma-separated plugins to decode with, both ways"
+    )
     ap.add_argument("--tasks", default="humaneval,gsm8k,mtbench,sharegpt")
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -53,14 +60,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     loaded = load(args.model)
     runner = Runner(loaded.model)
-    blob: dict = {"model": args.model, "layout": runner.weight_layout,
-                  "machine": {**machine_info(), "threads": args.threads},
-                  "command": " ".join(["python lab/scripts/lean_drafts.py", *(argv if argv is not None else sys.argv[1:])])}
-    blob["passes"] = passes(runner, loaded, args.backends.split(","), [int(w) for w in args.widths.split(",")],
-                            args.repeats)
+    blob: dict = {
+        "model": args.model,
+        "layout": runner.weight_layout,
+        "machine": {**machine_info(), "threads": args.threads},
+        "command": " ".join(
+            ["python lab/scripts/lean_drafts.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+    }
+    blob["passes"] = passes(
+        runner,
+        loaded,
+        args.backends.split(","),
+        [int(w) for w in args.widths.split(",")],
+        args.repeats,
+    )
     if args.plugins:
-        blob["decodes"] = decodes(loaded, args.plugins.split(","), args.tasks.split(","), args.samples,
-                                  args.max_new_tokens)
+        blob["decodes"] = decodes(
+            loaded,
+            args.plugins.split(","),
+            args.tasks.split(","),
+            args.samples,
+            args.max_new_tokens,
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(blob, f, indent=2)
@@ -76,7 +98,9 @@ def passes(runner: Runner, loaded, backends: list[str], widths: list[int], repea
         runner.forward(ids, cache=cache, start=0, logits=None)
     weights = {b: draft_weights(runner, b) for b in backends}
     ms: dict[str, dict[int, list[float]]] = {"vanilla": {1: []}}
-    ms.update({f"{b} {side}": {w: [] for w in widths} for b in backends for side in ("modules", "lean")})
+    ms.update(
+        {f"{b} {side}": {w: [] for w in widths} for b in backends for side in ("modules", "lean")}
+    )
     equal = True
 
     def timed(width: int, w, lean: bool) -> tuple[float, torch.Tensor]:
@@ -84,7 +108,9 @@ def passes(runner: Runner, loaded, backends: list[str], widths: list[int], repea
         block = torch.full((width,), 100)
         with torch.inference_mode():
             t0 = time.perf_counter()
-            out = runner.forward(block, cache=cache, start=start, logits="all", weights=w, write=False)
+            out = runner.forward(
+                block, cache=cache, start=start, logits="all", weights=w, write=False
+            )
             return (time.perf_counter() - t0) * 1e3, out.logits
 
     for _ in range(repeats):
@@ -98,15 +124,24 @@ def passes(runner: Runner, loaded, backends: list[str], widths: list[int], repea
                 equal &= torch.equal(y_mod, y_lean)
     runner.lean_drafts = True
     step = statistics.median(ms["vanilla"][1])
-    print(f"vanilla one-token forward: {step:.1f} ms (median of {repeats}); logits equal both ways: {equal}")
+    print(
+        f"vanilla one-token forward: {step:.1f} ms (median of {repeats}); "
+        f"logits equal both ways: {equal}"
+    )
     print(f"{'draft pass':>18}  " + "  ".join(f"{w:>3} rows: ms (x vanilla)" for w in widths))
     for name, by_width in ms.items():
         if name == "vanilla":
             continue
-        cells = [f"{statistics.median(ts):7.1f} ({statistics.median(ts) / step:.3f})    " for ts in by_width.values()]
+        cells = [
+            f"{statistics.median(ts):7.1f} ({statistics.median(ts) / step:.3f})    "
+            for ts in by_width.values()
+        ]
         print(f"{name:>18}  " + "  ".join(f"{c:>22}" for c in cells))
-    return {"ms": {n: {str(w): ts for w, ts in bw.items()} for n, bw in ms.items()}, "vanilla_ms": step,
-            "logits_equal": equal}
+    return {
+        "ms": {n: {str(w): ts for w, ts in bw.items()} for n, bw in ms.items()},
+        "vanilla_ms": step,
+        "logits_equal": equal,
+    }
 
 
 def decodes(loaded, plugins: list[str], tasks: list[str], samples: int, max_new: int) -> dict:
@@ -129,8 +164,12 @@ def decodes(loaded, plugins: list[str], tasks: list[str], samples: int, max_new:
                     wall[side] += time.perf_counter() - t0
                 same &= tokens["modules"] == tokens["lean"]
             per_task[task] = {**wall, "ratio": wall["modules"] / wall["lean"]}
-            print(f"{plugin:>10} {task:>10}: modules {wall['modules']:6.2f} s, lean {wall['lean']:6.2f} s, "
-                  f"lean {per_task[task]['ratio']:.3f}x as fast", flush=True)
+            print(
+                f"{plugin:>10} {task:>10}: modules {wall['modules']:6.2f} s, "
+                f"lean {wall['lean']:6.2f} s, "
+                f"lean {per_task[task]['ratio']:.3f}x as fast",
+                flush=True,
+            )
         geo = math.exp(statistics.fmean(math.log(t["ratio"]) for t in per_task.values()))
         print(f"{plugin:>10} geo-mean: lean {geo:.3f}x as fast; the same tokens both ways: {same}")
         out[plugin] = {"tasks": per_task, "geo_mean_ratio": geo, "same_tokens": same}

@@ -24,7 +24,8 @@ single-row products instead of one ``w``-row product), and also times a block of
 both ways, interleaved.
 
     python lab/scripts/logit_error.py --dtypes float32,bf16,fp16 --layouts model,packed \\
-        --widths 1,2,4,8,16,32 --samples 2 --tokens 32 --out results/<model>/logit-error-<cpu>-<date>
+        --widths 1,2,4,8,16,32 --samples 2 --tokens 32 \\
+        --out results/<model>/logit-error-<cpu>-<date>
 
 Writes ``records.jsonl`` (one line per position) and ``summary.md`` / ``summary.json``
 (percentiles per dtype, layout and width). A dev measurement; the figures are in
@@ -64,7 +65,9 @@ def fp32_head(runner: Runner) -> torch.nn.Module:
     return lin
 
 
-def logits_of(runner: Runner, out_hidden: torch.Tensor, head32: torch.nn.Module | None) -> torch.Tensor:
+def logits_of(
+    runner: Runner, out_hidden: torch.Tensor, head32: torch.nn.Module | None
+) -> torch.Tensor:
     """``[q, H]`` final hidden -> ``[q, V]`` float32 logits (the runner's head or a float32 one)."""
     if head32 is None:
         return runner.head(out_hidden).to(torch.float32)
@@ -112,7 +115,10 @@ class rowwise:
 
         def fwd(mod: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
             flat = x.reshape(-1, x.shape[-1])
-            rows = [torch.nn.functional.linear(flat[i : i + 1], mod.weight, mod.bias) for i in range(flat.shape[0])]
+            rows = [
+                torch.nn.functional.linear(flat[i : i + 1], mod.weight, mod.bias)
+                for i in range(flat.shape[0])
+            ]
             return torch.cat(rows).reshape(*x.shape[:-1], -1)
 
         torch.nn.Linear.forward = fwd
@@ -126,8 +132,13 @@ def runner_for(model: torch.nn.Module, layout: str) -> Runner:
     return Runner(model, weight_layout=layout)
 
 
-def measure(args: argparse.Namespace, dtype_name: str, prompts: list[tuple[str, list[int]]], loaded,
-            out: list[dict]) -> None:
+def measure(
+    args: argparse.Namespace,
+    dtype_name: str,
+    prompts: list[tuple[str, list[int]]],
+    loaded,
+    out: list[dict],
+) -> None:
     model = loaded.model
     dtype = loaded.dtype
     ref_runner = runner_for(model, "model")
@@ -155,15 +166,33 @@ def measure(args: argparse.Namespace, dtype_name: str, prompts: list[tuple[str, 
                     margin_got = float(g[t1] - g[t2])
                     max_abs = float((g - r).abs().max())
                     flip = int(g.argmax()) != t1
-                    out.append({"dtype": dtype_name, "layout": runner.weight_layout + ("+rowwise" if args.rowwise else ""), "width": w, "task": task,
-                                "pos": i, "top1": float(top.values[0]), "scale": scale, "ulp": u,
-                                "max_abs": max_abs, "margin_err": abs(margin_ref - margin_got),
-                                "margin": margin_ref, "flip": flip, "head": args.head})
-        print(f"{dtype_name} {task}: {len(prompt)}-token prompt, {time.perf_counter() - t0:.1f} s", flush=True)
+                    out.append(
+                        {
+                            "dtype": dtype_name,
+                            "layout": runner.weight_layout + ("+rowwise" if args.rowwise else ""),
+                            "width": w,
+                            "task": task,
+                            "pos": i,
+                            "top1": float(top.values[0]),
+                            "scale": scale,
+                            "ulp": u,
+                            "max_abs": max_abs,
+                            "margin_err": abs(margin_ref - margin_got),
+                            "margin": margin_ref,
+                            "flip": flip,
+                            "head": args.head,
+                        }
+                    )
+        print(
+            f"{dtype_name} {task}: {len(prompt)}-token prompt, {time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
 
 
 @torch.inference_mode()
-def time_rowwise(loaded, prompt: list[int], widths: list[int], out_dir: Path, dtype_name: str, reps: int = 5) -> None:
+def time_rowwise(
+    loaded, prompt: list[int], widths: list[int], out_dir: Path, dtype_name: str, reps: int = 5
+) -> None:
     """Median time of a block forward of each width, plain and row-wise, interleaved."""
     runner = runner_for(loaded.model, "model")
     cache = runner.new_cache(len(prompt) + max(widths) + 1)
@@ -181,7 +210,10 @@ def time_rowwise(loaded, prompt: list[int], widths: list[int], out_dir: Path, dt
                 else:
                     runner.forward(ids, cache=cache, start=base)
                 times.setdefault((w, mode), []).append(time.perf_counter() - t0)
-    lines = ["| width | plain ms | row-wise ms | row-wise / plain |", "| ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| width | plain ms | row-wise ms | row-wise / plain |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
     for w in widths:
         a, b = sorted(times[(w, "plain")])[reps // 2], sorted(times[(w, "rowwise")])[reps // 2]
         lines.append(f"| {w} | {a * 1000:.1f} | {b * 1000:.1f} | {b / a:.2f}x |")
@@ -200,17 +232,25 @@ def time_head(loaded, prompt: list[int], out_dir: Path, dtype_name: str, steps: 
     pos = len(prompt)
     times: dict[str, list[float]] = {"model head": [], "float32 head": []}
     for i in range(steps):
-        for mode in (("model head", "float32 head") if i % 2 else ("float32 head", "model head")):
+        for mode in ("model head", "float32 head") if i % 2 else ("float32 head", "model head"):
             t0 = time.perf_counter()
-            out = runner.forward(torch.tensor(prompt[i % len(prompt) : i % len(prompt) + 1]), cache=cache,
-                                 start=pos, logits=None)
+            out = runner.forward(
+                torch.tensor(prompt[i % len(prompt) : i % len(prompt) + 1]),
+                cache=cache,
+                start=pos,
+                logits=None,
+            )
             logits_of(runner, out.hidden[0], head32 if mode == "float32 head" else None)
             times[mode].append(time.perf_counter() - t0)
         pos += 1
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    text = (f"one-token step, {runner.weight_layout} layout, {dtype_name}, median of {steps} interleaved: "
-            f"model head {med['model head'] * 1000:.1f} ms, float32 head {med['float32 head'] * 1000:.1f} ms "
-            f"({med['float32 head'] / med['model head']:.2f}x)\n")
+    text = (
+        f"one-token step, {runner.weight_layout} layout, {dtype_name}, "
+        f"median of {steps} interleaved: "
+        f"model head {med['model head'] * 1000:.1f} ms, "
+        f"float32 head {med['float32 head'] * 1000:.1f} ms "
+        f"({med['float32 head'] / med['model head']:.2f}x)\n"
+    )
     (out_dir / f"head-time-{dtype_name}.md").write_text(text)
     print(text)
 
@@ -232,31 +272,53 @@ def summarize(records: list[dict]) -> list[dict]:
         me_u = [r["margin_err"] / r["ulp"] for r in rs]
         ma_u = [r["max_abs"] / r["ulp"] for r in rs]
         flips = [r for r in rs if r["flip"]]
-        rows.append({"dtype": dt, "layout": lay, "width": w, "head": head, "n": len(rs),
-                     "scale_median": pct([r["scale"] for r in rs], 0.5),
-                     "ulp_median": pct([r["ulp"] for r in rs], 0.5),
-                     "max_abs_p50": pct([r["max_abs"] for r in rs], 0.5),
-                     "max_abs_max": max(r["max_abs"] for r in rs),
-                     "margin_err_p50": pct(me, 0.5), "margin_err_p99": pct(me, 0.99), "margin_err_max": max(me),
-                     "margin_err_ulp_p99": pct(me_u, 0.99), "margin_err_ulp_max": max(me_u),
-                     "max_abs_ulp_max": max(ma_u),
-                     "flips": len(flips), "flip_margins": [round(r["margin"], 6) for r in flips]})
+        rows.append(
+            {
+                "dtype": dt,
+                "layout": lay,
+                "width": w,
+                "head": head,
+                "n": len(rs),
+                "scale_median": pct([r["scale"] for r in rs], 0.5),
+                "ulp_median": pct([r["ulp"] for r in rs], 0.5),
+                "max_abs_p50": pct([r["max_abs"] for r in rs], 0.5),
+                "max_abs_max": max(r["max_abs"] for r in rs),
+                "margin_err_p50": pct(me, 0.5),
+                "margin_err_p99": pct(me, 0.99),
+                "margin_err_max": max(me),
+                "margin_err_ulp_p99": pct(me_u, 0.99),
+                "margin_err_ulp_max": max(me_u),
+                "max_abs_ulp_max": max(ma_u),
+                "flips": len(flips),
+                "flip_margins": [round(r["margin"], 6) for r in flips],
+            }
+        )
     rows.sort(key=lambda r: (r["head"], r["dtype"], r["layout"], r["width"]))
     return rows
 
 
 def write_summary(rows: list[dict], path: Path, command: str) -> None:
-    lines = [f"Command: `{command}`", "",
-             "| head | dtype | layout | width | n | median max abs(logit) | ulp there | max abs err p50 | max abs err max "
-             "| margin err p50 | margin err p99 | margin err max | margin err max (ulp) | max abs err max (ulp) "
-             "| argmax flips (ref margin) |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        f"Command: `{command}`",
+        "",
+        "| head | dtype | layout | width | n | median max abs(logit) | ulp there | max abs err p50 "
+        "| max abs err max "
+        "| margin err p50 | margin err p99 | margin err max | margin err max (ulp) "
+        "| max abs err max (ulp) "
+        "| argmax flips (ref margin) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for r in rows:
         lines.append(
-            f"| {r['head']} | {r['dtype']} | {r['layout']} | {r['width']} | {r['n']} | {r['scale_median']:.3g} | "
-            f"{r['ulp_median']:.3g} | {r['max_abs_p50']:.3g} | {r['max_abs_max']:.3g} | {r['margin_err_p50']:.3g} | "
-            f"{r['margin_err_p99']:.3g} | {r['margin_err_max']:.3g} | {r['margin_err_ulp_max']:.2f} | "
-            f"{r['max_abs_ulp_max']:.2f} | {r['flips']} {r['flip_margins'] or ''} |")
+            f"| {r['head']} | {r['dtype']} | {r['layout']} | {r['width']} | {r['n']} | "
+            f"{r['scale_median']:.3g} | "
+            f"{r['ulp_median']:.3g} | {r['max_abs_p50']:.3g} | {r['max_abs_max']:.3g} | "
+            f"{r['margin_err_p50']:.3g} | "
+            f"{r['margin_err_p99']:.3g} | {r['margin_err_max']:.3g} | "
+            f"{r['margin_err_ulp_max']:.2f} | "
+            f"{r['max_abs_ulp_max']:.2f} | {r['flips']} {r['flip_margins'] or ''} |"
+        )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -271,7 +333,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="positions compared per prompt")
     ap.add_argument("--head", choices=("model", "fp32"), default="model")
     ap.add_argument("--rowwise", action="store_true", help="block forwards with row-by-row linears")
-    ap.add_argument("--time-head", action="store_true", help="only time decode steps with a float32 head")
+    ap.add_argument(
+        "--time-head", action="store_true", help="only time decode steps with a float32 head"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -281,8 +345,11 @@ def main() -> None:
     records: list[dict] = []
     for dtype_name in args.dtypes.split(","):
         loaded = models.load(args.model, dtype=dtype_name)
-        prompts = [(task, data.encode_sample(loaded, s)) for task in args.tasks.split(",")
-                   for s in data.load_task(task, "test", n=args.samples)]
+        prompts = [
+            (task, data.encode_sample(loaded, s))
+            for task in args.tasks.split(",")
+            for s in data.load_task(task, "test", n=args.samples)
+        ]
         if args.time_head:
             time_head(loaded, prompts[0][1], out_dir, dtype_name)
             continue
@@ -292,7 +359,9 @@ def main() -> None:
         else:
             measure(args, dtype_name, prompts, loaded, records)
         if args.rowwise:
-            time_rowwise(loaded, prompts[0][1], [int(w) for w in args.widths.split(",")], out_dir, dtype_name)
+            time_rowwise(
+                loaded, prompts[0][1], [int(w) for w in args.widths.split(",")], out_dir, dtype_name
+            )
         del loaded
     if args.time_head:
         return

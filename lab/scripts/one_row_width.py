@@ -27,7 +27,9 @@ WIDTHS = (1, 4)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lab/scripts/one_row_width.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="lab/scripts/one_row_width.py", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--model", default=None)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=32)
@@ -62,17 +64,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     m = machine_info()
     rate = {w: tokens[w] / times[w] for w in WIDTHS}
     same = sum(a == b for a, b in zip(outputs[1], outputs[4]))
-    print(f"{args.model} float32, packed, {len(prompts)} prompts x {args.max_new_tokens} tokens x {args.repeats} "
-          f"repeats, {m['cpu']} [{m['cpu_capability']}], {m['torch_threads']} threads")
+    print(
+        f"{args.model} float32, packed, {len(prompts)} prompts x {args.max_new_tokens} tokens "
+        f"x {args.repeats} "
+        f"repeats, {m['cpu']} [{m['cpu_capability']}], {m['torch_threads']} threads"
+    )
     for w in WIDTHS:
         print(f"one-token products as {w} row{'s' if w > 1 else ''}: {rate[w]:.2f} tok/s")
-    print(f"4 rows / 1 row: {rate[4] / rate[1]:.3f}; outputs equal on {same} of {len(prompts)} prompts")
+    print(
+        f"4 rows / 1 row: {rate[4] / rate[1]:.3f}; "
+        f"outputs equal on {same} of {len(prompts)} prompts"
+    )
     print(f"calibration: {chosen.note() if chosen is not None else 'not measured'}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"tokens_per_s": {str(w): rate[w] for w in WIDTHS}, "equal_outputs": same,
-                       "prompts": len(prompts), "choice": chosen.as_dict() if chosen else None,
-                       "machine": m, "argv": sys.argv}, f, indent=1)
+            json.dump(
+                {
+                    "tokens_per_s": {str(w): rate[w] for w in WIDTHS},
+                    "equal_outputs": same,
+                    "prompts": len(prompts),
+                    "choice": chosen.as_dict() if chosen else None,
+                    "machine": m,
+                    "argv": sys.argv,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -58,11 +58,15 @@ def _profile(fn, top: int) -> tuple[float, list[dict]]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
-    return wall, [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in rows]
+    return wall, [
+        {"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in rows
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lab/scripts/profile_step.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="lab/scripts/profile_step.py", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=16)
@@ -75,22 +79,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     loaded = load(args.model)
     model = loaded.model
-    ids = torch.tensor([format_prompt(loaded, "Write a Python function that checks whether a number is prime.")])
+    ids = torch.tensor(
+        [format_prompt(loaded, "Write a Python function that checks whether a number is prime.")]
+    )
     runner = Runner(model, weight_layout=args.layout)
     exact = Runner(model, weight_layout=args.layout, exact=True) if args.exact else None
-    result = {"model": args.model or "default", "steps": args.steps, "width": args.width, "layout": runner.weight_layout,
-              "machine": {**machine_info(), "threads": args.threads}, "command": " ".join(
-                  ["python lab/scripts/profile_step.py", *(argv if argv is not None else sys.argv[1:])])}
+    result = {
+        "model": args.model or "default",
+        "steps": args.steps,
+        "width": args.width,
+        "layout": runner.weight_layout,
+        "machine": {**machine_info(), "threads": args.threads},
+        "command": " ".join(
+            ["python lab/scripts/profile_step.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+    }
     with torch.inference_mode():
-        runs = [("hf", lambda: _hf_steps(model, ids, args.steps, args.width)),
-                ("host", lambda: _host_steps(runner, ids, args.steps, args.width))]
+        runs = [
+            ("hf", lambda: _hf_steps(model, ids, args.steps, args.width)),
+            ("host", lambda: _host_steps(runner, ids, args.steps, args.width)),
+        ]
         if exact is not None:
             runs.append(("host-exact", lambda: _host_steps(exact, ids, args.steps, args.width)))
         for name, fn in runs:
             wall, rows = _profile(fn, args.top)
             result[name] = {"ms_per_step": 1e3 * wall / args.steps, "top": rows}
-            print(f"\n{name}: {1e3 * wall / args.steps:.2f} ms per step (prefill included once), "
-                  f"width {args.width}, layout {'model (HF)' if name == 'hf' else runner.weight_layout}")
+            print(
+                f"\n{name}: {1e3 * wall / args.steps:.2f} ms per step (prefill included once), "
+                f"width {args.width}, "
+                f"layout {'model (HF)' if name == 'hf' else runner.weight_layout}"
+            )
             print(f"{'op':<48} {'self ms':>9} {'calls':>6}")
             for r in rows:
                 print(f"{r['op'][:48]:<48} {r['self_cpu_ms']:9.2f} {r['calls']:6d}")

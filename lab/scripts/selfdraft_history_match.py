@@ -8,8 +8,9 @@ the output's suffix matched (3, 2, 1; 0 = no match). Prints, per match length, t
 steps whose candidate is accepted for at least k tokens: the k-th token of a candidate is
 worth verifying when that share beats the cost of one more row in the forward.
 
-    python lab/scripts/selfdraft_history_match.py > lab/results/smollm2-135m-instruct/selfdraft-history-match-zen4-avx512-2026-11-24/history_match.txt
-"""
+    python lab/scripts/selfdraft_history_match.py \
+        > lab/results/smollm2-135m-instruct/selfdraft-history-match-zen4-avx512-2026-11-24/history_match.txt
+"""  # noqa: E501 (the results path above cannot be split)
 
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ def main() -> None:
                 a = min(a, len(out) - i - 1)
                 h.extend(out[i : i + a + 1])
                 i += a + 1
-    print("dev split, 5 prompts per task (seed 3), 96 new tokens, default model; history candidate of 16")
+    print(
+        "dev split, 5 prompts per task (seed 3), 96 new tokens, default model; "
+        "history candidate of 16"
+    )
     print("match  steps  mean accepted  " + "  ".join(f"P(>={k})" for k in KS))
     for n in sorted(accepted, reverse=True):
         v = accepted[n]

@@ -36,6 +36,9 @@ def agree(skip_attn=(), skip_mlp=()):
 
 
 for layer in [1, 5, 10, 15, 20, 25, 28, 29]:
-    print(f"skip attention {layer}: {agree(skip_attn=(layer,)):.2f}   skip MLP {layer}: {agree(skip_mlp=(layer,)):.2f}")
+    print(
+        f"skip attention {layer}: {agree(skip_attn=(layer,)):.2f}   "
+        f"skip MLP {layer}: {agree(skip_mlp=(layer,)):.2f}"
+    )
 for attn in [range(24, 29), range(20, 29), range(15, 29), range(10, 29, 2), range(16, 29, 2)]:
     print(f"skip attention {list(attn)}: {agree(skip_attn=tuple(attn)):.2f}")

@@ -34,12 +34,16 @@ def run_once(checkout: Path, plugin: str, model: str, tokens: int, prompt: str) 
     env = {**os.environ, "PYTHONPATH": pythonpath(checkout)}
     specdec = Path(sys.executable).with_name("specdec")
     t0 = time.perf_counter()
-    done = subprocess.run([str(specdec), "-p", plugin, "-m", model, "-n", str(tokens), "--json", prompt],
-                          capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        [str(specdec), "-p", plugin, "-m", model, "-n", str(tokens), "--json", prompt],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"{plugin} under {checkout} failed: {done.stderr[-500:]}")
-    stats = json.loads(done.stdout[done.stdout.index("{"):])["stats"]
+    stats = json.loads(done.stdout[done.stdout.index("{") :])["stats"]
     return {"wall": wall, "decode": stats["wall_time_s"], "setup": wall - stats["wall_time_s"]}
 
 
@@ -53,15 +57,23 @@ def main() -> None:
     ap.add_argument("--prompt", default="def fib(n):")
     ap.add_argument("--json", type=Path, help="write every run here")
     args = ap.parse_args()
-    variants = {name: Path(path).resolve() for name, _, path in (v.partition("=") for v in args.variant)}
+    variants = {
+        name: Path(path).resolve() for name, _, path in (v.partition("=") for v in args.variant)
+    }
     plugins = args.plugins.split(",")
-    runs: dict[tuple[str, str], list[dict[str, float]]] = {(v, p): [] for v in variants for p in plugins}
+    runs: dict[tuple[str, str], list[dict[str, float]]] = {
+        (v, p): [] for v in variants for p in plugins
+    }
     for r in range(args.rounds + 1):
         for p in plugins:
             for v, checkout in variants.items():
                 out = run_once(checkout, p, args.model, args.max_new_tokens, args.prompt)
-                print(f"round {r}{' (warm-up)' if r == 0 else ''}: {p} {v}: {out['wall']:.1f} s "
-                      f"(set-up {out['setup']:.1f} s)", file=sys.stderr, flush=True)
+                print(
+                    f"round {r}{' (warm-up)' if r == 0 else ''}: {p} {v}: {out['wall']:.1f} s "
+                    f"(set-up {out['setup']:.1f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if r:
                     runs[(v, p)].append(out)
     print("| plugin | variant | process, s | set-up, s | decode, s |")
@@ -72,7 +84,9 @@ def main() -> None:
             med = {k: statistics.median(x[k] for x in rs) for k in ("wall", "setup", "decode")}
             print(f"| `{p}` | {v} | {med['wall']:.1f} | {med['setup']:.1f} | {med['decode']:.1f} |")
     if args.json:
-        args.json.write_text(json.dumps({f"{v}/{p}": rs for (v, p), rs in runs.items()}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps({f"{v}/{p}": rs for (v, p), rs in runs.items()}, indent=1) + "\n"
+        )
 
 
 if __name__ == "__main__":

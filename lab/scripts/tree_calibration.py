@@ -36,10 +36,18 @@ class Recorder:
     @selfspec.hookimpl
     def selfspec_propose(self, state):
         base = state.length - 1
-        step = selfspec.skip_layer_step(state.runner, state.cache, skip_attn=self.skip_attn, skip_mlp=self.skip_mlp)
-        tree = selfspec.draft_tree(step, state.tokens[base : base + 1], base, budget=self.budget, topk=self.topk,
-                                   max_depth=min(self.depth, state.max_draft_depth),
-                                   room=state.cache.capacity - base - 1)
+        step = selfspec.skip_layer_step(
+            state.runner, state.cache, skip_attn=self.skip_attn, skip_mlp=self.skip_mlp
+        )
+        tree = selfspec.draft_tree(
+            step,
+            state.tokens[base : base + 1],
+            base,
+            budget=self.budget,
+            topk=self.topk,
+            max_depth=min(self.depth, state.max_draft_depth),
+            room=state.cache.capacity - base - 1,
+        )
         self.trees.append(tree)
         return tree.draft()
 
@@ -53,7 +61,9 @@ class Recorder:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None)
-    ap.add_argument("--plugin", default="selfsd", help="whose skip set drafts (selfsd: its profile)")
+    ap.add_argument(
+        "--plugin", default="selfsd", help="whose skip set drafts (selfsd: its profile)"
+    )
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--budget", type=int, default=16)
@@ -65,11 +75,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     loaded = selfspec.load_model(args.model)
     owner = selfspec.Decoder(loaded.model, args.plugin, tokenizer=loaded.tokenizer).plugin
-    skip_attn, skip_mlp = tuple(getattr(owner, "skip_attn", ())), tuple(getattr(owner, "skip_mlp", ()))
+    skip_attn, skip_mlp = (
+        tuple(getattr(owner, "skip_attn", ())),
+        tuple(getattr(owner, "skip_mlp", ())),
+    )
     rec = Recorder(skip_attn, skip_mlp, args.budget, args.topk, args.depth)
-    dec = selfspec.Decoder(loaded.model, "tree-calibration", plugin_object=rec, tokenizer=loaded.tokenizer)
+    dec = selfspec.Decoder(
+        loaded.model, "tree-calibration", plugin_object=rec, tokenizer=loaded.tokenizer
+    )
     tasks = ("humaneval", "gsm8k", "mtbench", "sharegpt")
-    samples = [s for t in tasks for s in selfspec.load_task(t, split="dev", n=max(1, args.prompts // len(tasks)))]
+    samples = [
+        s
+        for t in tasks
+        for s in selfspec.load_task(t, split="dev", n=max(1, args.prompts // len(tasks)))
+    ]
     for sample in samples[: args.prompts]:
         dec.generate(selfspec.encode_sample(loaded, sample), args.tokens)
     hits = [[0, 0, 0.0] for _ in BUCKETS[:-1]]  # per bucket: nodes, accepted, sum of p
@@ -83,20 +102,48 @@ def main() -> None:
             hits[b][2] += p
         expected += 1 + float(tree.probs.sum())
         committed += 1 + len(path)
-    rows = [{"p_from": BUCKETS[j], "p_to": min(BUCKETS[j + 1], 1.0), "nodes": n, "mean_p": s / n if n else None,
-             "accepted_rate": a / n if n else None} for j, (n, a, s) in enumerate(hits)]
+    rows = [
+        {
+            "p_from": BUCKETS[j],
+            "p_to": min(BUCKETS[j + 1], 1.0),
+            "nodes": n,
+            "mean_p": s / n if n else None,
+            "accepted_rate": a / n if n else None,
+        }
+        for j, (n, a, s) in enumerate(hits)
+    ]
     steps = max(1, len(rec.steps))
-    summary = {"model": args.model or "default", "plugin_skip_set": args.plugin, "skip_attn": skip_attn,
-               "skip_mlp": skip_mlp, "budget": args.budget, "topk": args.topk, "depth": args.depth,
-               "prompts": len(samples[: args.prompts]), "tokens": args.tokens, "steps": len(rec.steps),
-               "expected_per_step": expected / steps, "committed_per_step": committed / steps, "buckets": rows}
+    summary = {
+        "model": args.model or "default",
+        "plugin_skip_set": args.plugin,
+        "skip_attn": skip_attn,
+        "skip_mlp": skip_mlp,
+        "budget": args.budget,
+        "topk": args.topk,
+        "depth": args.depth,
+        "prompts": len(samples[: args.prompts]),
+        "tokens": args.tokens,
+        "steps": len(rec.steps),
+        "expected_per_step": expected / steps,
+        "committed_per_step": committed / steps,
+        "buckets": rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.json").write_text(json.dumps(summary, indent=1) + "\n")
-    lines = [f"expected tokens per step {summary['expected_per_step']:.2f}, committed {summary['committed_per_step']:.2f}"
-             f" ({len(rec.steps)} steps)", "", "| draft probability p | nodes | mean p | accepted |", "| --- | ---: | ---: | ---: |"]
+    lines = [
+        f"expected tokens per step {summary['expected_per_step']:.2f}, "
+        f"committed {summary['committed_per_step']:.2f}"
+        f" ({len(rec.steps)} steps)",
+        "",
+        "| draft probability p | nodes | mean p | accepted |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for r in rows:
         if r["nodes"]:
-            lines.append(f"| [{r['p_from']:.2f}, {r['p_to']:.2f}) | {r['nodes']} | {r['mean_p']:.3f} | {r['accepted_rate']:.3f} |")
+            lines.append(
+                f"| [{r['p_from']:.2f}, {r['p_to']:.2f}) | {r['nodes']} | {r['mean_p']:.3f} | "
+                f"{r['accepted_rate']:.3f} |"
+            )
     (args.out / "calibration.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

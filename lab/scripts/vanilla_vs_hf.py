@@ -35,16 +35,34 @@ def _load_average() -> list[float] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lab/scripts/vanilla_vs_hf.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None,
-                    help="a model directory, .gguf file or alias (default: the embedded SmolLM2-135M-Instruct)")
-    ap.add_argument("--prompts", type=int, default=4, help=f"how many smoke prompts (max {len(SMOKE_PROMPTS)})")
+    ap = argparse.ArgumentParser(
+        prog="lab/scripts/vanilla_vs_hf.py", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a model directory, .gguf file or alias (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    ap.add_argument(
+        "--prompts", type=int, default=4, help=f"how many smoke prompts (max {len(SMOKE_PROMPTS)})"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)")
+    ap.add_argument(
+        "--threads", type=int, default=2, help="torch CPU threads (default: %(default)s)"
+    )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
-    ap.add_argument("--layouts", help="comma-separated runner weight layouts (default: every one the dtype allows)")
-    ap.add_argument("--eos", action="store_true", help="stop at the model's EOS tokens (default: always decode N)")
+    ap.add_argument(
+        "--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"]
+    )
+    ap.add_argument(
+        "--layouts",
+        help="comma-separated runner weight layouts (default: every one the dtype allows)",
+    )
+    ap.add_argument(
+        "--eos",
+        action="store_true",
+        help="stop at the model's EOS tokens (default: always decode N)",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = ap.parse_args(argv)
 
@@ -59,15 +77,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     layouts = args.layouts.split(",") if args.layouts else usable_layouts(model)
     res = run(model, prompts, args.max_new_tokens, args.repeats, eos, layouts)
     res.update(
-        model=args.model, dtype=args.dtype, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        smoke_prompts=True, load_s=load_s, load_average_before=load_before, load_average_after=_load_average(),
+        model=args.model,
+        dtype=args.dtype,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        smoke_prompts=True,
+        load_s=load_s,
+        load_average_before=load_before,
+        load_average_after=_load_average(),
         machine={**machine_info(), "threads": args.threads},
-        command=" ".join(["python lab/scripts/vanilla_vs_hf.py", *(argv if argv is not None else sys.argv[1:])]),
+        command=" ".join(
+            ["python lab/scripts/vanilla_vs_hf.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
     )
     m = res["machine"]
-    print(f"model {args.model} ({args.dtype}), {len(prompts)} smoke prompts, {args.max_new_tokens} new tokens, "
-          f"{args.repeats} repeats, {m['threads']} threads on {m['cpu']} [{m['cpu_capability']}] ({m['cores']} cores), "
-          f"torch {m['torch']}, transformers {m['transformers']}")
+    print(
+        f"model {args.model} ({args.dtype}), {len(prompts)} smoke prompts, "
+        f"{args.max_new_tokens} new tokens, "
+        f"{args.repeats} repeats, {m['threads']} threads on {m['cpu']} [{m['cpu_capability']}] "
+        f"({m['cores']} cores), "
+        f"torch {m['torch']}, transformers {m['transformers']}"
+    )
     print(format_table(res))
     print(f"load average before/after: {res['load_average_before']} / {res['load_average_after']}")
     if args.json:

@@ -69,7 +69,9 @@ class Lookup:
     # [start:policy]
 
     @selfspec.hookimpl
-    def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: selfspec.Verdict) -> None:
+    def selfspec_update_policy(
+        self, state: selfspec.DecodeState, verdict: selfspec.Verdict
+    ) -> None:
         # what the host committed (EOS or the budget may have cut verdict.committed)
         self.index.extend(state.tokens[len(self.index) : state.length].tolist())
         if self.drafted == 0:

@@ -35,24 +35,39 @@ class QSpec:
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
         register(Option("num_draft", int, 8, "deepest draft per step", min=1, max=64))
-        register(Option("exit", float, 0.3, "chain drafts (tree=0): stop after a token whose draft probability "
-                                              "is below this", min=0.0, max=1.0))
-        register_draft_options(register)  # draft_weights (auto: the host's measured choice), draft_vocab
+        register(
+            Option(
+                "exit",
+                float,
+                0.3,
+                "chain drafts (tree=0): stop after a token whose draft probability is below this",
+                min=0.0,
+                max=1.0,
+            )
+        )
+        # draft_weights (auto: the host's measured choice), draft_vocab
+        register_draft_options(register)
         register_tree_options(register)  # tree, tree_budget, tree_topk, tree_calibrate
 
     @selfspec.hookimpl
     def selfspec_setup(self, runner, options: dict[str, Any], tokenizer: Any = None) -> None:
         if options["draft_weights"] == "none":
-            raise ValueError("qspec drafts on compressed weights: draft_weights=none would draft with the "
-                             "full model itself (auto, or a registered draft format: int8, int8-weights, int4, bf16 on a CPU; bf16 or bnb-int8 on CUDA)")
+            raise ValueError(
+                "qspec drafts on compressed weights: draft_weights=none would draft with the "
+                "full model itself (auto, or a registered draft format: int8, int8-weights, "
+                "int4, bf16 on a CPU; bf16 or bnb-int8 on CUDA)"
+            )
         self.num_draft = options["num_draft"]
         self.exit = options["exit"]
         vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
         self.weights = selfspec.draft_weights(runner, options["draft_weights"], vocab)
-        if self.weights.backend == "none":  # auto where the host has no compressed copy (CUDA without bnb)
+        # auto where the host has no compressed copy (CUDA without bnb)
+        if self.weights.backend == "none":
             self.weights = selfspec.draft_weights(runner, "bf16", vocab)
-        self.tree = TreeConfig.from_options(options, runner, weights=self.weights)  # with the draft passes' curve
-        self.draft_cost = self.tree.pass_cost(1.0, default=self._bytes_share(runner))  # measured where it can be
+        # with the draft passes' curve
+        self.tree = TreeConfig.from_options(options, runner, weights=self.weights)
+        # measured where it can be
+        self.draft_cost = self.tree.pass_cost(1.0, default=self._bytes_share(runner))
 
     @selfspec.hookimpl
     def selfspec_propose(self, state: selfspec.DecodeState) -> Draft:
@@ -62,14 +77,26 @@ class QSpec:
             return Draft.empty(runner.device)
         if self.tree.enabled:
             step = selfspec.skip_layer_step(runner, state.cache, weights=self.weights)
-            return self.tree.draft(step, state, max_depth=kmax, draft_cost=self.draft_cost).draft(owner=self)
+            return self.tree.draft(step, state, max_depth=kmax, draft_cost=self.draft_cost).draft(
+                owner=self
+            )
         base = state.length - 1
-        out = selfspec.skip_layer_draft(runner, state.cache, state.tokens[base : base + 1], base, max_tokens=kmax,
-                                        exit_below=self.exit, pick=state.pick, weights=self.weights)
+        out = selfspec.skip_layer_draft(
+            runner,
+            state.cache,
+            state.tokens[base : base + 1],
+            base,
+            max_tokens=kmax,
+            exit_below=self.exit,
+            pick=state.pick,
+            weights=self.weights,
+        )
         return Draft(out.tokens, owner=self)
 
     @selfspec.hookimpl
-    def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: selfspec.Verdict) -> None:
+    def selfspec_update_policy(
+        self, state: selfspec.DecodeState, verdict: selfspec.Verdict
+    ) -> None:
         self.tree.observe(verdict)  # tree drafts: how often nodes of each draft probability pass
 
     # ------------------------------------------------------------------------------ helpers
@@ -78,6 +105,14 @@ class QSpec:
         the draft weights' bytes over the model's layers' (a forward on a CPU is bound by the
         weights it reads), the layers' weights counted in any layout (parameters, or the buffers a
         laid-out product holds)."""
-        full = sum(t.numel() * t.element_size() for layer in runner.layers
-                   for t in [*layer.parameters(), *layer.buffers()] if t.dim() >= 2)
-        return min(1.0, max(0.05, self.weights.layer_bytes / full)) if full and self.weights.layers else 1.0
+        full = sum(
+            t.numel() * t.element_size()
+            for layer in runner.layers
+            for t in [*layer.parameters(), *layer.buffers()]
+            if t.dim() >= 2
+        )
+        return (
+            min(1.0, max(0.05, self.weights.layer_bytes / full))
+            if full and self.weights.layers
+            else 1.0
+        )

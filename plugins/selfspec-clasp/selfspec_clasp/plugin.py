@@ -48,21 +48,63 @@ class CLaSp:
         self._next_pause = 1  # length of the next pause (doubles while drafts keep failing)
         self._attempted = False  # this step ran the draft model
         self.tree = TreeConfig()  # tree drafts (the host's draft_tree), off by default
-        self.weights: selfspec.DraftWeights | None = None  # the draft model's weights (host's draft_weights)
+        # the draft model's weights (host's draft_weights)
+        self.weights: selfspec.DraftWeights | None = None
 
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
-        register(Option("M", int, None, "layers skipped while drafting (default: half of them, rounded down)", min=0))
-        register(Option("LOI", int, 8, "layer optimisation interval: re-run the search every LOI steps", min=1))
-        register(Option("DET", float, 0.7, "draft-exit threshold: stop drafting before a token the draft "
-                        "model gives less than this probability", min=0.0, max=1.0))
-        register(Option("keep_exit", bool, True, "draft the token that fails DET too (its forward is paid; "
-                        "it is verified with the others) instead of dropping it"))
+        register(
+            Option(
+                "M",
+                int,
+                None,
+                "layers skipped while drafting (default: half of them, rounded down)",
+                min=0,
+            )
+        )
+        register(
+            Option(
+                "LOI",
+                int,
+                8,
+                "layer optimisation interval: re-run the search every LOI steps",
+                min=1,
+            )
+        )
+        register(
+            Option(
+                "DET",
+                float,
+                0.7,
+                "draft-exit threshold: stop drafting before a token the draft "
+                "model gives less than this probability",
+                min=0.0,
+                max=1.0,
+            )
+        )
+        register(
+            Option(
+                "keep_exit",
+                bool,
+                True,
+                "draft the token that fails DET too (its forward is paid; "
+                "it is verified with the others) instead of dropping it",
+            )
+        )
         register(Option("num_draft", int, 8, "most tokens drafted in one step", min=1, max=64))
-        register(Option("backoff", int, 0, "not in the paper: after a step whose draft got nothing "
-                        "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
-                        min=0, max=64))
-        register_tree_options(register)  # tree, tree_budget, tree_topk, tree_calibrate: the host's defaults
+        register(
+            Option(
+                "backoff",
+                int,
+                0,
+                "not in the paper: after a step whose draft got nothing "
+                "accepted, skip drafting for 1, 2, 4, ... steps, at most this many (0 = off)",
+                min=0,
+                max=64,
+            )
+        )
+        # tree, tree_budget, tree_topk, tree_calibrate: the host's defaults
+        register_tree_options(register)
         register_draft_options(register)  # draft_weights, draft_vocab: the host's defaults
 
     @selfspec.hookimpl
@@ -72,12 +114,18 @@ class CLaSp:
         if M > L:
             raise ValueError(f"M={M}: the model has only {L} layers to skip")
         self.runner = runner
-        self.n_skip, self.loi, self.det, self.num_draft = M, options["LOI"], options["DET"], options["num_draft"]
+        self.n_skip, self.loi, self.det, self.num_draft = (
+            M,
+            options["LOI"],
+            options["DET"],
+            options["num_draft"],
+        )
         self.backoff = options["backoff"]
         self.keep_exit = options["keep_exit"]
         vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
         self.weights = selfspec.draft_weights(runner, options["draft_weights"], vocab)
-        self.tree = TreeConfig.from_options(options, runner, weights=self.weights)  # with the draft passes' curve
+        # with the draft passes' curve
+        self.tree = TreeConfig.from_options(options, runner, weights=self.weights)
 
     @selfspec.hookimpl
     def selfspec_start(self, state: DecodeState) -> None:
@@ -100,16 +148,35 @@ class CLaSp:
             return Draft.empty(self.runner.device)
         # both sub-blocks of every layer in S are skipped; drafting stops at a token the draft
         # model gives less than DET (kept and verified with the others when keep_exit)
-        if self.tree.enabled:  # a dynamic tree from the same draft model instead (verified by verify_tree)
-            step = skip_layer_step(self.runner, state.cache, skip_attn=self.skip, skip_mlp=self.skip,
-                                   weights=self.weights)
+        # a dynamic tree from the same draft model instead (verified by verify_tree)
+        if self.tree.enabled:
+            step = skip_layer_step(
+                self.runner,
+                state.cache,
+                skip_attn=self.skip,
+                skip_mlp=self.skip,
+                weights=self.weights,
+            )
             share = 1.0 - len(self.skip) / self.runner.n_layers  # layers the draft runs
-            cost = self.tree.pass_cost(share)  # on the draft weights: as measured against a full forward
+            # on the draft weights: as measured against a full forward
+            cost = self.tree.pass_cost(share)
             draft = self.tree.draft(step, state, max_depth=k, draft_cost=cost).draft()
         else:
-            draft = Draft(skip_layer_draft(self.runner, state.cache, pending, slot, max_tokens=k, skip_attn=self.skip,
-                                           skip_mlp=self.skip, exit_below=self.det, keep_exit=self.keep_exit,
-                                           pick=state.pick, weights=self.weights).tokens)
+            draft = Draft(
+                skip_layer_draft(
+                    self.runner,
+                    state.cache,
+                    pending,
+                    slot,
+                    max_tokens=k,
+                    skip_attn=self.skip,
+                    skip_mlp=self.skip,
+                    exit_below=self.det,
+                    keep_exit=self.keep_exit,
+                    pick=state.pick,
+                    weights=self.weights,
+                ).tokens
+            )
         # the skipped layers wrote no draft slots, the others did: forget the draft slots in
         # every layer so all hold the committed prefix again (verification rewrites them)
         state.cache.crop(slot)
@@ -117,7 +184,8 @@ class CLaSp:
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: DecodeState, verdict: Verdict) -> None:
-        self.tree.observe(verdict)  # tree drafts: learn how often nodes of each draft probability pass
+        # tree drafts: learn how often nodes of each draft probability pass
+        self.tree.observe(verdict)
         if self.backoff and self._attempted:
             if verdict.accepted:
                 self._next_pause = 1
@@ -125,7 +193,12 @@ class CLaSp:
                 self._pause = self._next_pause
                 self._next_pause = min(2 * self._next_pause, self.backoff)
         L = self.runner.n_layers
-        if not self._due or state.finished or verdict.hidden is None or any(i not in verdict.hidden for i in range(L + 1)):
+        if (
+            not self._due
+            or state.finished
+            or verdict.hidden is None
+            or any(i not in verdict.hidden for i in range(L + 1))
+        ):
             return
         # the last accepted token (the pending one if nothing was accepted): its states are the
         # last captured row, and after the commit it sits at slot length-2 (the bonus is pending)

@@ -39,7 +39,9 @@ class Search:
     tokens: int
 
 
-def layer_search(runner: Runner, cache: KVCache, states: torch.Tensor, n_skip: int, slot: int) -> Search:
+def layer_search(
+    runner: Runner, cache: KVCache, states: torch.Tensor, n_skip: int, slot: int
+) -> Search:
     """Choose ``n_skip`` layers to skip for the token whose full-model states are ``states``.
 
     states: ``[L+1, H]``, row ``i`` the input of decoder layer ``i`` (row ``L`` the output of
@@ -52,7 +54,9 @@ def layer_search(runner: Runner, cache: KVCache, states: torch.Tensor, n_skip: i
     if not 0 <= M <= L:
         raise ValueError(f"cannot skip {M} of {L} layers")
     if states.shape[0] != L + 1:
-        raise ValueError(f"expected {L + 1} hidden states (embeddings + every layer), got {states.shape[0]}")
+        raise ValueError(
+            f"expected {L + 1} hidden states (embeddings + every layer), got {states.shape[0]}"
+        )
     x = states
     device = x.device
     # g: [M+1, H] states of the previous row; skipped[i][j]: D(i, j) chose to skip layer i-1
@@ -68,7 +72,8 @@ def layer_search(runner: Runner, cache: KVCache, states: torch.Tensor, n_skip: i
         if lo <= hi:
             run = run_layer(runner, cache, i - 1, g[lo : hi + 1], slot)  # run: [hi-lo+1, H]
             skip = g[lo - 1 : hi]  # skip: [hi-lo+1, H], g(i-1, j-1)
-            take = _cos(skip, x[i]) > _cos(run, x[i])  # take: [hi-lo+1] skipping layer i-1 is better
+            # take: [hi-lo+1] skipping layer i-1 is better
+            take = _cos(skip, x[i]) > _cos(run, x[i])
             new[lo : hi + 1] = torch.where(take[:, None], skip, run)
             skipped[i, lo : hi + 1] = take.cpu()
             work += hi - lo + 1
@@ -85,7 +90,9 @@ def layer_search(runner: Runner, cache: KVCache, states: torch.Tensor, n_skip: i
     return Search(tuple(sorted(chosen)), float(_cos(g[M : M + 1], x[L])[0]), work)
 
 
-def run_layer(runner: Runner, cache: KVCache, layer: int, cands: torch.Tensor, slot: int) -> torch.Tensor:
+def run_layer(
+    runner: Runner, cache: KVCache, layer: int, cands: torch.Tensor, slot: int
+) -> torch.Tensor:
     """``f_layer`` on ``J`` candidate states of the token at ``slot``, in one read-only forward.
 
     cands: ``[J, H]``. Returns ``[J, H]``: each row is what running layer ``layer`` on that
@@ -97,8 +104,14 @@ def run_layer(runner: Runner, cache: KVCache, layer: int, cands: torch.Tensor, s
     positions = torch.full((J,), slot, dtype=torch.long, device=device)  # positions: [J]
     block = torch.eye(J, dtype=torch.bool, device=device)  # block: [J, J]
     out = runner.forward(
-        hidden=cands[None], layers=(layer, layer + 1), cache=cache, start=slot,
-        positions=positions, block_mask=block, write=False, logits=None,
+        hidden=cands[None],
+        layers=(layer, layer + 1),
+        cache=cache,
+        start=slot,
+        positions=positions,
+        block_mask=block,
+        write=False,
+        logits=None,
     )
     return out.hidden[0]
 

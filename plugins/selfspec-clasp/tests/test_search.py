@@ -14,7 +14,9 @@ from selfspec.testing import ARCHS, tiny_model
 def _deep(arch, n_layers, **kw):
     """A tiny model with ``n_layers`` layers (Gemma 3 alternates sliding and full layers)."""
     if arch == "gemma3":
-        kw["layer_types"] = ["sliding_attention", "full_attention"] * (n_layers // 2) + ["sliding_attention"] * (n_layers % 2)
+        kw["layer_types"] = ["sliding_attention", "full_attention"] * (n_layers // 2) + [
+            "sliding_attention"
+        ] * (n_layers % 2)
     return tiny_model(arch, num_hidden_layers=n_layers, **kw)
 
 
@@ -27,15 +29,24 @@ def _prefilled(model, prompt):
     runner.forward(ids[:-1], cache=cache, start=0, logits=None)
     slot = len(prompt) - 1
     L = runner.n_layers
-    out = runner.forward(ids[-1:], cache=cache, start=slot, write=False, capture=range(L + 1), logits=None)
+    out = runner.forward(
+        ids[-1:], cache=cache, start=slot, write=False, capture=range(L + 1), logits=None
+    )
     states = torch.stack([out.captured[i][0] for i in range(L + 1)])
     return runner, cache, slot, states
 
 
 def _skip_cosine(runner, cache, token, slot, skip, target):
     """Cosine with ``target`` of the token's last-layer state when ``skip`` is left out."""
-    out = runner.forward(torch.tensor([token]), cache=cache, start=slot, skip_attn=skip, skip_mlp=skip,
-                         write=False, logits=None)
+    out = runner.forward(
+        torch.tensor([token]),
+        cache=cache,
+        start=slot,
+        skip_attn=skip,
+        skip_mlp=skip,
+        write=False,
+        logits=None,
+    )
     return float(_cos(out.hidden[0], target)[0])
 
 
@@ -63,7 +74,9 @@ def test_run_layer_on_the_true_state_gives_the_next_true_state(arch):
     # c) the token's own slot and position: layer i on x_i reproduces the full model's x_{i+1}
     runner, cache, slot, states = _prefilled(tiny_model(arch), [4, 8, 15, 16, 23, 42, 7])
     for i in range(runner.n_layers):
-        torch.testing.assert_close(run_layer(runner, cache, i, states[i : i + 1], slot)[0], states[i + 1])
+        torch.testing.assert_close(
+            run_layer(runner, cache, i, states[i : i + 1], slot)[0], states[i + 1]
+        )
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -92,8 +105,10 @@ def test_search_is_close_to_brute_force_and_beats_random_sets():
             prompt = [rng.randrange(128) for _ in range(n)]
             runner, cache, slot, states = _prefilled(model, prompt)
             found = layer_search(runner, cache, states, M, slot)
-            every = {s: _skip_cosine(runner, cache, prompt[-1], slot, s, states[-1])
-                     for s in itertools.combinations(range(L), M)}
+            every = {
+                s: _skip_cosine(runner, cache, prompt[-1], slot, s, states[-1])
+                for s in itertools.combinations(range(L), M)
+            }
             dp.append(every[found.skip])
             best.append(max(every.values()))
             rand.append(sum(every[tuple(sorted(rng.sample(range(L), M)))] for _ in range(20)) / 20)

@@ -20,19 +20,32 @@ class TestCLaSp(PluginSuite):
         "DET": st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.95]) | st.floats(0.0, 1.0),
         "num_draft": st.integers(1, 8),
         "backoff": st.sampled_from([0, 1, 4]),
-        "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
+        # tree drafts: auto from the cost curve, or N
+        "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),
         "tree_topk": st.integers(1, 4),
-        "draft_weights": lambda m: sst.draft_weights(m, ("auto", "none", "int8", "int8-weights", "bf16", "bnb-int8")),  # those that run on m's device
+        # those that run on m's device
+        "draft_weights": lambda m: sst.draft_weights(
+            m, ("auto", "none", "int8", "int8-weights", "bf16", "bnb-int8")
+        ),
         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     # no exit threshold and a fresh layer set every step: deep chain drafts every step (a tree's
     # depth follows its cost curve; trees are drawn by the property test)
-    reach_options = {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 8, "draft_weights": "none", "tree": False}
+    reach_options = {
+        "M": 1,
+        "LOI": 1,
+        "DET": 0.0,
+        "num_draft": 8,
+        "draft_weights": "none",
+        "tree": False,
+    }
 
     def options_strategy(self, model, declared):
         # a) M ranges over every size the model allows, from no layer skipped to all of them
         m = st.integers(0, model.config.num_hidden_layers)
-        return st.tuples(super().options_strategy(model, declared), m).map(lambda t: {**t[0], "M": t[1]})
+        return st.tuples(super().options_strategy(model, declared), m).map(
+            lambda t: {**t[0], "M": t[1]}
+        )
 
 
 def test_drafts_on_every_architecture():
@@ -40,7 +53,9 @@ def test_drafts_on_every_architecture():
     # (LOI=1), and the output is still exactly greedy's: a plugin that never drafts fails
     for arch in ("llama", "gemma3"):  # the property test covers every architecture
         model = tiny_model(arch)
-        result = assert_lossless(model, "clasp", [5, 9, 17, 3, 5, 9], 24, {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 4})
+        result = assert_lossless(
+            model, "clasp", [5, 9, 17, 3, 5, 9], 24, {"M": 1, "LOI": 1, "DET": 0.0, "num_draft": 4}
+        )
         assert result.stats.drafted > 0
         assert result.stats.phase_s["layer_search"] > 0
 
@@ -111,7 +126,9 @@ def test_backoff_pauses_drafting_after_failures():
     # e) DET=1 makes every attempt exit at its first token, dropped without keep_exit (nothing
     # accepted), so with backoff=4 the attempts come at steps 0, 2, 5, 10, 15 (pauses 1, 2, 4, 4)
     model = tiny_model("llama", num_hidden_layers=4)
-    dec = Decoder(model, "clasp", {"M": 2, "DET": 1.0, "backoff": 4, "keep_exit": False, "tree": False})  # chain drafts
+    dec = Decoder(
+        model, "clasp", {"M": 2, "DET": 1.0, "backoff": 4, "keep_exit": False, "tree": False}
+    )  # chain drafts
     spy = _AttemptSpy(dec.plugin)
     dec.pm.register(spy)
     result = dec.generate([1, 2, 3], max_new_tokens=20)

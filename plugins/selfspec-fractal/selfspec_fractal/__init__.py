@@ -32,24 +32,70 @@ class Fractal:
 
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
-        register(Option("n", int, None, "number of fractal layers (default: 4, the best measured on CPU; "
-                        "the paper's is a quarter of the layers)", min=0, max=4096))
-        register(Option("w", int, 0, "draft window: placeholder tokens appended per pass (the paper's default "
-                        "is w = n; 0 measured best on CPU)", min=0, max=64))
-        register(Option("positions", Layers, None,
-                        "0-based indices of the layers the fractal layers run before, e.g. '3,7' or '3-5' "
-                        "(default: evenly spaced, every L//n-th layer)"))
-        register(Option("draft_weights", str, "auto",
-                        "the host's compressed draft weights the injected copy runs: auto (the fastest copy "
-                        "measured here; a 4-bit one only if its agreement with the model is worth its speed; "
-                        "bnb-int8 on CUDA), a registered draft format (int8, int8-weights, int4, bf16, bnb-int8, "
-                        "...; `specdec plugins` lists them), none (the model's own weights: a control)",
-                        choices=DRAFT_WEIGHTS))
-        register(Option("draft_vocab", int, 0, "draft vocabulary: the compressed head "
-                        "projects onto the N most frequent tokens of the corpus (0: all)", min=0))
-        register(Option("kv", str, "shared",
-                        "KV cache of the draft pass: shared (the committed prefix's cache, work ~ new tokens) "
-                        "or none (recompute the sequence every pass, as in the paper)", choices=KV_MODES))
+        register(
+            Option(
+                "n",
+                int,
+                None,
+                "number of fractal layers (default: 4, the best measured on CPU; "
+                "the paper's is a quarter of the layers)",
+                min=0,
+                max=4096,
+            )
+        )
+        register(
+            Option(
+                "w",
+                int,
+                0,
+                "draft window: placeholder tokens appended per pass (the paper's default "
+                "is w = n; 0 measured best on CPU)",
+                min=0,
+                max=64,
+            )
+        )
+        register(
+            Option(
+                "positions",
+                Layers,
+                None,
+                "0-based indices of the layers the fractal layers run before, e.g. '3,7' or '3-5' "
+                "(default: evenly spaced, every L//n-th layer)",
+            )
+        )
+        register(
+            Option(
+                "draft_weights",
+                str,
+                "auto",
+                "the host's compressed draft weights the injected copy runs: auto (the fastest "
+                "copy measured here; a 4-bit one only if its agreement with the model is worth "
+                "its speed; bnb-int8 on CUDA), a registered draft format (int8, int8-weights, "
+                "int4, bf16, bnb-int8, ...; `specdec plugins` lists them), none (the model's own "
+                "weights: a control)",
+                choices=DRAFT_WEIGHTS,
+            )
+        )
+        register(
+            Option(
+                "draft_vocab",
+                int,
+                0,
+                "draft vocabulary: the compressed head "
+                "projects onto the N most frequent tokens of the corpus (0: all)",
+                min=0,
+            )
+        )
+        register(
+            Option(
+                "kv",
+                str,
+                "shared",
+                "KV cache of the draft pass: shared (the committed prefix's cache, work ~ new "
+                "tokens) or none (recompute the sequence every pass, as in the paper)",
+                choices=KV_MODES,
+            )
+        )
 
     @selfspec.hookimpl
     def selfspec_setup(self, runner, options: dict[str, Any], tokenizer: Any = None) -> None:
@@ -57,7 +103,8 @@ class Fractal:
 
         L = runner.n_layers
         n, w = options["n"], options["w"]
-        pos = check_layers(options["positions"], L, "positions")  # sorted, distinct (the host's layers type)
+        # sorted, distinct (the host's layers type)
+        pos = check_layers(options["positions"], L, "positions")
         if pos:
             if n is not None and n != len(pos):
                 raise ValueError(f"n={n} but {len(pos)} positions were given")
@@ -89,8 +136,16 @@ class Fractal:
         positions = self.positions[: max(0, depth - w - 1)]
         if not positions or state.length - 1 + w + len(positions) + 2 > state.cache.capacity:
             return Draft.empty(state.runner.device)
-        tokens = draft_pass(state.runner, self.dw, state.cache, state.committed, positions, w, self.kv,
-                            pick=state.pick)
+        tokens = draft_pass(
+            state.runner,
+            self.dw,
+            state.cache,
+            state.committed,
+            positions,
+            w,
+            self.kv,
+            pick=state.pick,
+        )
         return Draft(tokens)
 
 

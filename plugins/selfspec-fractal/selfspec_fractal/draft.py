@@ -40,7 +40,11 @@ def evenly_spaced(n_layers: int, n: int) -> list[int]:
     if n <= 0:
         return []
     gap = max(1, n_layers // n)
-    return [min(n_layers - 1, (k + 1) * gap - 1) for k in range(n)] if n <= n_layers else list(range(n_layers))
+    return (
+        [min(n_layers - 1, (k + 1) * gap - 1) for k in range(n)]
+        if n <= n_layers
+        else list(range(n_layers))
+    )
 
 
 def merge(h: torch.Tensor, hat: torch.Tensor, r: int) -> torch.Tensor:
@@ -87,11 +91,16 @@ def draft_pass(
     done = 0  # original layers [0, done) have run
     for f in positions:
         if f > done:
-            h = runner.forward(hidden=h, cache=cache, start=s0, layers=(done, f), logits=None).hidden
+            h = runner.forward(
+                hidden=h, cache=cache, start=s0, layers=(done, f), logits=None
+            ).hidden
             done = f
-        # upper compressed layers L'_f..L'_{L-1} + compressed head at the last prefix row and the drafts
+        # upper compressed layers L'_f..L'_{L-1} + compressed head at the last prefix row and the
+        # drafts
         if kv == "shared":
-            up = runner.forward(hidden=h, cache=cache, start=s0, layers=(f, L), logits=None, substitutes=subs)
+            up = runner.forward(
+                hidden=h, cache=cache, start=s0, layers=(f, L), logits=None, substitutes=subs
+            )
         else:
             up = runner.forward(hidden=h, layers=(f, L), logits=None, substitutes=subs)
         rows = dw.head(runner, up.hidden[0, r - 1 :])  # rows: [m+1, V], predicting positions T..
@@ -99,10 +108,14 @@ def draft_pass(
         # re-embed and run the compressed lower layers L'_0..L'_{f-1}
         if kv == "shared":
             x = runner.embed(new, weights=dw)  # [1, m+1, H] at positions s0+1..
-            low = runner.forward(hidden=x, cache=cache, start=s0 + 1, layers=(0, f), logits=None, substitutes=subs).hidden
+            low = runner.forward(
+                hidden=x, cache=cache, start=s0 + 1, layers=(0, f), logits=None, substitutes=subs
+            ).hidden
         else:
             x = runner.embed(torch.cat([committed, new]), weights=dw)
-            low = runner.forward(hidden=x, layers=(0, f), logits=None, substitutes=subs).hidden[:, r:]
+            low = runner.forward(hidden=x, layers=(0, f), logits=None, substitutes=subs).hidden[
+                :, r:
+            ]
         merged = merge(h, low, r)  # [1, r+m+1, H]
         if on_merge is not None:
             on_merge(f, h, merged)

@@ -16,9 +16,14 @@ class TestFractal(PluginSuite):
     """The kit's standard suite: installed, valid options, lossless (with coverage)."""
 
     plugin = "fractal"
-    option_strategies = {"w": st.integers(0, 4), "draft_weights": lambda m: sst.draft_weights(m, BACKENDS),
-                         "draft_vocab": st.sampled_from((0, 16, 48)), "kv": st.sampled_from(("shared", "none"))}
-    reach_options = {"draft_weights": "none", "n": 2, "w": 4}  # see b): drafts accepted, deep windows
+    option_strategies = {
+        "w": st.integers(0, 4),
+        "draft_weights": lambda m: sst.draft_weights(m, BACKENDS),
+        "draft_vocab": st.sampled_from((0, 16, 48)),
+        "kv": st.sampled_from(("shared", "none")),
+    }
+    # see b): drafts accepted, deep windows
+    reach_options = {"draft_weights": "none", "n": 2, "w": 4}
     # the reach drafts take the kit's 520-token output in under 128 steps; with no fractal layer
     # a step drafts nothing and commits the verification's one token: 520 steps (steps>=256)
     long_options = {"n": 0, "w": 0}
@@ -28,9 +33,13 @@ class TestFractal(PluginSuite):
         L = model.config.num_hidden_layers
         layers = st.one_of(
             st.sets(st.integers(0, L - 1), min_size=1, max_size=L).map(
-                lambda p: {"positions": ",".join(map(str, sorted(p)))}),
-            st.integers(0, L).map(lambda n: {"n": n}))
-        rest = super().options_strategy(model, {k: v for k, v in declared.items() if k not in ("n", "positions")})
+                lambda p: {"positions": ",".join(map(str, sorted(p)))}
+            ),
+            st.integers(0, L).map(lambda n: {"n": n}),
+        )
+        rest = super().options_strategy(
+            model, {k: v for k, v in declared.items() if k not in ("n", "positions")}
+        )
         return st.tuples(rest, layers).map(lambda t: {**t[0], **t[1]})
 
 
@@ -38,9 +47,12 @@ class TestFractal(PluginSuite):
 def test_it_drafts_and_some_drafts_are_accepted(arch):
     # b) with no compression the first draft token is the model's own next token, so every
     # verification accepts at least one token: a plugin that never drafts cannot pass
-    result = assert_lossless(tiny_model(arch), "fractal", [3, 4, 5, 6, 7], 24, {"draft_weights": "none", "n": 2, "w": 2})
+    result = assert_lossless(
+        tiny_model(arch), "fractal", [3, 4, 5, 6, 7], 24, {"draft_weights": "none", "n": 2, "w": 2}
+    )
     assert result.stats.drafted > 0
-    assert result.stats.accepted >= result.stats.steps - 1  # see b); the last step may be budget-cut
+    # see b); the last step may be budget-cut
+    assert result.stats.accepted >= result.stats.steps - 1
 
 
 def _prefilled(arch="llama", prompt=(3, 9, 4, 1, 7, 2)):
@@ -57,7 +69,9 @@ def _prefilled(arch="llama", prompt=(3, 9, 4, 1, 7, 2)):
 def test_one_pass_drafts_w_plus_n_plus_1_tokens(n, w, kv):
     model, runner, committed, cache = _prefilled()
     cm = draft_weights(runner, "int8-weights")
-    positions = evenly_spaced(runner.n_layers, n) if n <= runner.n_layers else list(range(runner.n_layers))
+    positions = (
+        evenly_spaced(runner.n_layers, n) if n <= runner.n_layers else list(range(runner.n_layers))
+    )
     tokens = draft_pass(runner, cm, cache, committed, positions[:n], w, kv)
     assert tokens.shape == (w + len(positions[:n]) + 1,)
     assert tokens.dtype == torch.long
@@ -111,7 +125,10 @@ def test_the_draft_pass_leaves_the_committed_slots_alone(arch):
     # the slots of the committed prefix before the pending token must not change
     model, runner, committed, cache = _prefilled(arch)
     T = len(committed)
-    before = [(k[:, :, : T - 1].clone(), v[:, :, : T - 1].clone()) for k, v in zip(cache.keys, cache.values)]
+    before = [
+        (k[:, :, : T - 1].clone(), v[:, :, : T - 1].clone())
+        for k, v in zip(cache.keys, cache.values)
+    ]
     pos = cache.pos[: T - 1].clone()
     cm = draft_weights(runner, "int8")
     draft_pass(runner, cm, cache, committed, evenly_spaced(runner.n_layers, 2), 3, "shared")
@@ -155,8 +172,14 @@ def test_bad_options_are_refused(opts, message):
 def test_bitsandbytes_on_cuda():
     pytest.importorskip("bitsandbytes")
     model = tiny_model("llama", dtype=torch.float16, device="cuda")
-    result = assert_lossless(model, "fractal", [3, 4, 5, 6, 7], 24, {"draft_weights": "bnb-int8", "n": 2, "w": 2},
-                             tolerance=0.05)
+    result = assert_lossless(
+        model,
+        "fractal",
+        [3, 4, 5, 6, 7],
+        24,
+        {"draft_weights": "bnb-int8", "n": 2, "w": 2},
+        tolerance=0.05,
+    )
     assert result.stats.drafted > 0
     assert draft_weights(Runner(model), "bnb-int8").nbytes > 0
 
@@ -182,7 +205,9 @@ def test_drafts_stay_within_the_depth_the_host_keeps(budget):
     L, positions = 8, 24
     model = tiny_model("llama", num_hidden_layers=L, max_position_embeddings=positions)
     prompt = [3 + i % 50 for i in range(positions - budget)]
-    result = assert_lossless(model, "fractal", prompt, budget, {"n": 4, "w": 2, "draft_weights": "none"})
+    result = assert_lossless(
+        model, "fractal", prompt, budget, {"n": 4, "w": 2, "draft_weights": "none"}
+    )
     assert result.stats.truncated_drafts == 0
     assert len(result.output_ids) == budget
     if budget >= 3:  # room for a draft with a fractal layer: the early drafts are accepted

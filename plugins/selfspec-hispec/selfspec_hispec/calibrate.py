@@ -1,9 +1,10 @@
 """Self-distillation of exit heads: teach an exit layer to guess the full model's greedy token.
 
 Data: the model's own greedy continuations of development prompts (and, cheaply, more
-development texts read without generating). One full forward over each sequence captures the hidden states at the chosen exit layers and the last layer;
-the targets are the full model's greedy tokens at every position. Per exit layer, an affine
-map ``h -> h @ W + b`` (before the shared final norm + LM head) is fitted in two stages:
+development texts read without generating). One full forward over each sequence captures the
+hidden states at the chosen exit layers and the last layer; the targets are the full model's
+greedy tokens at every position. Per exit layer, an affine map ``h -> h @ W + b`` (before the
+shared final norm + LM head) is fitted in two stages:
 
 1. ridge regression of the last layer's state on the exit's state (closed form; the penalty
    that agrees best on held-out sequences);
@@ -38,8 +39,13 @@ class Collected:
 
 
 @torch.inference_mode()
-def collect(runner: Any, sequences: Iterable[Sequence[int]], layers: Sequence[int], skip_first: int = 4,
-            progress: Callable[[Iterable[Any]], Iterable[Any]] = iter) -> Collected:
+def collect(
+    runner: Any,
+    sequences: Iterable[Sequence[int]],
+    layers: Sequence[int],
+    skip_first: int = 4,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] = iter,
+) -> Collected:
     """Run every sequence through the full model once, capturing ``layers`` and the last layer.
 
     The first ``skip_first`` positions of each sequence are left out: attention-sink tokens
@@ -61,10 +67,17 @@ def collect(runner: Any, sequences: Iterable[Sequence[int]], layers: Sequence[in
     if not targets:
         raise ValueError("no sequence is long enough to calibrate on")
     final = torch.cat(states.pop(n))
-    return Collected({x: torch.cat(v) for x, v in states.items() if x != n}, final, torch.cat(targets), torch.cat(seq))
+    return Collected(
+        {x: torch.cat(v) for x, v in states.items() if x != n},
+        final,
+        torch.cat(targets),
+        torch.cat(seq),
+    )
 
 
-def dev_texts(tokenizer: Any, per_kind: dict[str, int], max_tokens: int = 256, min_tokens: int = 32) -> list[list[int]]:
+def dev_texts(
+    tokenizer: Any, per_kind: dict[str, int], max_tokens: int = 256, min_tokens: int = 32
+) -> list[list[int]]:
     """Token ids of development texts, ``per_kind[kind]`` of each kind (``sharegpt``,
     ``humaneval``, ``gsm8k``; the benchmark's dev split only), each cut to its first
     ``max_tokens`` tokens; texts shorter than ``min_tokens`` are skipped."""
@@ -82,12 +95,20 @@ def dev_texts(tokenizer: Any, per_kind: dict[str, int], max_tokens: int = 256, m
     return out
 
 
-def agreement(runner: Any, heads: ExitHeads, layer: int, states: torch.Tensor, targets: torch.Tensor,
-              chunk: int = 512) -> float:
+def agreement(
+    runner: Any,
+    heads: ExitHeads,
+    layer: int,
+    states: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int = 512,
+) -> float:
     """Fraction of positions where the exit's guess equals the full model's greedy token."""
     hits = 0
     for s in range(0, states.shape[0], chunk):
-        hits += int((heads.predict(runner, layer, states[s : s + chunk]) == targets[s : s + chunk]).sum())
+        hits += int(
+            (heads.predict(runner, layer, states[s : s + chunk]) == targets[s : s + chunk]).sum()
+        )
     return hits / max(1, states.shape[0])
 
 
@@ -100,10 +121,20 @@ def ridge(x: torch.Tensor, y: torch.Tensor, lam: float = 1e-3) -> tuple[torch.Te
     return sol[:-1].to(x.dtype), sol[-1].to(x.dtype)
 
 
-def fit_layer(runner: Any, data: Collected, layer: int, vocab: torch.Tensor | None, *, steps: int = 200,
-              batch: int = 256, lr: float = 1e-3, holdout: float = 0.2, seed: int = 0,
-              lams: Sequence[float] = (1e-3, 1e-2, 1e-1),
-              progress: Callable[[Iterable[Any]], Iterable[Any]] = iter) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, dict[str, float]]:
+def fit_layer(
+    runner: Any,
+    data: Collected,
+    layer: int,
+    vocab: torch.Tensor | None,
+    *,
+    steps: int = 200,
+    batch: int = 256,
+    lr: float = 1e-3,
+    holdout: float = 0.2,
+    seed: int = 0,
+    lams: Sequence[float] = (1e-3, 1e-2, 1e-1),
+    progress: Callable[[Iterable[Any]], Iterable[Any]] = iter,
+) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, dict[str, float]]:
     """Fit one exit layer's map; returns ``(map or None for the plain head, report)``."""
     x_all, y_all, t_all = data.states[layer], data.final, data.targets
     n_seq = int(data.seq.max()) + 1
@@ -123,16 +154,29 @@ def fit_layer(runner: Any, data: Collected, layer: int, vocab: torch.Tensor | No
     report = {"positions": float(x.shape[0]), "plain": score(None)}
     fits = [(score(m), m) for m in (ridge(x, y, lam) for lam in lams)]
     report["ridge"], (w0, b0) = max(fits, key=lambda f: f[0])
-    w, b = _refine(runner, x, t, vocab, w0, b0, steps=steps, batch=batch, lr=lr, seed=seed, progress=progress)
+    w, b = _refine(
+        runner, x, t, vocab, w0, b0, steps=steps, batch=batch, lr=lr, seed=seed, progress=progress
+    )
     report["refined"] = score((w, b))
     best = max(("plain", "ridge", "refined"), key=lambda k: report[k])
     report["chosen"] = {"plain": 0.0, "ridge": 1.0, "refined": 2.0}[best]
     return {"plain": None, "ridge": (w0, b0), "refined": (w, b)}[best], report
 
 
-def _refine(runner: Any, x: torch.Tensor, t: torch.Tensor, vocab: torch.Tensor | None, w0: torch.Tensor,
-            b0: torch.Tensor, *, steps: int, batch: int, lr: float, seed: int,
-            progress: Callable[[Iterable[Any]], Iterable[Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+def _refine(
+    runner: Any,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    vocab: torch.Tensor | None,
+    w0: torch.Tensor,
+    b0: torch.Tensor,
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    progress: Callable[[Iterable[Any]], Iterable[Any]],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Adam on the cross-entropy of the exit logits (over ``vocab``) against the greedy targets."""
     head = runner.lm_head
     with runner.loaded(head):  # an LM head offloaded to disk: read once for the fit
@@ -161,7 +205,9 @@ def _refine(runner: Any, x: torch.Tensor, t: torch.Tensor, vocab: torch.Tensor |
     try:
         with torch.enable_grad():
             for _ in progress(range(steps)):
-                idx = torch.randint(0, x.shape[0], (min(batch, x.shape[0]),), generator=gen).to(x.device)
+                idx = torch.randint(0, x.shape[0], (min(batch, x.shape[0]),), generator=gen).to(
+                    x.device
+                )
                 logits = norm(x[idx] @ w + b) @ emb.T  # [B, K]
                 loss = torch.nn.functional.cross_entropy(logits.float(), tv[idx])
                 opt.zero_grad()
@@ -174,7 +220,8 @@ def _refine(runner: Any, x: torch.Tensor, t: torch.Tensor, vocab: torch.Tensor |
 
 
 def top_vocab(counts: torch.Tensor, size: int, must: torch.Tensor | None = None) -> torch.Tensor:
-    """The ``size`` most frequent token ids by ``counts`` ``[V]``, plus every id in ``must``; sorted."""
+    """The ``size`` most frequent token ids by ``counts`` ``[V]``, plus every id in ``must``;
+    sorted."""
     ids = torch.argsort(counts, descending=True, stable=True)[: max(0, size)]
     if must is not None:
         ids = torch.cat([ids, must.reshape(-1).cpu()])

@@ -39,18 +39,26 @@ class ExitHeads:
     def bind(self, runner: Any) -> ExitHeads:
         """Move to the runner's device/dtype and cut the LM-head rows of the vocabulary subset."""
         dev, dt = runner.device, runner.dtype
-        self.maps = {int(k): (w.to(dev, dt).contiguous(), b.to(dev, dt)) for k, (w, b) in self.maps.items()}
+        self.maps = {
+            int(k): (w.to(dev, dt).contiguous(), b.to(dev, dt)) for k, (w, b) in self.maps.items()
+        }
         if self.vocab is not None:
             self.vocab = self.vocab.to(dev, torch.long)
             head = runner.lm_head
-            with runner.loaded(head):  # an LM head offloaded to disk: read once, rows kept in memory
-                self._sub = head.weight.detach().index_select(0, self.vocab).to(dt).contiguous()  # [K, H]
+            # an LM head offloaded to disk: read once, rows kept in memory
+            with runner.loaded(head):
+                # [K, H]
+                self._sub = head.weight.detach().index_select(0, self.vocab).to(dt).contiguous()
                 bias = getattr(head, "bias", None)
-                self._sub_bias = None if bias is None else bias.detach().index_select(0, self.vocab).to(dt)
+                self._sub_bias = (
+                    None if bias is None else bias.detach().index_select(0, self.vocab).to(dt)
+                )
         return self
 
     @torch.inference_mode()
-    def predict(self, runner: Any, layer: int, h: torch.Tensor, pick: Any = None, at: Any = None) -> torch.Tensor:
+    def predict(
+        self, runner: Any, layer: int, h: torch.Tensor, pick: Any = None, at: Any = None
+    ) -> torch.Tensor:
         """Token of the exit at ``layer`` for hidden states ``h`` ``[q, H]`` -> ``[q]`` int64: the
         argmax, or ``pick(logits, at, vocab)`` (``state.pick`` and the positions the rows predict:
         the target's sampling noise, so the guesses stay coupled with it)."""
@@ -62,7 +70,11 @@ class ExitHeads:
             return logits.to(torch.float32).argmax(-1) if pick is None else pick(logits, at)
         # soft-capping is monotonic: the argmax of the capped logits is the argmax of these
         x = runner.norm(h)
-        logits = x @ self._sub.T if self._sub_bias is None else torch.addmm(self._sub_bias, x, self._sub.T)
+        logits = (
+            x @ self._sub.T
+            if self._sub_bias is None
+            else torch.addmm(self._sub_bias, x, self._sub.T)
+        )
         if pick is not None:  # sampling warps the capped logits: cap them
             return pick(runner.softcap(logits), at, self.vocab)
         return self.vocab.index_select(0, logits.to(torch.float32).argmax(-1))  # type: ignore[union-attr]
@@ -77,7 +89,11 @@ class ExitHeads:
         if self._sub is None:
             return runner.head(h) if self.draft is None else self.draft.head(runner, h)
         x = runner.norm(h)
-        return runner.softcap(x @ self._sub.T if self._sub_bias is None else torch.addmm(self._sub_bias, x, self._sub.T))
+        return runner.softcap(
+            x @ self._sub.T
+            if self._sub_bias is None
+            else torch.addmm(self._sub_bias, x, self._sub.T)
+        )
 
 
 # ------------------------------------------------------------------------------ profiles
@@ -95,11 +111,15 @@ def profile_name(runner: Any) -> str:
 
 
 def save_profile(heads: ExitHeads, path: Path | str, runner: Any) -> Path:
-    """Write ``heads`` for the runner's model atomically (an interrupted save never looks finished)."""
+    """Write ``heads`` for the runner's model atomically (an interrupted save never looks
+    finished)."""
     blob = {
         "version": PROFILE_VERSION,
         "model": model_identity(runner).key,
-        "maps": {int(k): (w.detach().cpu().float(), b.detach().cpu().float()) for k, (w, b) in heads.maps.items()},
+        "maps": {
+            int(k): (w.detach().cpu().float(), b.detach().cpu().float())
+            for k, (w, b) in heads.maps.items()
+        },
         "vocab": None if heads.vocab is None else heads.vocab.detach().cpu(),
         "meta": dict(heads.meta),
     }
@@ -121,7 +141,10 @@ def load_profile(path: Path | str, runner: Any = None) -> ExitHeads:
     hidden = int(runner.hidden_size) if runner is not None else None
     for k, (w, b) in maps.items():
         if hidden is not None and (w.shape != (hidden, hidden) or b.shape != (hidden,)):
-            raise ValueError(f"{path}: the map of layer {k} has shape {tuple(w.shape)}, expected ({hidden}, {hidden})")
+            raise ValueError(
+                f"{path}: the map of layer {k} has shape {tuple(w.shape)}, "
+                f"expected ({hidden}, {hidden})"
+            )
     return ExitHeads(maps=maps, vocab=blob.get("vocab"), meta=dict(blob.get("meta") or {}))
 
 
@@ -132,12 +155,16 @@ def exit_layers(options: dict[str, Any], n: int) -> tuple[int, int]:
     ld = options.get("draft_layer") or max(1, round(n / 8))
     if options.get("single_exit"):
         if not 1 <= ld < n:
-            raise ValueError(f"draft_layer must lie in [1, {n - 1}] for a {n}-layer model, got {ld}")
+            raise ValueError(
+                f"draft_layer must lie in [1, {n - 1}] for a {n}-layer model, got {ld}"
+            )
         return ld, ld
     if n < 3:
         raise ValueError(f"HiSpec needs at least 3 layers (L_d < L_i < L); this model has {n}")
     li = options.get("verify_layer") or max(ld + 1, round(n / 4))
     if not 1 <= ld < li < n:
-        raise ValueError(f"need 1 <= draft_layer < verify_layer < {n} (the model's layers), "
-                         f"got draft_layer={ld}, verify_layer={li}")
+        raise ValueError(
+            f"need 1 <= draft_layer < verify_layer < {n} (the model's layers), "
+            f"got draft_layer={ld}, verify_layer={li}"
+        )
     return ld, li

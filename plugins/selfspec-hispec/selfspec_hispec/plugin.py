@@ -2,13 +2,13 @@
 
 One decode step (Algorithm 2 of the paper, with the reuse of §3.1):
 
-1. ``selfspec_propose`` builds the *tentatively accepted buffer* ``c_1..c_m`` after the
-   pending token ``c_0`` in rounds: draft ``N_d`` (``round_size``) tokens with the exit at ``L_d`` (each runs
-   layers ``[0, L_d)`` once), run ``[c_m, d_1..d_{N_d-1}]`` from their ``L_d`` states through
-   ``[L_d, L_i)`` only, accept the drafts the ``L_i`` exit agrees with, and on the first
-   mismatch append the ``L_i`` exit's own token. Rounds repeat until the buffer holds ``N_i``
-   (``num_draft``) tokens. The buffer is private: it goes to the host as a chain ``Draft`` of
-   this plugin (``owner``) whose ``meta`` holds the ``L_i`` states of ``c_0..c_{m-1}``.
+1. ``selfspec_propose`` builds the *tentatively accepted buffer* ``c_1..c_m`` after the pending
+   token ``c_0`` in rounds: draft ``N_d`` (``round_size``) tokens with the exit at ``L_d`` (each
+   runs layers ``[0, L_d)`` once), run ``[c_m, d_1..d_{N_d-1}]`` from their ``L_d`` states through
+   ``[L_d, L_i)`` only, accept the drafts the ``L_i`` exit agrees with, and on the first mismatch
+   append the ``L_i`` exit's own token. Rounds repeat until the buffer holds ``N_i`` (``num_draft``)
+   tokens. The buffer is private: it goes to the host as a chain ``Draft`` of this plugin
+   (``owner``) whose ``meta`` holds the ``L_i`` states of ``c_0..c_{m-1}``.
 2. ``selfspec_verify`` finishes the full-model check with the host's ``verify_from_layer``:
    ``c_m`` (never run yet) goes through ``[0, L_i)``, then ``[c_0..c_m]`` through ``[L_i, L)``
    from the ``L_i`` states; the greedy verdict is the longest matching prefix plus the model's
@@ -70,43 +70,105 @@ class HiSpec:
         self.single = False
         self.heads = ExitHeads()
         self.profile_path: str | None = None
-        self.tree = TreeConfig()  # tree drafts from the L_d exit (the host's draft_tree); set up from the options
+        # tree drafts from the L_d exit (the host's draft_tree); set up from the options
+        self.tree = TreeConfig()
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
 
     # ------------------------------------------------------------------------ lifecycle
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
-        register(Option("draft_layer", int, 0, "exit layer L_d that drafts (0: about L/8)", min=0, max=4096))
-        register(Option("verify_layer", int, 0, "exit layer L_i of the intermediate verifier (0: about L/4)",
-                        min=0, max=4096))
-        register(Option("round_size", int, 2, "N_d: tokens drafted per round before intermediate verification",
-                        min=1, max=64))
-        register(Option("num_draft", int, 4, "N_i: most tokens drafted per step (the tentatively accepted "
-                        "buffer the full model checks)", min=1, max=128))
-        register(Option("single_exit", bool, False,
-                        "LayerSkip-style baseline: draft N_i tokens at L_d, no intermediate verification"))
-        register(Option("profile", str, "auto",
-                        "exit heads: 'auto' (this model's calibrated profile if any), 'none', or a profile path"))
-        register_tree_options(register)  # tree: a tree from the L_d exit, verified by the full model
-        register(Option("draft_weights", str, "auto",
-                        "weights of the exit heads' LM head (the host's shared compressed copy; the layers stay the "
-                        "model's own, whose states verification reuses): none, a registered draft format (int8, int8-weights, bf16, bnb-int8, ...; `specdec plugins`), auto",
-                        choices=DRAFT_WEIGHTS))
-        register(Option("draft_vocab", int, 0,
-                        "draft vocabulary of the exit heads: the N most frequent corpus tokens (0: all; a "
-                        "profile's own subset wins)", min=0))
+        register(
+            Option(
+                "draft_layer", int, 0, "exit layer L_d that drafts (0: about L/8)", min=0, max=4096
+            )
+        )
+        register(
+            Option(
+                "verify_layer",
+                int,
+                0,
+                "exit layer L_i of the intermediate verifier (0: about L/4)",
+                min=0,
+                max=4096,
+            )
+        )
+        register(
+            Option(
+                "round_size",
+                int,
+                2,
+                "N_d: tokens drafted per round before intermediate verification",
+                min=1,
+                max=64,
+            )
+        )
+        register(
+            Option(
+                "num_draft",
+                int,
+                4,
+                "N_i: most tokens drafted per step (the tentatively accepted "
+                "buffer the full model checks)",
+                min=1,
+                max=128,
+            )
+        )
+        register(
+            Option(
+                "single_exit",
+                bool,
+                False,
+                "LayerSkip-style baseline: draft N_i tokens at L_d, no intermediate verification",
+            )
+        )
+        register(
+            Option(
+                "profile",
+                str,
+                "auto",
+                "exit heads: 'auto' (this model's calibrated profile if any), 'none', "
+                "or a profile path",
+            )
+        )
+        # tree: a tree from the L_d exit, verified by the full model
+        register_tree_options(register)
+        register(
+            Option(
+                "draft_weights",
+                str,
+                "auto",
+                "weights of the exit heads' LM head (the host's shared compressed copy; the "
+                "layers stay the model's own, whose states verification reuses): none, a "
+                "registered draft format (int8, int8-weights, bf16, bnb-int8, ...; `specdec "
+                "plugins`), auto",
+                choices=DRAFT_WEIGHTS,
+            )
+        )
+        register(
+            Option(
+                "draft_vocab",
+                int,
+                0,
+                "draft vocabulary of the exit heads: the N most frequent corpus tokens (0: all; a "
+                "profile's own subset wins)",
+                min=0,
+            )
+        )
 
     @selfspec.hookimpl
     def selfspec_setup(self, runner: Any, options: dict[str, Any], tokenizer: Any = None) -> None:
         n = runner.n_layers
         self.single = bool(options["single_exit"])
         ld, li = exit_layers(options, n)
-        self.ld, self.li, self.n_layers = ld, (ld if self.single else li), n  # single: verify from L_d
+        # single: verify from L_d
+        self.ld, self.li, self.n_layers = ld, (ld if self.single else li), n
         self.nd, self.ni = int(options["round_size"]), int(options["num_draft"])
         self.heads, self.profile_path = _resolve_heads(options["profile"], runner)
         self.tree = TreeConfig.from_options(options, runner)
         vocab = selfspec.draft_vocab(runner, options["draft_vocab"], tokenizer)
-        self.heads.draft = selfspec.draft_weights(runner, options["draft_weights"], vocab, layers=False)
+        self.heads.draft = selfspec.draft_weights(
+            runner, options["draft_weights"], vocab, layers=False
+        )
 
     @selfspec.hookimpl
     def selfspec_commands(self, register) -> None:
@@ -128,15 +190,25 @@ class HiSpec:
         limit = min(self.ni, state.max_draft_depth)
         if limit <= 0:
             return Draft.empty(dev)
-        if self.tree.enabled:  # a tree from the L_d exit, verified by the host's verify_tree (no L_i stage)
+        # a tree from the L_d exit, verified by the host's verify_tree (no L_i stage)
+        if self.tree.enabled:
             ld, heads = self.ld, self.heads
 
             def step(ids, start, positions, mask):
-                h = runner.forward(ids, cache=cache, start=start, positions=positions, block_mask=mask,
-                                   layers=(0, ld), logits=None).hidden[0]  # [q, H]
+                h = runner.forward(
+                    ids,
+                    cache=cache,
+                    start=start,
+                    positions=positions,
+                    block_mask=mask,
+                    layers=(0, ld),
+                    logits=None,
+                ).hidden[0]  # [q, H]
                 return heads.logits(runner, ld, h)
 
-            tree = self.tree.draft(step, state, max_depth=limit, draft_cost=ld / self.n_layers, vocab=heads.vocab)
+            tree = self.tree.draft(
+                step, state, max_depth=limit, draft_cost=ld / self.n_layers, vocab=heads.vocab
+            )
             self.counters["drafted"] += tree.ran
             return tree.draft(owner=self)
         buf: list[int] = [state.pending]  # c_0..c_m
@@ -149,7 +221,9 @@ class HiSpec:
             cur = torch.tensor(buf[-1:], dtype=torch.long, device=dev)  # [1]
             hd, drafts = [], []
             for j in range(n):
-                h = runner.forward(cur, cache=cache, start=base + m + j, layers=(0, self.ld), logits=None).hidden[0]
+                h = runner.forward(
+                    cur, cache=cache, start=base + m + j, layers=(0, self.ld), logits=None
+                ).hidden[0]
                 hd.append(h)  # [1, H]
                 cur = self.heads.predict(runner, self.ld, h, state.pick, [base + m + j + 1])  # [1]
                 drafts.append(cur)
@@ -161,10 +235,16 @@ class HiSpec:
                 rows.append(hds)
                 continue
             # b) intermediate verification: only layers [L_d, L_i), from the L_d states
-            hi = runner.forward(hidden=hds[None], cache=cache, start=base + m, layers=(self.ld, self.li),
-                                logits=None).hidden[0]  # [n, H]
-            pred = self.heads.predict(runner, self.li, hi, state.pick,
-                                      range(base + m + 1, base + m + n + 1))  # [n]: L_i's token after c_m, d_1..
+            hi = runner.forward(
+                hidden=hds[None],
+                cache=cache,
+                start=base + m,
+                layers=(self.ld, self.li),
+                logits=None,
+            ).hidden[0]  # [n, H]
+            pred = self.heads.predict(
+                runner, self.li, hi, state.pick, range(base + m + 1, base + m + n + 1)
+            )  # [n]: L_i's token after c_m, d_1..
             a = accepted_length(pred, dtok)
             self.counters["li_accepted"] += a
             if a < n:  # first mismatch: L_i's own token replaces d_{a+1}
@@ -182,7 +262,9 @@ class HiSpec:
         states = torch.cat(rows)[:m]  # [m, H]
         self.counters["buffered"] += m
         meta = {"states": states, "layer": self.li, "tokens": tuple(buf[1 : m + 1])}
-        return Draft(torch.tensor(buf[1 : m + 1], dtype=torch.long, device=dev), meta=meta, owner=self)
+        return Draft(
+            torch.tensor(buf[1 : m + 1], dtype=torch.long, device=dev), meta=meta, owner=self
+        )
 
     @selfspec.hookimpl
     def selfspec_verify(self, state: selfspec.DecodeState, draft: Draft) -> Verdict:
@@ -191,7 +273,11 @@ class HiSpec:
         meta = draft.meta
         if draft.parents is not None:  # a tree: one full-model tree pass
             return verify_greedy(state, draft)
-        if (not draft.is_from(self) or tuple(draft.tokens.tolist()) != meta["tokens"] or state.capture_layers):
+        if (
+            not draft.is_from(self)
+            or tuple(draft.tokens.tolist()) != meta["tokens"]
+            or state.capture_layers
+        ):
             self.counters["fallbacks"] += 1  # foreign or cut draft: verify with a full forward
             return verify_greedy(state, draft)
         # c) c_m has run no layer yet: [0, L_i) at its slot; then [c_0..c_m] through [L_i, L)
@@ -202,7 +288,8 @@ class HiSpec:
 
     @selfspec.hookimpl
     def selfspec_update_policy(self, state: selfspec.DecodeState, verdict: Verdict) -> None:
-        self.tree.observe(verdict)  # tree drafts: learn how often nodes of each draft probability pass
+        # tree drafts: learn how often nodes of each draft probability pass
+        self.tree.observe(verdict)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -212,8 +299,11 @@ def _resolve_heads(spec: str, runner: Any) -> tuple[ExitHeads, str | None]:
     path = resolve_profile(spec, STORE, profile_name(runner))
     if path is None:
         if str(spec).strip().lower() == "auto":
-            print("hispec: no exit heads are calibrated for this model, so it drafts through the plain LM head, "
-                  "whose early-exit drafts are rarely accepted; run `specdec --plugin hispec calibrate` (a few "
-                  "minutes) to fit them", file=sys.stderr)
+            print(
+                "hispec: no exit heads are calibrated for this model, so it drafts through the "
+                "plain LM head, whose early-exit drafts are rarely accepted; run `specdec "
+                "--plugin hispec calibrate` (a few minutes) to fit them",
+                file=sys.stderr,
+            )
         return ExitHeads(), None
     return load_profile(path, runner).bind(runner), str(path)

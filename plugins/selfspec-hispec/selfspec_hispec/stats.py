@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-COUNTERS = ("steps", "drafted", "li_accepted", "li_corrections", "buffered", "full_accepted", "fallbacks")
+COUNTERS = (
+    "steps",
+    "drafted",
+    "li_accepted",
+    "li_corrections",
+    "buffered",
+    "full_accepted",
+    "fallbacks",
+)
 
 
 def rates(counters: dict[str, int]) -> dict[str, float | None]:

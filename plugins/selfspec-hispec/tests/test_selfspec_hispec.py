@@ -40,9 +40,18 @@ def _random_profile(model, seed: int, vocab: int | None) -> str:
     if not path.exists():
         g = torch.Generator().manual_seed(seed)
         h, n = model.config.hidden_size, model.config.num_hidden_layers
-        maps = {k: (torch.randn(h, h, generator=g) / h**0.5 + torch.eye(h), torch.randn(h, generator=g) * 0.1)
-                for k in range(1, n)}
-        sub = None if vocab is None else torch.randperm(model.config.vocab_size, generator=g)[:vocab].sort().values
+        maps = {
+            k: (
+                torch.randn(h, h, generator=g) / h**0.5 + torch.eye(h),
+                torch.randn(h, generator=g) * 0.1,
+            )
+            for k in range(1, n)
+        }
+        sub = (
+            None
+            if vocab is None
+            else torch.randperm(model.config.vocab_size, generator=g)[:vocab].sort().values
+        )
         save_profile(ExitHeads(maps=maps, vocab=sub), path, Runner(model))
     return str(path)
 
@@ -54,13 +63,21 @@ class TestHiSpec(PluginSuite):
     option_strategies = {
         "round_size": st.integers(1, 4),
         "num_draft": st.integers(1, 8),
-        "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
+        # tree drafts: auto from the cost curve, or N
+        "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),
         "tree_topk": st.integers(1, 4),
-        "draft_weights": lambda m: sst.draft_weights(m, ("auto", "none", "int8", "int8-weights", "bf16", "bnb-int8")),
+        "draft_weights": lambda m: sst.draft_weights(
+            m, ("auto", "none", "int8", "int8-weights", "bf16", "bnb-int8")
+        ),
         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
-    reach_options = {"round_size": 4, "num_draft": 8, "profile": "none", "draft_weights": "none",
-                     "tree": False}  # the longest buffers (the paper's Algorithm 2; trees are drawn too)
+    reach_options = {
+        "round_size": 4,
+        "num_draft": 8,
+        "profile": "none",
+        "draft_weights": "none",
+        "tree": False,
+    }  # the longest buffers (the paper's Algorithm 2; trees are drawn too)
 
     def options_strategy(self, model, declared):
         depth = model.config.num_hidden_layers
@@ -70,11 +87,19 @@ class TestHiSpec(PluginSuite):
             ld = draw(st.integers(1, depth - 2), label="draft_layer")
             li = draw(st.integers(ld + 1, depth - 1), label="verify_layer")
             heads = draw(st.sampled_from(["none", "random", "random-vocab"]))
-            profile = "none" if heads == "none" else _random_profile(model, ld, 16 if heads == "random-vocab" else None)
+            profile = (
+                "none"
+                if heads == "none"
+                else _random_profile(model, ld, 16 if heads == "random-vocab" else None)
+            )
             return {"draft_layer": ld, "verify_layer": li, "profile": profile}
 
-        rest = {k: v for k, v in declared.items() if k not in ("draft_layer", "verify_layer", "profile")}
-        return st.tuples(super().options_strategy(model, rest), layers_and_heads()).map(lambda t: {**t[0], **t[1]})
+        rest = {
+            k: v for k, v in declared.items() if k not in ("draft_layer", "verify_layer", "profile")
+        }
+        return st.tuples(super().options_strategy(model, rest), layers_and_heads()).map(
+            lambda t: {**t[0], **t[1]}
+        )
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])  # the property test covers every architecture
@@ -82,7 +107,9 @@ def test_lossless_with_eos_inside_the_buffer(arch):
     model = tiny_model(arch)
     ref = reference_generate(model, PROMPT, 24)
     eos = [ref[5], ref[9]]
-    assert_lossless(model, "hispec", PROMPT, 24, {"num_draft": 8, "round_size": 3}, eos_token_ids=eos)
+    assert_lossless(
+        model, "hispec", PROMPT, 24, {"num_draft": 8, "round_size": 3}, eos_token_ids=eos
+    )
 
 
 class Recording(HiSpec):
@@ -104,7 +131,9 @@ def test_buffers_are_rejected_in_the_middle():
     # intermediate verifier both accepts and corrects drafts
     for arch in ARCHS:
         plugin = Recording()
-        dec = Decoder(tiny_model(arch), "hispec", {"num_draft": 6, "tree": False}, plugin_object=plugin)
+        dec = Decoder(
+            tiny_model(arch), "hispec", {"num_draft": 6, "tree": False}, plugin_object=plugin
+        )
         res = dec.generate(PROMPT, 40, eos_token_ids=())
         assert res.output_ids == reference_generate(dec.model, PROMPT, 40)
         assert res.stats.drafted > 0
@@ -124,13 +153,22 @@ def _identity_after_first_layer(arch: str):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("options", [{"round_size": 2, "num_draft": 4}, {"round_size": 3, "num_draft": 7},
-                                     {"single_exit": True, "num_draft": 5}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"round_size": 2, "num_draft": 4},
+        {"round_size": 3, "num_draft": 7},
+        {"single_exit": True, "num_draft": 5},
+    ],
+)
 def test_reuse_no_layer_runs_twice_for_a_token(arch, options):
     model = _identity_after_first_layer(arch)
     depth = model.config.num_hidden_layers
-    dec = Decoder(model, "hispec", {"draft_layer": 1, "verify_layer": 2, "draft_weights": "none", "tree": False,
-                                    **options})
+    dec = Decoder(
+        model,
+        "hispec",
+        {"draft_layer": 1, "verify_layer": 2, "draft_weights": "none", "tree": False, **options},
+    )
     calls: list[int] = []
     inner = dec.runner.forward
 
@@ -152,17 +190,22 @@ def test_reuse_no_layer_runs_twice_for_a_token(arch, options):
 
 def test_layer_defaults_follow_the_paper():
     plugin = HiSpec()
-    dec = Decoder(tiny_model("llama", num_hidden_layers=16), "hispec", {"tree": False}, plugin_object=plugin)
+    dec = Decoder(
+        tiny_model("llama", num_hidden_layers=16), "hispec", {"tree": False}, plugin_object=plugin
+    )
     assert (plugin.ld, plugin.li) == (2, 4)  # L/8 and L/4
     assert dec.options["round_size"] == 2 and dec.options["num_draft"] == 4
 
 
-@pytest.mark.parametrize("opts, message", [
-    ({"draft_layer": 2, "verify_layer": 2}, "draft_layer < verify_layer"),
-    ({"draft_layer": 1, "verify_layer": 3}, "draft_layer < verify_layer"),
-    ({"draft_layer": 3, "single_exit": True}, "draft_layer must lie"),
-    ({"profile": "/nonexistent/profile.pt"}, "no profile at"),
-])
+@pytest.mark.parametrize(
+    "opts, message",
+    [
+        ({"draft_layer": 2, "verify_layer": 2}, "draft_layer < verify_layer"),
+        ({"draft_layer": 1, "verify_layer": 3}, "draft_layer < verify_layer"),
+        ({"draft_layer": 3, "single_exit": True}, "draft_layer must lie"),
+        ({"profile": "/nonexistent/profile.pt"}, "no profile at"),
+    ],
+)
 def test_bad_options_are_refused(opts, message):
     with pytest.raises(PluginError, match=message):
         Decoder(tiny_model("llama"), "hispec", opts)
@@ -223,9 +266,12 @@ def test_auto_profile_is_found_in_the_cache(tmp_path, monkeypatch, capsys):
     runner = Runner(model)
     plugin = HiSpec()
     Decoder(model, "hispec", plugin_object=plugin)
-    assert plugin.profile_path is None  # no profile yet: the shared head, and the user is told how to fit one
+    # no profile yet: the shared head, and the user is told how to fit one
+    assert plugin.profile_path is None
     assert "specdec --plugin hispec calibrate" in capsys.readouterr().err
-    save_profile(load_profile(_random_profile(model, 3, None), runner), default_profile_path(runner), runner)
+    save_profile(
+        load_profile(_random_profile(model, 3, None), runner), default_profile_path(runner), runner
+    )
     assert default_profile_path(runner).parent == tmp_path / "hispec"
     plugin = HiSpec()
     Decoder(model, "hispec", plugin_object=plugin)
@@ -233,7 +279,8 @@ def test_auto_profile_is_found_in_the_cache(tmp_path, monkeypatch, capsys):
     plugin = HiSpec()
     Decoder(model, "hispec", {"profile": "none"}, plugin_object=plugin)
     assert plugin.profile_path is None
-    assert "calibrate" not in capsys.readouterr().err  # found, or the plain head asked for: no advice
+    # found, or the plain head asked for: no advice
+    assert "calibrate" not in capsys.readouterr().err
 
 
 def test_top_vocab_keeps_the_frequent_and_the_required():
@@ -249,8 +296,15 @@ def test_tree_drafts_are_lossless(arch, heads):
     model = tiny_model(arch)
     profile = "none" if heads == "none" else _random_profile(model, 1, 16)
     for budget in ("auto", "5"):
-        opts = {"draft_layer": 1, "verify_layer": 2, "profile": profile, "tree": True, "tree_budget": budget,
-                "tree_topk": 3, "num_draft": 5}
+        opts = {
+            "draft_layer": 1,
+            "verify_layer": 2,
+            "profile": profile,
+            "tree": True,
+            "tree_budget": budget,
+            "tree_topk": 3,
+            "num_draft": 5,
+        }
         result = assert_lossless(model, "hispec", [5, 9, 17, 3, 5, 9], 20, opts)
         assert result.stats.drafted > 0
 
@@ -264,7 +318,9 @@ def test_exit_logits_agree_with_predict(vocab):
     heads = load_profile(_random_profile(model, 3, vocab), runner).bind(runner)
     h = runner.forward(torch.tensor([5, 9, 17, 3]), layers=(0, 1)).hidden[0]  # [4, H]
     logits = heads.logits(runner, 1, h)
-    ids = logits.argmax(-1) if heads.vocab is None else heads.vocab.index_select(0, logits.argmax(-1))
+    ids = (
+        logits.argmax(-1) if heads.vocab is None else heads.vocab.index_select(0, logits.argmax(-1))
+    )
     assert logits.shape[-1] == (vocab or runner.vocab_size)
     assert torch.equal(ids, heads.predict(runner, 1, h))
 
@@ -286,7 +342,12 @@ def test_a_vocabulary_profile_reads_an_offloaded_head_once(offloaded_model_facto
     # the kit's split model keeps its LM head on disk: binding heads over a vocabulary subset
     # reads the head's rows once (through accelerate's hooks) and drafts from them in memory
     model = offloaded_model_factory("llama")
-    opts = {"draft_layer": 1, "verify_layer": 2, "profile": _random_profile(model, 4, 16), "num_draft": 5}
+    opts = {
+        "draft_layer": 1,
+        "verify_layer": 2,
+        "profile": _random_profile(model, 4, 16),
+        "num_draft": 5,
+    }
     plugin = HiSpec()
     decoder = Decoder(model, "hispec", opts, plugin_object=plugin)
     assert plugin.heads._sub is not None and plugin.heads._sub.device.type == "cpu"

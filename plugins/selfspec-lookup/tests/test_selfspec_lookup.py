@@ -12,14 +12,20 @@ class TestLookup(PluginSuite):
     """The kit's standard suite: installed, valid options, lossless (with coverage)."""
 
     plugin = "lookup"
-    option_strategies = {"max_ngram": st.integers(1, 4), "min_ngram": st.integers(1, 2),
-                         "num_draft": st.integers(1, 12)}
+    option_strategies = {
+        "max_ngram": st.integers(1, 4),
+        "min_ngram": st.integers(1, 2),
+        "num_draft": st.integers(1, 12),
+    }
     reach_options = {"num_draft": 12}  # the deepest drafts the property draws
 
     def options_strategy(self, model, declared):
         # a) min_ngram above max_ngram is refused (test_bad_options_are_refused)
-        return super().options_strategy(model, declared).filter(
-            lambda o: o.get("min_ngram", 1) <= o.get("max_ngram", 3))
+        return (
+            super()
+            .options_strategy(model, declared)
+            .filter(lambda o: o.get("min_ngram", 1) <= o.get("max_ngram", 3))
+        )
 
 
 def _lookup(history, **opts):

@@ -14,9 +14,16 @@ class TestQSpec(PluginSuite):
     """The kit's standard suite: installed, valid options, lossless (with coverage)."""
 
     plugin = "qspec"
-    option_strategies = {"num_draft": st.integers(1, 10), "tree": st.booleans(),
-                         "draft_weights": lambda m: sst.draft_weights(m, ("int8", "int8-dynamic", "int8-weights", "int4", "bf16", "bnb-int8"))}  # on m's device
-    reach_options = {"num_draft": 10, "tree": False, "exit": 0.0}  # deep chains reach the deep buckets
+    option_strategies = {
+        "num_draft": st.integers(1, 10),
+        "tree": st.booleans(),
+        # on m's device
+        "draft_weights": lambda m: sst.draft_weights(
+            m, ("int8", "int8-dynamic", "int8-weights", "int4", "bf16", "bnb-int8")
+        ),
+    }
+    # deep chains reach the deep buckets
+    reach_options = {"num_draft": 10, "tree": False, "exit": 0.0}
     # the int8 copy of a tiny model agrees with it on most tokens: deep chains would take the kit's
     # 520-token output in under 128 steps, one-token chains take at least 260 (steps>=256)
     long_options = {"num_draft": 1}
@@ -25,9 +32,11 @@ class TestQSpec(PluginSuite):
 def test_the_draft_reads_the_compressed_copy_and_agrees_often():
     model = tiny_model("llama", dtype=torch.float32)
     dec = Decoder(model, "qspec", {"draft_weights": "int8", "tree": False, "exit": 0.0})
-    assert dec.plugin.weights.backend == "int8" and dec.plugin.weights.layers  # every layer compressed
+    # every layer compressed
+    assert dec.plugin.weights.backend == "int8" and dec.plugin.weights.layers
     res = dec.generate([3, 4, 5, 6, 7] * 4, 32, eos_token_ids=())
-    assert res.stats.drafted > 0 and res.stats.acceptance > 0.5  # int8 of the same model mostly agrees
+    # int8 of the same model mostly agrees
+    assert res.stats.drafted > 0 and res.stats.acceptance > 0.5
 
 
 def test_the_models_own_weights_are_refused():
@@ -41,8 +50,13 @@ def test_auto_without_a_compressed_copy_drafts_on_bf16(monkeypatch):
     import selfspec
 
     real = selfspec.draft_weights
-    monkeypatch.setattr(selfspec, "draft_weights",
-                        lambda runner, backend="auto", vocab=None: real(runner, "none" if backend == "auto" else backend, vocab))
+    monkeypatch.setattr(
+        selfspec,
+        "draft_weights",
+        lambda runner, backend="auto", vocab=None: real(
+            runner, "none" if backend == "auto" else backend, vocab
+        ),
+    )
     dec = Decoder(tiny_model("llama", dtype=torch.float32), "qspec", {"tree": False})
     assert dec.plugin.weights.backend == "bf16"
 
@@ -54,9 +68,11 @@ def test_a_draft_pass_costs_less_than_a_forward_in_any_weight_layout(budget):
     in whatever layout the decoder laid them out in (an adopted layout holds them as buffers)."""
     model = tiny_model("llama", dtype=torch.float32)
     opts = {"draft_weights": "int8", "tree": True, "tree_budget": budget}
-    for layout, adopt in (("model", False), ("packed", True)):  # packed: the weights held as buffers
+    # packed: the weights held as buffers
+    for layout, adopt in (("model", False), ("packed", True)):
         dec = Decoder(model, "qspec", opts, weight_layout=layout, adopt_weights=adopt)
         if budget == "auto":
             assert dec.plugin.draft_cost == dec.plugin.tree.draft_curve.relative > 0
         else:
-            assert 0.2 < dec.plugin.draft_cost < 0.5, (layout, dec.plugin.draft_cost)  # int8: a quarter, + scales
+            # int8: a quarter, + scales
+            assert 0.2 < dec.plugin.draft_cost < 0.5, (layout, dec.plugin.draft_cost)

@@ -24,7 +24,9 @@ def default_path(tokenizer: Any, max_tokens: int) -> Path:
     return STORE.path(f"corpus-dev-heldout-{tokenizer_key(tokenizer)}-{max_tokens}.npz")
 
 
-def default_corpus(tokenizer: Any, max_tokens: int = DEFAULT_TOKENS, progress: bool = True) -> CorpusCache:
+def default_corpus(
+    tokenizer: Any, max_tokens: int = DEFAULT_TOKENS, progress: bool = True
+) -> CorpusCache:
     """The default corpus cache: built on first use from :func:`selfspec.app.corpus_texts` (the dev
     split of ShareGPT, HumanEval and GSM8K; never a test prompt nor a Spec-Bench text), then loaded
     from disk."""
@@ -35,8 +37,13 @@ def default_corpus(tokenizer: Any, max_tokens: int = DEFAULT_TOKENS, progress: b
 
     # the small code and math dev sets first, so that the token cap only ever trims ShareGPT
     texts = corpus_texts(("humaneval", "gsm8k", "sharegpt"))
-    cache = build_from_texts(texts, tokenizer, max_tokens=max_tokens, progress=progress,
-                             meta={"source": "selfspec.corpus_texts (dev split)"})
+    cache = build_from_texts(
+        texts,
+        tokenizer,
+        max_tokens=max_tokens,
+        progress=progress,
+        meta={"source": "selfspec.corpus_texts (dev split)"},
+    )
     cache.save(path)
     return cache
 
@@ -55,7 +62,9 @@ def build_from_texts(
 
     seqs: list[list[int]] = []
     total = 0
-    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="selfdraft corpus", disable=not progress)
+    bar = tqdm(
+        total=max_tokens, unit="tok", unit_scale=True, desc="selfdraft corpus", disable=not progress
+    )
     for batch in _batches(texts, BATCH):
         for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
             if max_tokens is not None and total + len(ids) > max_tokens:

@@ -10,18 +10,42 @@ from selfspec.app import CommandContext
 
 
 @click.command("build-corpus")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", "-O", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="where to write the .npz (default: the selfspec cache dir, named after the tokenizer)")
+@click.argument(
+    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--out",
+    "-O",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="where to write the .npz (default: the selfspec cache dir, named after the tokenizer)",
+)
 @click.option("--max-tokens", type=int, default=None, help="stop after this many tokens")
-@click.option("--max-prefix", type=click.IntRange(1, 3), default=3, show_default=True,
-              help="longest prefix (tokens) the cache matches")
-@click.option("--top", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="continuations kept per prefix")
-@click.option("--min-count", type=click.IntRange(1), default=2, show_default=True,
-              help="drop n-grams seen fewer times")
+@click.option(
+    "--max-prefix",
+    type=click.IntRange(1, 3),
+    default=3,
+    show_default=True,
+    help="longest prefix (tokens) the cache matches",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="continuations kept per prefix",
+)
+@click.option(
+    "--min-count",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="drop n-grams seen fewer times",
+)
 @click.pass_obj
-def build_corpus(command: CommandContext, files, out, max_tokens, max_prefix, top, min_count) -> None:
+def build_corpus(
+    command: CommandContext, files, out, max_tokens, max_prefix, top, min_count
+) -> None:
     """Count n-grams of FILES (UTF-8 text, one document per file, or per line for .jsonl of
     {"text": ...}) in the model's tokens, and write a corpus cache for ``-o corpus=PATH``."""
     import json
@@ -46,15 +70,26 @@ def build_corpus(command: CommandContext, files, out, max_tokens, max_prefix, to
                         try:
                             yield json.loads(line)["text"]
                         except (ValueError, KeyError, TypeError):
-                            raise click.ClickException(f"{f}:{i}: expected a JSON object with a 'text' field") from None
+                            raise click.ClickException(
+                                f"{f}:{i}: expected a JSON object with a 'text' field"
+                            ) from None
             else:
                 yield raw
 
-    cache = build_from_texts(texts(), tokenizer, max_tokens=max_tokens, max_prefix=max_prefix, top=top,
-                             min_count=min_count, meta={"source": [str(f) for f in files]})
+    cache = build_from_texts(
+        texts(),
+        tokenizer,
+        max_tokens=max_tokens,
+        max_prefix=max_prefix,
+        top=top,
+        min_count=min_count,
+        meta={"source": [str(f) for f in files]},
+    )
     if out is None:
         from .build import STORE
 
         out = STORE.path(f"corpus-{tokenizer_key(tokenizer)}-files.npz")
     path = cache.save(out)
-    click.echo(f"{path}: {cache.meta['tokens']} tokens, {len(cache)} continuations; use -o corpus={path}")
+    click.echo(
+        f"{path}: {cache.meta['tokens']} tokens, {len(cache)} continuations; use -o corpus={path}"
+    )

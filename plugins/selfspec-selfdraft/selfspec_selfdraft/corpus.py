@@ -36,8 +36,13 @@ def _pack(windows: np.ndarray, bits: int) -> np.ndarray:
 class CorpusCache:
     """N-gram continuations by prefix. Build with :meth:`from_sequences`, save/load ``.npz``."""
 
-    def __init__(self, tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
-                 cont: int, bits: int, meta: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        cont: int,
+        bits: int,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         self.tables = tables  # m -> (keys [P] sorted, offsets [P+1], conts [E], counts [E])
         self.cont = cont
         self.bits = bits
@@ -57,10 +62,13 @@ class CorpusCache:
         min_count: int = 2,
         meta: dict[str, Any] | None = None,
     ) -> CorpusCache:
-        """Count ``(prefix, continuation)`` n-grams of every sequence (none crosses two sequences)."""
+        """Count ``(prefix, continuation)`` n-grams of every sequence (none crosses two
+        sequences)."""
         bits = _bits(vocab_size)
         if (max_prefix * bits > 63) or (cont * bits > 63):
-            raise ValueError(f"max_prefix and cont must each pack into 63 bits ({bits} bits per token)")
+            raise ValueError(
+                f"max_prefix and cont must each pack into 63 bits ({bits} bits per token)"
+            )
         parts: list[np.ndarray] = []
         for s in sequences:
             a = np.asarray(s, dtype=np.int64)
@@ -71,13 +79,22 @@ class CorpusCache:
         tables = {}
         for m in range(1, max_prefix + 1):
             tables[m] = _count(flat, m, cont, bits, top, min_count)
-        info = {"format": FORMAT, "tokens": int(flat.size - len(parts) // 2), "max_prefix": max_prefix,
-                "cont": cont, "top": top, "min_count": min_count, "vocab_size": vocab_size, **(meta or {})}
+        info = {
+            "format": FORMAT,
+            "tokens": int(flat.size - len(parts) // 2),
+            "max_prefix": max_prefix,
+            "cont": cont,
+            "top": top,
+            "min_count": min_count,
+            "vocab_size": vocab_size,
+            **(meta or {}),
+        }
         return cls(tables, cont, bits, info)
 
     # ------------------------------------------------------------------ lookup
-    def lookup(self, context: Sequence[int], limit: int, max_prefix: int | None = None,
-               min_prefix: int = 1) -> list[tuple[int, ...]]:
+    def lookup(
+        self, context: Sequence[int], limit: int, max_prefix: int | None = None, min_prefix: int = 1
+    ) -> list[tuple[int, ...]]:
         """Continuations of the suffix of ``context``: longest matched prefix first (from
         ``max_prefix`` down to ``min_prefix`` tokens), then by decreasing count; at most
         ``limit``, no duplicates."""
@@ -94,7 +111,9 @@ class CorpusCache:
             if i >= keys.size or int(keys[i]) != key:
                 continue
             for packed in conts[offsets[i] : offsets[i + 1]].tolist():
-                c = tuple((packed >> (self.bits * (self.cont - 1 - j))) & mask for j in range(self.cont))
+                c = tuple(
+                    (packed >> (self.bits * (self.cont - 1 - j))) & mask for j in range(self.cont)
+                )
                 if c not in seen:
                     seen.add(c)
                     out.append(c)
@@ -123,14 +142,22 @@ class CorpusCache:
             meta = json.loads(bytes(z["meta"]).decode())
             if meta.get("format") != FORMAT:
                 raise ValueError(f"{path}: not a selfdraft corpus cache of format {FORMAT}")
-            tables = {m: (z[f"keys{m}"], z[f"offsets{m}"], z[f"conts{m}"], z[f"counts{m}"]) for m in meta["prefixes"]}
+            tables = {
+                m: (z[f"keys{m}"], z[f"offsets{m}"], z[f"conts{m}"], z[f"counts{m}"])
+                for m in meta["prefixes"]
+            }
         return cls(tables, int(meta["cont"]), int(meta["bits"]), meta)
 
 
 def _count(flat: np.ndarray, m: int, cont: int, bits: int, top: int, min_count: int):
     """One table: (keys, offsets, conts, counts) of the ``top`` continuations per prefix."""
     n = m + cont
-    empty = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32))
+    empty = (
+        np.zeros(0, np.int64),
+        np.zeros(1, np.int64),
+        np.zeros(0, np.int64),
+        np.zeros(0, np.int32),
+    )
     if flat.size < n:
         return empty
     win = np.lib.stride_tricks.sliding_window_view(flat, n)  # [W, n]

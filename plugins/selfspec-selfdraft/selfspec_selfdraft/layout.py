@@ -47,8 +47,12 @@ class Branches:
     branch_rows: tuple[tuple[int, ...], ...]
 
 
-def branches(branch_tokens: Sequence[Sequence[int]], position: int, first_row: int = 0,
-             device: torch.device | str = "cpu") -> Branches:
+def branches(
+    branch_tokens: Sequence[Sequence[int]],
+    position: int,
+    first_row: int = 0,
+    device: torch.device | str = "cpu",
+) -> Branches:
     """Lay out the draft branches after the pending token at ``position``. ``first_row``: per
     branch, predictions are asked for branch-local indices ``>= min(first_row, l_i - 1)`` (the
     last token's is always needed: it extends the branch)."""
@@ -69,7 +73,10 @@ def branches(branch_tokens: Sequence[Sequence[int]], position: int, first_row: i
         rows.extend(s + j for j in local)
         brows.append(local)
         s += n
-    extra = ExtraBlock(ids=torch.tensor(ids, dtype=torch.long, device=device),
-                       positions=torch.tensor(pos, dtype=torch.long, device=device),
-                       mask=mask.to(device), rows=torch.tensor(rows, dtype=torch.long, device=device))
+    extra = ExtraBlock(
+        ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.tensor(pos, dtype=torch.long, device=device),
+        mask=mask.to(device),
+        rows=torch.tensor(rows, dtype=torch.long, device=device),
+    )
     return Branches(extra, tuple(brows))

@@ -42,7 +42,8 @@ class SelfDraft:
         self.corpus: CorpusCache | None = None
         self.context = ContextCache()
         self.branches: list[list[int]] = []
-        self.history: list[int] = []  # prompt + committed tokens (the history index's own list when it runs)
+        # prompt + committed tokens (the history index's own list when it runs)
+        self.history: list[int] = []
         self.hist: NgramIndex | None = None  # the history source's index (history=true)
         self.rng = random.Random(0)
         self._step: dict[str, Any] | None = None  # what verify left for the update hook
@@ -51,31 +52,127 @@ class SelfDraft:
     @selfspec.hookimpl
     def selfspec_options(self, register) -> None:
         register(Option("branches", int, 1, "draft branches N (paper: 6)", min=0, max=64))
-        register(Option("branch_len", int, 3, "longest draft branch L, also the output length "
-                        "before candidates are proposed (paper: 6)", min=1, max=32))
-        register(Option("gram", int, 4, "gram length G of the context cache (candidates have G-1 tokens)",
-                        min=2, max=16))
-        register(Option("max_candidates", int, 2, "most candidates verified per step", min=0, max=64))
-        register(Option("context_size", int, 8, "grams kept per key token in the context cache (LRU)",
-                        min=1, max=1024))
-        register(Option("context", bool, True, "use the context cache (off: no branches run either)"))
-        register(Option("corpus", str, "default", "corpus cache: 'default' (built on first use from "
-                        "the benchmark's dev texts; needs a tokenizer), 'off', or a .npz path"))
-        register(Option("corpus_tokens", int, 3_000_000, "tokens of dev text the default corpus cache "
-                        "is built from", min=1000))
-        register(Option("corpus_prefix", int, 3, "longest suffix matched in the corpus cache", min=1, max=8))
-        register(Option("corpus_min_prefix", int, 1, "shortest suffix matched in the corpus cache "
-                        "(2 drops the many weak one-token matches)", min=1, max=8))
-        register(Option("history", bool, True, "also propose what followed the output's last n-gram "
-                        "earlier in the prompt and output (prompt lookup; not in the paper)"))
-        register(Option("history_len", int, 16, "most tokens of the history candidate", min=1, max=32))
-        register(Option("history_halving", bool, True, "halve the history candidate's length for each "
-                        "token its match is shorter than history_ngram"))
-        register(Option("history_ngram", int, 3, "longest suffix matched by the history source", min=1, max=8))
-        register(Option("history_min_ngram", int, 1, "shortest suffix matched by the history source",
-                        min=1, max=8))
-        register(Option("init", str, "prompt", "random initial branch tokens drawn from the prompt or "
-                        "the whole vocabulary", choices=("prompt", "vocab")))
+        register(
+            Option(
+                "branch_len",
+                int,
+                3,
+                "longest draft branch L, also the output length "
+                "before candidates are proposed (paper: 6)",
+                min=1,
+                max=32,
+            )
+        )
+        register(
+            Option(
+                "gram",
+                int,
+                4,
+                "gram length G of the context cache (candidates have G-1 tokens)",
+                min=2,
+                max=16,
+            )
+        )
+        register(
+            Option("max_candidates", int, 2, "most candidates verified per step", min=0, max=64)
+        )
+        register(
+            Option(
+                "context_size",
+                int,
+                8,
+                "grams kept per key token in the context cache (LRU)",
+                min=1,
+                max=1024,
+            )
+        )
+        register(
+            Option("context", bool, True, "use the context cache (off: no branches run either)")
+        )
+        register(
+            Option(
+                "corpus",
+                str,
+                "default",
+                "corpus cache: 'default' (built on first use from "
+                "the benchmark's dev texts; needs a tokenizer), 'off', or a .npz path",
+            )
+        )
+        register(
+            Option(
+                "corpus_tokens",
+                int,
+                3_000_000,
+                "tokens of dev text the default corpus cache is built from",
+                min=1000,
+            )
+        )
+        register(
+            Option(
+                "corpus_prefix", int, 3, "longest suffix matched in the corpus cache", min=1, max=8
+            )
+        )
+        register(
+            Option(
+                "corpus_min_prefix",
+                int,
+                1,
+                "shortest suffix matched in the corpus cache "
+                "(2 drops the many weak one-token matches)",
+                min=1,
+                max=8,
+            )
+        )
+        register(
+            Option(
+                "history",
+                bool,
+                True,
+                "also propose what followed the output's last n-gram "
+                "earlier in the prompt and output (prompt lookup; not in the paper)",
+            )
+        )
+        register(
+            Option("history_len", int, 16, "most tokens of the history candidate", min=1, max=32)
+        )
+        register(
+            Option(
+                "history_halving",
+                bool,
+                True,
+                "halve the history candidate's length for each "
+                "token its match is shorter than history_ngram",
+            )
+        )
+        register(
+            Option(
+                "history_ngram",
+                int,
+                3,
+                "longest suffix matched by the history source",
+                min=1,
+                max=8,
+            )
+        )
+        register(
+            Option(
+                "history_min_ngram",
+                int,
+                1,
+                "shortest suffix matched by the history source",
+                min=1,
+                max=8,
+            )
+        )
+        register(
+            Option(
+                "init",
+                str,
+                "prompt",
+                "random initial branch tokens drawn from the prompt or the whole vocabulary",
+                choices=("prompt", "vocab"),
+            )
+        )
         register(Option("seed", int, 0, "seed of the random branch initialisation"))
 
     @selfspec.hookimpl
@@ -85,20 +182,30 @@ class SelfDraft:
         register(build_corpus)
 
     @selfspec.hookimpl
-    def selfspec_setup(self, runner: selfspec.Runner, options: dict[str, Any], tokenizer: Any) -> None:
+    def selfspec_setup(
+        self, runner: selfspec.Runner, options: dict[str, Any], tokenizer: Any
+    ) -> None:
         self.opts = dict(options)
         self.corpus = load_corpus(options, tokenizer, runner.vocab_size)
         if options["corpus_min_prefix"] > options["corpus_prefix"]:
             raise ValueError("corpus_min_prefix must not exceed corpus_prefix")
-        if options["context"] and options["branches"] > 0 and options["branch_len"] < options["gram"] - 1:
-            raise ValueError(f"branch_len ({options['branch_len']}) must be at least gram - 1 "
-                             f"({options['gram'] - 1}): a shorter branch yields no grams for the context cache "
-                             "(raise branch_len, lower gram, or set branches=0)")
+        if (
+            options["context"]
+            and options["branches"] > 0
+            and options["branch_len"] < options["gram"] - 1
+        ):
+            raise ValueError(
+                f"branch_len ({options['branch_len']}) must be at least gram - 1 "
+                f"({options['gram'] - 1}): a shorter branch yields no grams for the context cache "
+                "(raise branch_len, lower gram, or set branches=0)"
+            )
         if options["history_min_ngram"] > options["history_ngram"]:
             raise ValueError("history_min_ngram must not exceed history_ngram")
         if not options["context"] and self.corpus is None and not options["history"]:
-            raise ValueError("context=false and history=false need a corpus cache (corpus='default' with a "
-                             "tokenizer, or a path): with no source there is nothing to draft")
+            raise ValueError(
+                "context=false and history=false need a corpus cache (corpus='default' with a "
+                "tokenizer, or a path): with no source there is nothing to draft"
+            )
         self.vocab_size = runner.vocab_size
         self.context = ContextCache(options["context_size"])
 
@@ -106,7 +213,8 @@ class SelfDraft:
     def selfspec_start(self, state: selfspec.DecodeState) -> None:
         o = self.opts
         self.hist = NgramIndex(o["history_ngram"], o["history_min_ngram"]) if o["history"] else None
-        self.history = self.hist.tokens if self.hist is not None else []  # one list, never two copies
+        # one list, never two copies
+        self.history = self.hist.tokens if self.hist is not None else []
         self._extend(state.committed.tolist())
         self.context.clear()
         self.rng = random.Random(o["seed"])
@@ -125,8 +233,11 @@ class SelfDraft:
             cands = self.candidates(depth, min(o["history_len"], state.max_draft_depth))
         tokens, parents = layout.trie(cands)
         dev = state.runner.device
-        return Draft(torch.tensor(tokens, dtype=torch.long, device=dev),
-                     torch.tensor(parents, dtype=torch.long, device=dev), owner=self)
+        return Draft(
+            torch.tensor(tokens, dtype=torch.long, device=dev),
+            torch.tensor(parents, dtype=torch.long, device=dev),
+            owner=self,
+        )
 
     @selfspec.hookimpl
     def selfspec_verify(self, state: selfspec.DecodeState, draft: Draft) -> Verdict | None:
@@ -188,13 +299,22 @@ class SelfDraft:
         o = self.opts
         limit = o["max_candidates"]
         ctx = self.context.get(self.history[-1], limit) if o["context"] else []
-        corp = self.corpus.lookup(self.history, limit, o["corpus_prefix"], o["corpus_min_prefix"]) if self.corpus is not None else []
+        corp = (
+            self.corpus.lookup(self.history, limit, o["corpus_prefix"], o["corpus_min_prefix"])
+            if self.corpus is not None
+            else []
+        )
         out: list[tuple[int, ...]] = []
         seen: set[tuple[int, ...]] = set()
-        hist = self.hist.continuation(history_depth, o["history_halving"]) if self.hist is not None and history_depth > 0 else ()
+        hist = (
+            self.hist.continuation(history_depth, o["history_halving"])
+            if self.hist is not None and history_depth > 0
+            else ()
+        )
         if hist and max(hist) < self.vocab_size:
             out.append(hist)
-            seen.update(hist[:n] for n in range(1, len(hist) + 1))  # its prefixes are in the trie already
+            # its prefixes are in the trie already
+            seen.update(hist[:n] for n in range(1, len(hist) + 1))
         for pair in zip_longest(ctx, corp):
             for c in pair:
                 if len(out) >= limit:
@@ -222,8 +342,10 @@ def load_corpus(options: dict[str, Any], tokenizer: Any, vocab_size: int) -> Cor
     from pathlib import Path
 
     if not Path(choice).is_file():
-        raise ValueError(f"corpus {choice!r}: no such file (use 'default', 'off' or a path to a .npz "
-                         "built by 'specdec --plugin selfdraft build-corpus')")
+        raise ValueError(
+            f"corpus {choice!r}: no such file (use 'default', 'off' or a path to a .npz "
+            "built by 'specdec --plugin selfdraft build-corpus')"
+        )
     cache = CorpusCache.load(choice)
     if tokenizer is not None and cache.meta.get("tokenizer") not in (None, _key(tokenizer)):
         raise ValueError(f"corpus {choice!r} was built with another tokenizer than this model's")

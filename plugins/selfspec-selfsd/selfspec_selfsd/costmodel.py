@@ -52,8 +52,13 @@ class BlockCosts:
         slope = (v[-1] - v[-2]) if len(v) > 1 else v[-1]
         return v[-1] + slope * (q - len(v))
 
-    def relative_cost(self, steps: Sequence[tuple[int, int]], skip_attn: Sequence[int],
-                      skip_mlp: Sequence[int], reuse: bool = False) -> float:
+    def relative_cost(
+        self,
+        steps: Sequence[tuple[int, int]],
+        skip_attn: Sequence[int],
+        skip_mlp: Sequence[int],
+        reuse: bool = False,
+    ) -> float:
         """Cost per committed token relative to vanilla, for ``steps`` = ``(drafted, committed)``.
 
         With ``reuse`` (the plugin's default), a step with drafts verifies only the layers from
@@ -76,16 +81,26 @@ class BlockCosts:
     def save(self, path: Path) -> None:
         from selfspec import ArtefactStore
 
-        ArtefactStore.save(path, lambda tmp: tmp.write_text(json.dumps(asdict(self), indent=1) + "\n"))
+        ArtefactStore.save(
+            path, lambda tmp: tmp.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        )
 
     @classmethod
     def load(cls, path: Path) -> BlockCosts:
         d = json.loads(path.read_text())
-        return cls(int(d["n_layers"]), float(d["attn"]), float(d["mlp"]), float(d["head"]),
-                   tuple(float(x) for x in d["verify"]), d.get("meta"))
+        return cls(
+            int(d["n_layers"]),
+            float(d["attn"]),
+            float(d["mlp"]),
+            float(d["head"]),
+            tuple(float(x) for x in d["verify"]),
+            d.get("meta"),
+        )
 
 
-def measure(runner: Any, max_q: int = 13, prefix: int = 64, reps: int = 7, weights: Any = None) -> BlockCosts:
+def measure(
+    runner: Any, max_q: int = 13, prefix: int = 64, reps: int = 7, weights: Any = None
+) -> BlockCosts:
     """Time the blocks of ``runner``'s model (medians of ``reps`` runs after a warm-up).
 
     ``weights``: the :class:`selfspec.DraftWeights` draft forwards read (``None``: the model's
@@ -99,12 +114,21 @@ def measure(runner: Any, max_q: int = 13, prefix: int = 64, reps: int = 7, weigh
     runner.forward(ids[:prefix], cache=cache, start=0, logits=None)
     every = tuple(range(L))
 
-    def timed(q: int, skip_attn: Sequence[int] = (), skip_mlp: Sequence[int] = (), draft: bool = False) -> float:
+    def timed(
+        q: int, skip_attn: Sequence[int] = (), skip_mlp: Sequence[int] = (), draft: bool = False
+    ) -> float:
         times = []
         for r in range(reps + 1):
             t0 = time.perf_counter()
-            runner.forward(ids[prefix : prefix + q], cache=cache, start=prefix, skip_attn=skip_attn,
-                           skip_mlp=skip_mlp, logits="all", weights=weights if draft else None)
+            runner.forward(
+                ids[prefix : prefix + q],
+                cache=cache,
+                start=prefix,
+                skip_attn=skip_attn,
+                skip_mlp=skip_mlp,
+                logits="all",
+                weights=weights if draft else None,
+            )
             if runner.device.type == "cuda":
                 torch.cuda.synchronize()
             if r:
@@ -112,28 +136,44 @@ def measure(runner: Any, max_q: int = 13, prefix: int = 64, reps: int = 7, weigh
         return statistics.median(times)
 
     full = timed(1)
-    draft_full = full if weights_name(weights) == "none" else timed(1, draft=True)  # the same forward: time it once
+    # the same forward: time it once
+    draft_full = full if weights_name(weights) == "none" else timed(1, draft=True)
     no_attn = timed(1, skip_attn=every, draft=True)
     no_mlp = timed(1, skip_mlp=every, draft=True)
     none = timed(1, skip_attn=every, skip_mlp=every, draft=True)
     verify = [full] + [timed(q) for q in range(2, max_q + 1)]
-    return BlockCosts(L, max(0.0, (draft_full - no_attn) / L), max(0.0, (draft_full - no_mlp) / L), none,
-                      tuple(verify), {"prefix": prefix, "reps": reps, "threads": torch.get_num_threads(),
-                                      "dtype": str(runner.dtype), "layout": runner.weight_layout,
-                                      "draft_weights": weights_name(weights)})
+    return BlockCosts(
+        L,
+        max(0.0, (draft_full - no_attn) / L),
+        max(0.0, (draft_full - no_mlp) / L),
+        none,
+        tuple(verify),
+        {
+            "prefix": prefix,
+            "reps": reps,
+            "threads": torch.get_num_threads(),
+            "dtype": str(runner.dtype),
+            "layout": runner.weight_layout,
+            "draft_weights": weights_name(weights),
+        },
+    )
 
 
-def costs_for(runner: Any, identity_key: str, *, remeasure: bool = False, max_q: int = 13,
-              weights: Any = None) -> BlockCosts:
-    """The stored block costs of this model/dtype/threads/layout/draft weights, measured on first use."""
+def costs_for(
+    runner: Any, identity_key: str, *, remeasure: bool = False, max_q: int = 13, weights: Any = None
+) -> BlockCosts:
+    """The stored block costs of this model/dtype/threads/layout/draft weights, measured on first
+    use."""
     import torch
 
     from .profiles import STORE
 
     draft = weights_name(weights)
     suffix = "" if draft == "none" else f"-draft-{draft}"
-    name = (f"{identity_key}-{str(runner.dtype).replace('torch.', '')}-{runner.weight_layout}"
-            f"-t{torch.get_num_threads()}{suffix}.json")
+    name = (
+        f"{identity_key}-{str(runner.dtype).replace('torch.', '')}-{runner.weight_layout}"
+        f"-t{torch.get_num_threads()}{suffix}.json"
+    )
     path = STORE.path("costs", name)
     if path.is_file() and not remeasure:
         c = BlockCosts.load(path)

@@ -38,6 +38,8 @@ class Threshold:
         self.ar = beta1 * self.ar + (1.0 - beta1) * ar_e
         self.stages += 1
         if self.adaptive:
-            target = self.gamma + self.epsilon if self.ar <= self.alpha else self.gamma - self.epsilon
+            target = (
+                self.gamma + self.epsilon if self.ar <= self.alpha else self.gamma - self.epsilon
+            )
             self.gamma = self.beta2 * self.gamma + (1.0 - self.beta2) * target
         return self.gamma

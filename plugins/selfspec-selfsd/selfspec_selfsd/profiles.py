@@ -37,8 +37,13 @@ class Profile:
     source: str = field(default="", compare=False)
 
     def as_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "identity": self.identity, "skip_attn": list(self.skip_attn),
-                "skip_mlp": list(self.skip_mlp), "meta": self.meta}
+        return {
+            "format": FORMAT,
+            "identity": self.identity,
+            "skip_attn": list(self.skip_attn),
+            "skip_mlp": list(self.skip_mlp),
+            "meta": self.meta,
+        }
 
 
 STORE = ArtefactStore("selfsd", shipped=__package__)
@@ -53,7 +58,9 @@ def file_name(identity: ModelIdentity) -> str:
 def save(profile: Profile, path: str | Path | None = None) -> Path:
     """Write ``profile`` atomically (default: the store, named by its identity, which
     ``profile=auto`` finds)."""
-    target = Path(path) if path is not None else STORE.path(file_name(ModelIdentity(**profile.identity)))
+    target = (
+        Path(path) if path is not None else STORE.path(file_name(ModelIdentity(**profile.identity)))
+    )
     return STORE.save_text(target, json.dumps(profile.as_json(), indent=1) + "\n")
 
 
@@ -69,14 +76,21 @@ def load(path: str | Path, identity: dict[str, Any] | None = None) -> Profile:
     try:
         if data.get("format") != FORMAT:
             raise ProfileError(f"profile {p} has format {data.get('format')!r}, expected {FORMAT}")
-        prof = Profile(dict(data["identity"]), tuple(int(i) for i in data["skip_attn"]),
-                       tuple(int(i) for i in data["skip_mlp"]), dict(data.get("meta") or {}), str(p))
+        prof = Profile(
+            dict(data["identity"]),
+            tuple(int(i) for i in data["skip_attn"]),
+            tuple(int(i) for i in data["skip_mlp"]),
+            dict(data.get("meta") or {}),
+            str(p),
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, ProfileError):
             raise
         raise ProfileError(f"profile {p} is malformed: {exc}") from None
     if identity is not None and prof.identity != identity:
-        diff = sorted(k for k in set(identity) | set(prof.identity) if identity.get(k) != prof.identity.get(k))
+        diff = sorted(
+            k for k in set(identity) | set(prof.identity) if identity.get(k) != prof.identity.get(k)
+        )
         raise ProfileError(f"profile {p} was made for another model (differs in {', '.join(diff)})")
     n = prof.identity.get("n_layers")
     if any(not 0 <= i < int(n) for i in (*prof.skip_attn, *prof.skip_mlp)):

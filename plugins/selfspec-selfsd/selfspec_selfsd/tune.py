@@ -50,26 +50,77 @@ def dev_prompts(loaded: Any, tasks: tuple[str, ...], n: int) -> list[list[int]]:
 
 
 @click.command("tune")
-@click.option("--trials", "n_trials", type=click.IntRange(0), default=30, show_default=True,
-              help="Trials to run now (added to the study's earlier ones); 0 writes the study's best profile.")
-@click.option("--prompts", "n_prompts", type=click.IntRange(1), default=2, show_default=True,
-              help="Development prompts per trial.")
-@click.option("--tokens", type=click.IntRange(1), default=16, show_default=True, help="New tokens per prompt.")
-@click.option("--task", "tasks", multiple=True, type=click.Choice(TASKS), help="Tasks to draw dev prompts from (default: all four).")
-@click.option("--objective", type=click.Choice(["cost", "time"]), default="cost", show_default=True,
-              help="cost: deterministic cost model; time: measured wall time per token (noisy).")
+@click.option(
+    "--trials",
+    "n_trials",
+    type=click.IntRange(0),
+    default=30,
+    show_default=True,
+    help="Trials to run now (added to the study's earlier ones); "
+    "0 writes the study's best profile.",
+)
+@click.option(
+    "--prompts",
+    "n_prompts",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="Development prompts per trial.",
+)
+@click.option(
+    "--tokens", type=click.IntRange(1), default=16, show_default=True, help="New tokens per prompt."
+)
+@click.option(
+    "--task",
+    "tasks",
+    multiple=True,
+    type=click.Choice(TASKS),
+    help="Tasks to draw dev prompts from (default: all four).",
+)
+@click.option(
+    "--objective",
+    type=click.Choice(["cost", "time"]),
+    default="cost",
+    show_default=True,
+    help="cost: deterministic cost model; time: measured wall time per token (noisy).",
+)
 @click.option("--study", default=None, help="Study name (default: model key + objective).")
-@click.option("--storage", type=click.Path(dir_okay=False), default=None,
-              help="sqlite file for the study (default: <cache dir>/selfsd/optuna.db).")
-@click.option("--give-up", type=float, default=1.5, show_default=True,
-              help="Stop a trial after its first prompts once its relative cost exceeds this.")
+@click.option(
+    "--storage",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="sqlite file for the study (default: <cache dir>/selfsd/optuna.db).",
+)
+@click.option(
+    "--give-up",
+    type=float,
+    default=1.5,
+    show_default=True,
+    help="Stop a trial after its first prompts once its relative cost exceeds this.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed.")
 @click.option("--remeasure", is_flag=True, help="Measure the block costs again.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Write the profile here (default: the user profile directory, used by profile=auto).")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the profile here (default: the user profile directory, used by profile=auto).",
+)
 @click.pass_obj
-def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, tasks: tuple[str, ...], objective: str,
-         study: str | None, storage: str | None, give_up: float, seed: int, remeasure: bool, out: str | None) -> None:
+def tune(
+    command: CommandContext,
+    n_trials: int,
+    n_prompts: int,
+    tokens: int,
+    tasks: tuple[str, ...],
+    objective: str,
+    study: str | None,
+    storage: str | None,
+    give_up: float,
+    seed: int,
+    remeasure: bool,
+    out: str | None,
+) -> None:
     """Search the skip set with Bayesian optimisation and save the best as a profile."""
     import optuna
     from tqdm import tqdm
@@ -82,9 +133,12 @@ def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, ta
     with user_errors():
         opts = dict(command.given_options())
         if "skip_attn" in opts or "skip_mlp" in opts:
-            raise click.BadParameter("the search chooses skip_attn/skip_mlp; do not pass them", param_hint="-o")
+            raise click.BadParameter(
+                "the search chooses skip_attn/skip_mlp; do not pass them", param_hint="-o"
+            )
         opts["profile"] = "none"
-        opts.setdefault("tree", False)  # the cost model prices chains: k draft tokens, then verify[k + 1]
+        # the cost model prices chains: k draft tokens, then verify[k + 1]
+        opts.setdefault("tree", False)
         loaded = command.load_model()
         dec = command.decoder(loaded, "selfsd", opts)
     plugin = dec.plugin
@@ -100,9 +154,17 @@ def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, ta
         raise click.ClickException("no development prompts found")
     eos = None  # the model's own EOS
 
-    click.echo(f"selfsd tune: {key}, {len(prompts)} dev prompts x {tokens} tokens, objective {objective}", err=True)
-    costs = (costmodel.costs_for(runner, key, remeasure=remeasure, max_q=plugin.num_draft + 1, weights=plugin.weights)
-             if objective == "cost" else None)
+    click.echo(
+        f"selfsd tune: {key}, {len(prompts)} dev prompts x {tokens} tokens, objective {objective}",
+        err=True,
+    )
+    costs = (
+        costmodel.costs_for(
+            runner, key, remeasure=remeasure, max_q=plugin.num_draft + 1, weights=plugin.weights
+        )
+        if objective == "cost"
+        else None
+    )
     base_time = None
     if objective == "time":
         van = command.decoder(loaded, "vanilla")
@@ -129,8 +191,12 @@ def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, ta
                 value = (wall / max(1, committed)) / base_time
             if value > give_up:  # hopeless: the other prompts would not change the verdict
                 break
-        info = {"tau": committed / max(1, len(steps)), "acceptance": accepted / drafted if drafted else 0.0,
-                "drafted_per_step": drafted / max(1, len(steps)), "prompts": used}
+        info = {
+            "tau": committed / max(1, len(steps)),
+            "acceptance": accepted / drafted if drafted else 0.0,
+            "drafted_per_step": drafted / max(1, len(steps)),
+            "prompts": used,
+        }
         return value, info
 
     def objective_fn(trial: optuna.Trial) -> float:
@@ -144,15 +210,26 @@ def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, ta
         return value
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    drafts = costmodel.weights_name(plugin.weights)  # costs differ per draft weights: one study each
-    name = study or (f"{key}-{objective}" if drafts == "none" else f"{key}-{objective}-draft-{drafts}")
-    st = optuna.create_study(study_name=name, storage=_storage_url(storage), direction="minimize",
-                             sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=10),
-                             load_if_exists=True)
+    # costs differ per draft weights: one study each
+    drafts = costmodel.weights_name(plugin.weights)
+    name = study or (
+        f"{key}-{objective}" if drafts == "none" else f"{key}-{objective}-draft-{drafts}"
+    )
+    st = optuna.create_study(
+        study_name=name,
+        storage=_storage_url(storage),
+        direction="minimize",
+        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=10),
+        load_if_exists=True,
+    )
     if not st.trials:  # seed the search with structured guesses
         for attn, mlp in _seeds(L):
-            st.enqueue_trial({**{f"a{i}": int(i in attn) for i in range(L)},
-                              **{f"m{i}": int(i in mlp) for i in range(L)}})
+            st.enqueue_trial(
+                {
+                    **{f"a{i}": int(i in attn) for i in range(L)},
+                    **{f"m{i}": int(i in mlp) for i in range(L)},
+                }
+            )
     bar = tqdm(total=n_trials, desc="selfsd tune", unit="trial")
 
     def progress(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -173,23 +250,41 @@ def tune(command: CommandContext, n_trials: int, n_prompts: int, tokens: int, ta
     best = st.best_trial
     attn = tuple(i for i in range(L) if best.params.get(f"a{i}"))
     mlp = tuple(i for i in range(L) if best.params.get(f"m{i}"))
-    prof = profiles.Profile(identity.as_dict(), attn, mlp, {
-        "objective": objective, "value": best.value, "trial": best.number, "study": name,
-        "trials": len(st.trials), "prompts": len(prompts), "tokens": tokens, "draft_weights": drafts,
-        "options": {k: v for k, v in opts.items() if k != "profile"},
-        **{k: best.user_attrs.get(k) for k in ("tau", "acceptance", "drafted_per_step")},
-    })
+    prof = profiles.Profile(
+        identity.as_dict(),
+        attn,
+        mlp,
+        {
+            "objective": objective,
+            "value": best.value,
+            "trial": best.number,
+            "study": name,
+            "trials": len(st.trials),
+            "prompts": len(prompts),
+            "tokens": tokens,
+            "draft_weights": drafts,
+            "options": {k: v for k, v in opts.items() if k != "profile"},
+            **{k: best.user_attrs.get(k) for k in ("tau", "acceptance", "drafted_per_step")},
+        },
+    )
     path = profiles.save(prof, out)
-    click.echo(f"best: trial {best.number}, {objective} {best.value:.4f} (tau {best.user_attrs.get('tau', 0):.2f}, "
-               f"acceptance {best.user_attrs.get('acceptance', 0):.2f}); skip attention "
-               f"{format_layers(attn)}, MLP {format_layers(mlp)}")
+    click.echo(
+        f"best: trial {best.number}, {objective} {best.value:.4f} "
+        f"(tau {best.user_attrs.get('tau', 0):.2f}, "
+        f"acceptance {best.user_attrs.get('acceptance', 0):.2f}); skip attention "
+        f"{format_layers(attn)}, MLP {format_layers(mlp)}"
+    )
     click.echo(f"profile written to {path}")
 
 
 @click.command("trials")
 @click.option("--study", default=None, help="Study name (default: every study in the storage).")
-@click.option("--storage", type=click.Path(dir_okay=False), default=None,
-              help="sqlite file (default: <cache dir>/selfsd/optuna.db).")
+@click.option(
+    "--storage",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="sqlite file (default: <cache dir>/selfsd/optuna.db).",
+)
 @click.option("--top", type=click.IntRange(1), default=None, help="Only the best N trials.")
 def trials(study: str | None, storage: str | None, top: int | None) -> None:
     """List the trials of earlier searches (best first)."""
@@ -208,11 +303,18 @@ def trials(study: str | None, storage: str | None, top: int | None) -> None:
         done = [t for t in st.trials if t.value is not None]
         done.sort(key=lambda t: t.value)
         click.echo(f"study {name}: {len(st.trials)} trials ({len(done)} complete)")
-        click.echo(f"{'trial':>5} {'value':>8} {'tau':>5} {'accept':>6} {'k/step':>6}  skip attention | skip MLP")
+        click.echo(
+            f"{'trial':>5} {'value':>8} {'tau':>5} {'accept':>6} {'k/step':>6}  "
+            f"skip attention | skip MLP"
+        )
         for t in done[:top] if top else done:
             u = t.user_attrs
-            click.echo(f"{t.number:>5} {t.value:>8.4f} {u.get('tau', 0):>5.2f} {u.get('acceptance', 0):>6.2f} "
-                       f"{u.get('drafted_per_step', 0):>6.2f}  {u.get('skip_attn', '?')} | {u.get('skip_mlp', '?')}")
+            click.echo(
+                f"{t.number:>5} {t.value:>8.4f} {u.get('tau', 0):>5.2f} "
+                f"{u.get('acceptance', 0):>6.2f} "
+                f"{u.get('drafted_per_step', 0):>6.2f}  {u.get('skip_attn', '?')} | "
+                f"{u.get('skip_mlp', '?')}"
+            )
 
 
 def _per_token_time(dec: Any, prompts: list[list[int]], tokens: int, eos: Any) -> float:

