@@ -22,9 +22,13 @@ SLOW_MODES = ("all", "ci", "none")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--slow", choices=SLOW_MODES, default=os.environ.get("SELFSPEC_SLOW") or "all",
-                     help="which @pytest.mark.slow tests run: all (default), ci (the bounded subset "
-                          "marked slow(ci=True)), none; also $SELFSPEC_SLOW")
+    parser.addoption(
+        "--slow",
+        choices=SLOW_MODES,
+        default=os.environ.get("SELFSPEC_SLOW") or "all",
+        help="which @pytest.mark.slow tests run: all (default), ci (the bounded subset "
+        "marked slow(ci=True)), none; also $SELFSPEC_SLOW",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,4 +41,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marker = item.get_closest_marker("slow")
         if marker is None or (mode == "ci" and marker.kwargs.get("ci")):
             continue
-        item.add_marker(pytest.mark.skip(reason=f"slow test not in --slow={mode}; run it with --slow=all"))
+        item.add_marker(
+            pytest.mark.skip(reason=f"slow test not in --slow={mode}; run it with --slow=all")
+        )
