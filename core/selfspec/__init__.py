@@ -37,41 +37,9 @@ from ._engine.contract.version import __version__
 _API: dict[str, tuple[str, str]] = {
     # decoding and the values that cross the hook boundary
     "Decoder": ("contract.loop", "Decoder"),
-    #: A position is an index in prompt + output: in :meth:`DecodeState.pick` the row of the
-    #: token at position ``p`` predicts position ``p + 1``. Every host verifier picks with it; a
-    #: drafter that takes tokens from model logits picks with it too (``pick=state.pick`` for
-    #: :func:`skip_layer_draft`); drafts from text need nothing. Thanks to :meth:`timed` a plugin
-    #: never corrects the host's bookkeeping (``timed_s`` is the host's total of the decode's
-    #: timed blocks). ``generated`` counts the tokens committed after the prompt; ``prior`` is how
-    #: a composition's later members extend the earlier ones' draft
-    #: ([composition.md](docs/composition.md), "Extending").
     "DecodeState": ("contract.types", "DecodeState"),
-    #: A tree is built with the constructor, ``Draft(tokens, parents)``
-    #: ([tree-drafts.md](docs/tree-drafts.md)); an empty draft still reaches ``selfspec_verify``
-    #: ([empty drafts](docs/faq.md#is-selfspec_verify-called-for-an-empty-draft)).
-    #: :meth:`Draft.best_nodes` gives the node indices of :meth:`Draft.best_path`. The convention
-    #: for "this draft is mine": a plugin that leaves data in ``meta`` for its own
-    #: ``selfspec_verify`` proposes with ``owner=self`` and its verifier starts with ``if not
-    #: draft.is_from(self): return None``; the host keeps ``owner`` and ``meta`` when it cuts a
-    #: draft past the depth or cache limits, so compare ``len(draft)`` with what was proposed
-    #: when it matters.
     "Draft": ("contract.types", "Draft"),
-    #: Every host verifier fills ``logits`` (:func:`verify_greedy`, :func:`verify_tree`, which
-    #: leaves out its extra rows, :func:`verify_from_layer`,
-    #: :func:`selfspec.provisional.chain_verdict`); it is ``None`` when a plugin's own verifier
-    #: builds a ``Verdict`` without it. ``greedy(verdict.logits[list(verdict.logit_rows)])`` is
-    #: ``verdict.committed``; :meth:`Verdict.slots` is ``kv_slots``, or ``0..len(accepted)`` when
-    #: ``None``. A plugin that learns from the full model's predictions reads the logits in
-    #: ``selfspec_update_policy``, with no need to override ``selfspec_verify``
-    #: ([a plugin that learns from them](docs/faq.md#a-plugin-that-learns-from-verification)).
-    #: They cost nothing when nobody reads them: a reference to the block the forward made
-    #: anyway (no copy, no extra LM-head rows), freed before the next forward because the loop
-    #: drops the verdict when the step ends, after ``selfspec_update_policy``
-    #: (``tests/test_author_faq_learner.py`` checks both).
     "Verdict": ("contract.types", "Verdict"),
-    #: ``prompt_ids``; ``output_ids``, the new tokens only; ``stats``, a :class:`Stats`; ``text``
-    #: (needs a tokenizer); ``near_ties``, set by the kit's ``assert_lossless``: 1 when a
-    #: float32/bf16 output left the reference at a near-tie.
     "Result": ("contract.types", "Result"),
     "Stats": ("contract.types", "Stats"),
     # options
@@ -84,29 +52,6 @@ _API: dict[str, tuple[str, str]] = {
     "PluginError": ("contract.plugins", "PluginError"),
     "available_plugins": ("contract.plugins", "available"),
     # the runner
-    #: For plugins that build their own variants of :meth:`Runner.head` and
-    #: :meth:`Runner.embed` (exit heads, compressed copies, a draft vocabulary), their parts:
-    #: :attr:`Runner.final_norm` and :meth:`Runner.norm`, :attr:`Runner.lm_head`,
-    #: :attr:`Runner.logit_softcap` and :meth:`Runner.softcap`, :attr:`Runner.embedding`;
-    #: ``head(h) == softcap(lm_head(norm(h)))``. Read them, never modify them; a plugin never
-    #: reads ``runner.adapter``: its shape is the host's business and may change. Plain
-    #: attributes: ``model``, ``config``, ``layers`` (the model's own decoder layers),
-    #: ``n_layers``, ``hidden_size`` (``H``), ``vocab_size`` (``V``), ``windows`` (each layer's
-    #: sliding-window size, ``None`` for full attention), ``weight_layout`` (what ``auto``
-    #: resolved to: ``"packed"``, ``"model"``, ...), ``exact`` (``Runner(model, exact=True)``:
-    #: every row of a forward bitwise that row's one-token forward;
-    #: [losslessness.md](docs/losslessness.md)); ``lean_drafts`` (default ``True``) runs draft
-    #: weights' layers of Llama, Mistral, Qwen2 and Qwen3 models as lean blocks, the modules'
-    #: own tensor operations without their calls, bitwise the same logits (``False``: through
-    #: the modules; [architecture.md](docs/architecture.md)).
-    #:
-    #: A model accelerate dispatched over devices, CPU memory and disk runs as placed:
-    #: :attr:`Runner.placement` says where its layers went (a plugin that cannot support a
-    #: placement reads it at setup and raises a ``PluginError`` saying so), ``layer_devices``
-    #: and ``layer_layouts`` where each layer runs and how, and :meth:`Runner.loaded` gives an
-    #: offloaded module's weights values while a plugin reads them at setup. What
-    #: :meth:`Runner.forward` returns and what ``start`` means, with code:
-    #: [the FAQ](docs/faq.md#what-runnerforward-returns).
     "Runner": ("runner", "Runner"),
     "KVCache": ("runner", "KVCache"),
     "ForwardOut": ("runner", "ForwardOut"),
@@ -123,11 +68,6 @@ _API: dict[str, tuple[str, str]] = {
     #: registers is a valid choice: the ``choices`` of a plugin's ``draft_weights`` option
     #: ([weight-formats.md](docs/weight-formats.md)).
     "DRAFT_WEIGHTS": ("drafting.draftweights", "BACKENDS"),
-    #: A frozen dataclass ([weight-formats.md](docs/weight-formats.md)): a format's ``name`` is
-    #: never ``auto``; ``unsupported`` defaults to running everywhere, ``auto`` to ``True``
-    #: (``auto`` measures it where it runs), ``gated`` to ``False`` (``auto`` runs it only
-    #: through the agreement gate). :meth:`WeightFormat.why_not` is ``unsupported`` with a
-    #: failure inside it reported as the reason.
     "WeightFormat": ("runner.weightformat", "WeightFormat"),
     "WeightFormatError": ("runner.formats", "WeightFormatError"),
     "weight_formats": ("runner.formats", "weight_formats"),

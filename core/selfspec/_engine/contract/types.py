@@ -64,6 +64,16 @@ class Draft:
     Notes:
         A plugin that leaves data in ``meta`` for its own ``selfspec_verify`` proposes with
         ``owner=self``, and its verifier returns None unless ``draft.is_from(self)``.
+
+        A tree is built with the constructor, ``Draft(tokens, parents)``
+        ([tree-drafts.md](docs/tree-drafts.md)); an empty draft still reaches ``selfspec_verify``
+        ([empty drafts](docs/faq.md#is-selfspec_verify-called-for-an-empty-draft)).
+        :meth:`Draft.best_nodes` gives the node indices of :meth:`Draft.best_path`. The convention
+        for "this draft is mine": a plugin that leaves data in ``meta`` for its own
+        ``selfspec_verify`` proposes with ``owner=self`` and its verifier starts with ``if not
+        draft.is_from(self): return None``; the host keeps ``owner`` and ``meta`` when it cuts a
+        draft past the depth or cache limits, so compare ``len(draft)`` with what was proposed when
+        it matters.
     """
 
     tokens: torch.Tensor
@@ -178,6 +188,19 @@ class Verdict:
     Notes:
         Keep what you learn from ``logits`` (``top_k``, a few rows ``.clone()``d), never the
         verdict or the tensor: holding it keeps the forward's block alive.
+
+        Every host verifier fills ``logits`` (:func:`verify_greedy`, :func:`verify_tree`, which
+        leaves out its extra rows, :func:`verify_from_layer`,
+        :func:`selfspec.provisional.chain_verdict`); it is ``None`` when a plugin's own verifier
+        builds a ``Verdict`` without it. ``greedy(verdict.logits[list(verdict.logit_rows)])`` is
+        ``verdict.committed``; :meth:`Verdict.slots` is ``kv_slots``, or ``0..len(accepted)`` when
+        ``None``. A plugin that learns from the full model's predictions reads the logits in
+        ``selfspec_update_policy``, with no need to override ``selfspec_verify`` ([a plugin that
+        learns from them](docs/faq.md#a-plugin-that-learns-from-verification)). They cost nothing
+        when nobody reads them: a reference to the block the forward made anyway (no copy, no extra
+        LM-head rows), freed before the next forward because the loop drops the verdict when the
+        step ends, after ``selfspec_update_policy`` (``tests/test_author_faq_learner.py`` checks
+        both).
     """
 
     accepted: tuple[int, ...]
@@ -263,6 +286,15 @@ class DecodeState:
         Every token a verifier commits and every token a drafter takes from model logits goes
         through :meth:`pick`, which couples drafts with the target under sampling
         (``docs/losslessness.md``).
+
+        A position is an index in prompt + output: in :meth:`DecodeState.pick` the row of the token
+        at position ``p`` predicts position ``p + 1``. Every host verifier picks with it; a drafter
+        that takes tokens from model logits picks with it too (``pick=state.pick`` for
+        :func:`skip_layer_draft`); drafts from text need nothing. Thanks to :meth:`timed` a plugin
+        never corrects the host's bookkeeping (``timed_s`` is the host's total of the decode's timed
+        blocks). ``generated`` counts the tokens committed after the prompt; ``prior`` is how a
+        composition's later members extend the earlier ones' draft
+        ([composition.md](docs/composition.md), "Extending").
     """
 
     runner: Runner
@@ -355,7 +387,12 @@ class DecodeState:
 
 @dataclass
 class Result:
-    """One decode: prompt and new token ids, decoded text (when a tokenizer is known), stats."""
+    """One decode: prompt and new token ids, decoded text (when a tokenizer is known), stats.
+
+    ``prompt_ids``; ``output_ids``, the new tokens only; ``stats``, a :class:`Stats`; ``text``
+    (needs a tokenizer); ``near_ties``, set by the kit's ``assert_lossless``: 1 when a float32/bf16
+    output left the reference at a near-tie.
+    """
 
     prompt_ids: list[int]
     output_ids: list[int]

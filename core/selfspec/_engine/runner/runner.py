@@ -75,6 +75,28 @@ class Runner:
     forward then runs the new layout too. On a model accelerate dispatched, the layout applies
     to the resident layers and head only; offloaded ones run the ``"model"`` layout through
     their hooks (:attr:`layer_layouts` says which; see :mod:`.layout`).
+
+    For plugins that build their own variants of :meth:`Runner.head` and :meth:`Runner.embed` (exit
+    heads, compressed copies, a draft vocabulary), their parts: :attr:`Runner.final_norm` and
+    :meth:`Runner.norm`, :attr:`Runner.lm_head`, :attr:`Runner.logit_softcap` and
+    :meth:`Runner.softcap`, :attr:`Runner.embedding`; ``head(h) == softcap(lm_head(norm(h)))``. Read
+    them, never modify them; a plugin never reads ``runner.adapter``: its shape is the host's
+    business and may change. Plain attributes: ``model``, ``config``, ``layers`` (the model's own
+    decoder layers), ``n_layers``, ``hidden_size`` (``H``), ``vocab_size`` (``V``), ``windows``
+    (each layer's sliding-window size, ``None`` for full attention), ``weight_layout`` (what
+    ``auto`` resolved to: ``"packed"``, ``"model"``, ...), ``exact`` (``Runner(model, exact=True)``:
+    every row of a forward bitwise that row's one-token forward;
+    [losslessness.md](docs/losslessness.md)); ``lean_drafts`` (default ``True``) runs draft weights'
+    layers of Llama, Mistral, Qwen2 and Qwen3 models as lean blocks, the modules' own tensor
+    operations without their calls, bitwise the same logits (``False``: through the modules;
+    [architecture.md](docs/architecture.md)).
+
+    A model accelerate dispatched over devices, CPU memory and disk runs as placed:
+    :attr:`Runner.placement` says where its layers went (a plugin that cannot support a placement
+    reads it at setup and raises a ``PluginError`` saying so), ``layer_devices`` and
+    ``layer_layouts`` where each layer runs and how, and :meth:`Runner.loaded` gives an offloaded
+    module's weights values while a plugin reads them at setup. What :meth:`Runner.forward` returns
+    and what ``start`` means, with code: [the FAQ](docs/faq.md#what-runnerforward-returns).
     """
 
     def __init__(

@@ -31,6 +31,12 @@ class WeightFormat:
     in words, for the listing. ``memory``: a layout's bytes per byte of the model's weights it
     lays out (``auto`` measures a layout only where that copy fits in the memory available).
     ``owner``: the package that registered it (set by the registry).
+
+    A frozen dataclass ([weight-formats.md](docs/weight-formats.md)): a format's ``name`` is never
+    ``auto``; ``unsupported`` defaults to running everywhere, ``auto`` to ``True`` (``auto``
+    measures it where it runs), ``gated`` to ``False`` (``auto`` runs it only through the agreement
+    gate). :meth:`WeightFormat.why_not` is ``unsupported`` with a failure inside it reported as the
+    reason.
     """
 
     name: str
