@@ -2,7 +2,7 @@
 (nearly) as well as the copy that would run otherwise.
 
 ``auto`` times every draft-weights candidate on the model's shapes
-(:func:`selfspec._engine.tuning.drafting.draftweights.choice.choose_draft_weights`). The 4-bit
+(:func:`selfspec._engine.drafting.draftweights.choice.choose_draft_weights`). The 4-bit
 copies (the formats registered ``gated=True``: ``int4``, ``bnb-nf4``; :func:`gated`) read half the
 bytes of the 8-bit ones and are often the fastest, but they round the weights more coarsely: on one
 model that costs a point of agreement with the model, on another many, and a draft that agrees less
