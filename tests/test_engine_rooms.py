@@ -1,13 +1,13 @@
 """The engine is four rooms with one way down: a module imports only from its own room and
 the rooms below it, so the layering reads from the folders.
 
-    drafting  (skip drafts, trees, compositions, n-grams, draft weights: built on the contract)
-    contract  (the loop, hooks, types, options, plugins, verification, sampling, reference, audit)
+    drafting  (skip drafts, draft trees, n-grams, draft weights: built on the contract)
+    contract  (the loop, hooks, types, options, plugins and their composition, verification,
+              sampling, reference, audit)
     runner    (layer-level execution, weight layouts and formats, the KV cache)
     tuning    (measured choices, machine facts, the cache of artefacts)
 
-Every import counts: module-level, ``TYPE_CHECKING`` blocks and function bodies. The contract
-reaches the composer above it only by entry point, as it reaches every plugin. Imports sit at
+Every import counts: module-level, ``TYPE_CHECKING`` blocks and function bodies. Imports sit at
 the top of a module; the few inside a function say why on their line (``# here: ...``).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
+from _import_graph import import_graph
 
 ENGINE = Path(__file__).resolve().parents[1] / "core" / "selfspec" / "_engine"
 #: top to bottom
@@ -34,27 +34,17 @@ def _room(module: str) -> str | None:
     return parts[2] if len(parts) > 2 and parts[:2] == ["selfspec", "_engine"] else None
 
 
-def _imports(path: Path) -> list[tuple[int, str, bool]]:
-    """``(line, imported module, inside a function)`` for every ``selfspec`` import of ``path``."""
-    package = ".".join(path.relative_to(ENGINE.parents[1]).with_suffix("").parts[:-1])
-    found: list[tuple[int, str, bool]] = []
-
-    def visit(node: ast.AST, inside: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            local = inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
-            if isinstance(child, ast.ImportFrom):
-                base = child.module or ""
-                if child.level:
-                    parts = package.split(".")[: len(package.split(".")) - child.level + 1]
-                    base = ".".join([*parts, base] if base else parts)
-                targets = [f"{base}.{a.name}" for a in child.names] if base else []
-                found.extend((child.lineno, t, inside) for t in [base, *targets])
-            elif isinstance(child, ast.Import):
-                found.extend((child.lineno, a.name, inside) for a in child.names)
-            visit(child, local)
-
-    visit(ast.parse(path.read_text(encoding="utf-8")), False)
-    return [(n, m, i) for n, m, i in found if m.startswith("selfspec")]
+def upward_imports(core: Path) -> list[str]:
+    """``module -> imported`` for every import of an engine module from a room above its own,
+    ``TYPE_CHECKING`` blocks and function bodies included."""
+    graph = import_graph(core, type_checking=True)
+    return sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if _room(m) in ROOMS
+        for t in targets
+        if _room(t) in ROOMS and ROOMS.index(_room(t)) < ROOMS.index(_room(m))
+    )
 
 
 def test_every_engine_module_lives_in_a_room():
@@ -66,26 +56,22 @@ def test_every_engine_module_lives_in_a_room():
     assert not loose, f"modules outside the four rooms {ROOMS}: {loose}"
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ENGINE)))
-def test_a_module_imports_only_its_room_and_the_rooms_below(path):
-    own = ROOMS.index(path.relative_to(ENGINE).parts[0])
-    up = [
-        f"line {n}: {m}"
-        for n, m, _ in _imports(path)
-        if (room := _room(m)) in ROOMS and ROOMS.index(room) < own
-    ]
-    assert not up, f"{path.relative_to(ENGINE)} imports a room above its own: {up}"
+def test_a_module_imports_only_its_room_and_the_rooms_below():
+    up = upward_imports(ENGINE.parents[1])
+    assert not up, "imports of a room above the importer's own:\n" + "\n".join(up)
 
 
 def test_the_engine_is_not_imported_from_above_the_public_namespaces():
     # nothing under _engine imports the app or the kit: they sit on the public namespaces
-    bad = [
-        f"{p.relative_to(ENGINE)} line {n}: {m}"
-        for p in _modules()
-        for n, m, _ in _imports(p)
-        if m.startswith(("selfspec.app", "selfspec.testing"))
-        or m in ("selfspec", "selfspec.provisional")
-    ]
+    above = ("selfspec", "selfspec.provisional", "selfspec.app", "selfspec.testing")
+    graph = import_graph(ENGINE.parents[1], type_checking=True)
+    bad = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if _room(m) is not None
+        for t in targets
+        if t in above or t.startswith(("selfspec.app.", "selfspec.testing."))
+    )
     assert not bad, bad
 
 
@@ -112,20 +98,20 @@ def test_function_local_imports_are_few_and_each_says_why():
 
 
 def test_the_check_sees_an_upward_import(tmp_path):
-    # the rule itself: a runner module importing the contract is caught
-    room = tmp_path / "core" / "selfspec" / "_engine" / "runner"
-    room.mkdir(parents=True)
-    probe = room / "probe.py"
-    probe.write_text(
-        "from selfspec._engine.contract.types import Draft\n"
+    # the rule itself: a runner module importing the contract is caught, in TYPE_CHECKING too
+    engine = tmp_path / "selfspec" / "_engine"
+    for room in ("runner", "contract", "tuning"):
+        (engine / room).mkdir(parents=True)
+        (engine / room / "__init__.py").write_text("")
+    (tmp_path / "selfspec" / "__init__.py").write_text("")
+    (engine / "__init__.py").write_text("")
+    (engine / "contract" / "types.py").write_text("Draft = None\n")
+    (engine / "tuning" / "machine.py").write_text("")
+    (engine / "runner" / "probe.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from selfspec._engine.contract.types import Draft\n"
         "def f():\n    import selfspec._engine.tuning.machine  # here: a reason\n"
     )
-    global ENGINE
-    saved, ENGINE = ENGINE, tmp_path / "core" / "selfspec" / "_engine"
-    try:
-        found = _imports(probe)
-        with pytest.raises(AssertionError, match="imports a room above its own"):
-            test_a_module_imports_only_its_room_and_the_rooms_below(probe)
-    finally:
-        ENGINE = saved
-    assert (3, "selfspec._engine.tuning.machine", True) in found
+    assert upward_imports(tmp_path) == [
+        "selfspec._engine.runner.probe -> selfspec._engine.contract.types"
+    ]

@@ -29,7 +29,7 @@ from ._engine.contract.lazy import lazy_namespace
 from ._engine.contract.markers import hookimpl
 
 #: The host's version string.
-from ._engine.contract.version import __version__
+from ._engine.tuning.version import __version__
 
 #: The one list of public names: name -> (private module under ``selfspec._engine``, attribute),
 #: grouped as docs/api/selfspec.md shows them: scripts/api_docs.py reads each ``# group``

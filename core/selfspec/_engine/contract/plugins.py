@@ -31,7 +31,7 @@ import pluggy
 from selfspec._engine.contract.builtin import default_plugins
 from selfspec._engine.contract.markers import PROJECT
 from selfspec._engine.contract.options import Option
-from selfspec._engine.contract.version import __version__
+from selfspec._engine.tuning.version import __version__
 
 ENTRY_POINT_GROUP = "selfspec"
 BUILTIN_METHOD = "vanilla"

@@ -9,7 +9,7 @@ sample; :func:`selfspec._engine.tuning.calibration.choose` times them and keeps 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torch import nn
 
@@ -45,13 +45,8 @@ def choose_weight_layout(
     if len(candidates) < 2:
         return Choice("weight_layout", static, "static: the only layout that runs here")
 
-    def prepare() -> tuple[Build, tuple[float, float]]:
-        layers_sample, head, scale_layers, scale_head = sample(layers, lm_head)
-
-        def build(layout: str) -> list[nn.Module]:
-            return [layout_copy(m, weight_format(layout, "layout")) for m in (*layers_sample, head)]
-
-        return build, (scale_layers, scale_head)
+    def copies(layout: str, modules: list[nn.Module]) -> list[nn.Module]:
+        return [layout_copy(m, weight_format(layout, "layout")) for m in modules]
 
     key = shape_key("weight_layout", model, layers, lm_head, calibration.candidates_key(candidates))
     return calibration.choose(
@@ -59,7 +54,7 @@ def choose_weight_layout(
         key,
         candidates,
         static,
-        prepare,
+        sampled(layers, lm_head, copies),
         (1, BLOCK),
         measure=measure,
         refresh=refresh,
@@ -81,15 +76,10 @@ def choose_one_row_width(
     model's shapes; ``"1"`` (static) when the measurement cannot tell them apart. oneDNN's
     kernel for a single row can be the slower one."""
 
-    def prepare() -> tuple[Build, tuple[float, float]]:
-        layers_sample, head, scale_layers, scale_head = sample(layers, lm_head)
-
-        def build(width: str) -> list[nn.Module]:
-            copies = [layout_copy(m, "packed") for m in (*layers_sample, head)]  # each its own copy
-            set_one_row_width(copies, int(width))
-            return copies
-
-        return build, (scale_layers, scale_head)
+    def copies(width: str, modules: list[nn.Module]) -> list[nn.Module]:
+        packed = [layout_copy(m, "packed") for m in modules]  # each width its own copy
+        set_one_row_width(packed, int(width))
+        return packed
 
     key = shape_key("one_row_width", model, layers, lm_head, "packed")
     return calibration.choose(
@@ -97,12 +87,28 @@ def choose_one_row_width(
         key,
         list(ONE_ROW_WIDTHS),
         ONE_ROW_WIDTHS[0],
-        prepare,
+        sampled(layers, lm_head, copies),
         (1,),
         measure=measure,
         refresh=refresh,
         store=store,
     )
+
+
+def sampled(
+    layers: Sequence[nn.Module],
+    lm_head: nn.Module,
+    copies: Callable[[str, list[nn.Module]], list[nn.Module]],
+) -> Callable[[], tuple[Build, tuple[float, float]]]:
+    """The ``prepare`` of :func:`selfspec._engine.tuning.calibration.choose`: it samples the
+    model (:func:`sample`) and builds a candidate as ``copies(candidate, sampled layers + head
+    rows)``, with the sample's scale factors."""
+
+    def prepare() -> tuple[Build, tuple[float, float]]:
+        picked, head, scale_layers, scale_head = sample(layers, lm_head)
+        return (lambda candidate: copies(candidate, [*picked, head])), (scale_layers, scale_head)
+
+    return prepare
 
 
 def sample(

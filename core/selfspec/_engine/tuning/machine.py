@@ -19,8 +19,9 @@ import os
 import platform
 import sys
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from typing import Any
+
+from selfspec._engine.tuning.version import __version__
 
 #: Environment variables that lower the instruction set torch's kernels use.
 ISA_ENV_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
@@ -272,7 +273,7 @@ def machine_info() -> dict[str, Any]:
         info["forced_isa"] = forced_isa()
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
-    info["selfspec"] = _selfspec_version()
+    info["selfspec"] = __version__
     return info
 
 
@@ -286,11 +287,3 @@ def available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def _selfspec_version() -> str:
-    """The installed selfspec's version (its metadata: this room sits below the package's own)."""
-    try:
-        return metadata.version("selfspec")
-    except metadata.PackageNotFoundError:
-        return "unknown"
